@@ -1,4 +1,27 @@
 // Package sgemm is p2ptrain's single-precision matrix multiply for the CPU device.
+//
+// Sgemm checks its arguments and then runs a GotoBLAS/BLIS-style blocked
+// algorithm: op(A) and op(B) are packed, a cache block at a time, into
+// contiguous panels (which is where transposes are handled), and a register-tiled
+// 6×16 micro-kernel multiplies one A panel by one B panel. On amd64 CPUs with
+// AVX2 and FMA the micro-kernel is assembly; elsewhere, or when built with the
+// purego tag, it is a pure-Go twin. Tiny products skip packing and use the
+// plain reference loop.
+//
+// # Rounding and determinism
+//
+// Results match the reference loop up to rounding, not bit for bit: each C
+// element's dot product is summed over k in increasing order, but in blocks of
+// at most kcBlock terms, and each block is added into C as
+// float32(alpha·s) + float32(beta·C) (beta applied by the first block only,
+// later blocks use beta = 1). The assembly kernel fuses each multiply-add (FMA),
+// the pure-Go kernel rounds the product first, so the two kernels may differ in
+// the last bits. For a given kernel the output bits depend only on the inputs
+// and the shape: not on the run, the machine, the memory layout or the number of
+// goroutines used, since work is only ever split across rows and columns of C,
+// never along k.
+//
+// When beta is 0, C is not read, so NaN or Inf already in C does not propagate.
 package sgemm
 
 import "fmt"
@@ -12,9 +35,18 @@ import "fmt"
 //	for i < m: for j < n: s := 0; for l < k: s += opA[i][l]*opB[l][j]; C[i][j] = alpha*s + beta*C[i][j]
 //
 // It panics with a "sgemm:" message when a dimension or slice length is inconsistent.
+// Sgemm is safe for concurrent use on distinct C matrices; steady-state calls
+// do not allocate.
 func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	check(transA, transB, m, n, k, a, lda, b, ldb, c, ldc)
-	reference(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	if m == 0 || n == 0 {
+		return
+	}
+	if k == 0 || m*n*k <= smallWork {
+		reference(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+		return
+	}
+	blocked(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 
 func check(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {

@@ -1,0 +1,187 @@
+package sgemm
+
+import "sync"
+
+// Blocking parameters. A micro-panel of B (kcBlock×nr, 16 KiB) stays in L1
+// while the packed mcBlock×kcBlock block of A (120 KiB) sits in L2 and the
+// packed kcBlock×ncBlock block of B in L3.
+const (
+	mr      = 6    // rows of the register tile
+	nr      = 16   // columns of the register tile
+	kcBlock = 256  // depth of a packed block
+	mcBlock = 120  // rows of a packed A block, a multiple of mr
+	ncBlock = 4096 // columns of a packed B block, a multiple of nr
+
+	// smallWork is the m·n·k below which packing costs more than it saves.
+	smallWork = 8 * 8 * 8
+)
+
+// kernelFunc multiplies one packed mr×kc panel of A by one packed kc×nr panel
+// of B and adds the product into the mr×nr tile of C at c[0], row stride ldc:
+//
+//	for i < mr: for j < nr: s := 0; for p < kc: s += a[p*mr+i]*b[p*nr+j]
+//	        C[i][j] = float32(alpha*s) + float32(beta*C[i][j])   (load)
+//	        C[i][j] = alpha*s                                     (!load)
+//
+// kc is at least 1 and the whole tile lies inside c.
+type kernelFunc func(kc int, a, b, c []float32, ldc int, alpha, beta float32, load bool)
+
+// microKernel is the kernel in use; the amd64 init replaces it with the
+// assembly kernel when the CPU has AVX2 and FMA, and tests swap it.
+var microKernel kernelFunc = kernelGo
+
+// workspace holds the packing buffers of one Sgemm call.
+type workspace struct {
+	a    []float32 // packed A block, mcBlock×kcBlock
+	b    []float32 // packed B block, up to kcBlock×ncBlock
+	tile [mr * nr]float32
+}
+
+var workspaces = sync.Pool{New: func() any { return new(workspace) }}
+
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+// split returns the block size for a dimension of length n split into
+// ceil(n/max) equal blocks rounded up to a multiple of unit, so that the last
+// block is not a sliver.
+func split(n, max, unit int) int {
+	blocks := (n + max - 1) / max
+	bs := (n + blocks - 1) / blocks
+	return (bs + unit - 1) / unit * unit
+}
+
+// blocked is the packed, cache-blocked product for the checked arguments with
+// m, n, k > 0.
+func blocked(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	ws := workspaces.Get().(*workspace)
+	defer workspaces.Put(ws)
+	kern := microKernel
+
+	kcb := split(k, kcBlock, 1)
+	ncb := split(n, ncBlock, nr)
+	mcb := split(m, mcBlock, mr)
+	ws.a = grow(ws.a, mcb*kcb)
+	ws.b = grow(ws.b, min(ncb, (n+nr-1)/nr*nr)*kcb)
+
+	for jc := 0; jc < n; jc += ncb {
+		nc := min(ncb, n-jc)
+		for pc := 0; pc < k; pc += kcb {
+			kc := min(kcb, k-pc)
+			packB(transB, b, ldb, pc, jc, kc, nc, ws.b)
+			bet, load := beta, beta != 0
+			if pc > 0 {
+				bet, load = 1, true
+			}
+			for ic := 0; ic < m; ic += mcb {
+				mc := min(mcb, m-ic)
+				packA(transA, a, lda, ic, pc, mc, kc, ws.a)
+				macro(kern, mc, nc, kc, alpha, ws.a, ws.b, bet, load, c[ic*ldc+jc:], ldc, &ws.tile)
+			}
+		}
+	}
+}
+
+// macro multiplies a packed mc×kc block of A by a packed kc×nc block of B into
+// the mc×nc block of C at c[0].
+func macro(kern kernelFunc, mc, nc, kc int, alpha float32, pa, pb []float32, beta float32, load bool, c []float32, ldc int, tile *[mr * nr]float32) {
+	for jr := 0; jr < nc; jr += nr {
+		bp := pb[jr*kc : (jr+nr)*kc]
+		cols := min(nr, nc-jr)
+		for ir := 0; ir < mc; ir += mr {
+			ap := pa[ir*kc : (ir+mr)*kc]
+			rows := min(mr, mc-ir)
+			if rows == mr && cols == nr {
+				kern(kc, ap, bp, c[ir*ldc+jr:], ldc, alpha, beta, load)
+				continue
+			}
+			// Edge tile: compute the full tile into scratch (alpha*s with
+			// alpha = 1 is exact), then update the part inside C with the
+			// same rounding as the kernel.
+			kern(kc, ap, bp, tile[:], nr, 1, 0, false)
+			for i := 0; i < rows; i++ {
+				src := tile[i*nr : i*nr+cols]
+				dst := c[(ir+i)*ldc+jr:][:cols]
+				if load {
+					for j, s := range src {
+						dst[j] = float32(alpha*s) + float32(beta*dst[j])
+					}
+				} else {
+					for j, s := range src {
+						dst[j] = alpha * s
+					}
+				}
+			}
+		}
+	}
+}
+
+// packA copies rows i0..i0+mc, columns p0..p0+kc of op(A) into dst as mr-row
+// panels: dst[ir*kc + p*mr + r] = opA[i0+ir+r][p0+p], zero-padding the last panel.
+func packA(trans bool, a []float32, lda, i0, p0, mc, kc int, dst []float32) {
+	for ir := 0; ir < mc; ir += mr {
+		d := dst[ir*kc : (ir+mr)*kc]
+		rows := min(mr, mc-ir)
+		if trans {
+			// opA[i][p] = a[p*lda+i]: each p is a contiguous run of rows.
+			for p := 0; p < kc; p++ {
+				dp := d[p*mr : p*mr+mr]
+				src := a[(p0+p)*lda+i0+ir:][:rows]
+				copy(dp, src)
+				clear(dp[rows:])
+			}
+			continue
+		}
+		base := (i0+ir)*lda + p0
+		if rows == mr {
+			s0 := a[base:][:kc]
+			s1 := a[base+lda:][:kc]
+			s2 := a[base+2*lda:][:kc]
+			s3 := a[base+3*lda:][:kc]
+			s4 := a[base+4*lda:][:kc]
+			s5 := a[base+5*lda:][:kc]
+			for p := range s0 {
+				dp := d[p*mr : p*mr+mr]
+				dp[0], dp[1], dp[2], dp[3], dp[4], dp[5] = s0[p], s1[p], s2[p], s3[p], s4[p], s5[p]
+			}
+			continue
+		}
+		clear(d)
+		for r := 0; r < rows; r++ {
+			for p, v := range a[base+r*lda:][:kc] {
+				d[p*mr+r] = v
+			}
+		}
+	}
+}
+
+// packB copies rows p0..p0+kc, columns j0..j0+nc of op(B) into dst as nr-column
+// panels: dst[jr*kc + p*nr + c] = opB[p0+p][j0+jr+c], zero-padding the last panel.
+func packB(trans bool, b []float32, ldb, p0, j0, kc, nc int, dst []float32) {
+	for jr := 0; jr < nc; jr += nr {
+		d := dst[jr*kc : (jr+nr)*kc]
+		cols := min(nr, nc-jr)
+		if !trans {
+			for p := 0; p < kc; p++ {
+				dp := d[p*nr : p*nr+nr]
+				copy(dp, b[(p0+p)*ldb+j0+jr:][:cols])
+				clear(dp[cols:])
+			}
+			continue
+		}
+		// opB[p][j] = b[j*ldb+p]: each column of op(B) is a contiguous row of b.
+		if cols < nr {
+			clear(d)
+		}
+		for col := 0; col < cols; col++ {
+			src := b[(j0+jr+col)*ldb+p0:][:kc]
+			for p, v := range src {
+				d[p*nr+col] = v
+			}
+		}
+	}
+}
