@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/libp2p/go-libp2p/gologshim"
+	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/p2ptrain/p2ptrain/node"
+)
+
+// peerFlags are the flags shared by every command that runs a peer.
+type peerFlags struct {
+	fs        *flag.FlagSet
+	config    string
+	bootstrap stringList
+	listen    stringList
+	swarmKey  string
+	identity  string
+	api       string
+	name      string
+	cluster   string
+	open      bool
+	mdns      bool
+	logLevel  string
+	logFormat string
+}
+
+func addPeerFlags(fs *flag.FlagSet) *peerFlags {
+	p := &peerFlags{fs: fs}
+	fs.StringVar(&p.config, "config", "", "read settings from TOML `FILE` (see config.toml)")
+	fs.Var(&p.bootstrap, "bootstrap", "bootstrap `MULTIADDR` ending in /p2p/<peer-id> (repeatable)")
+	fs.Var(&p.listen, "listen", "listen on TCP `MULTIADDR` (repeatable; default /ip4/0.0.0.0/tcp/4001)")
+	fs.StringVar(&p.swarmKey, "swarm-key", "", "private-network key `FILE` (p2ptrain keygen --swarm-key)")
+	fs.StringVar(&p.identity, "identity", "", "persistent identity `FILE` (p2ptrain keygen --identity)")
+	fs.StringVar(&p.api, "api", "", "local HTTP API `HOST:PORT` (\"\" turns it off; default 127.0.0.1:7420)")
+	fs.StringVar(&p.name, "name", "", "human-readable peer `NAME` (default: host name)")
+	fs.StringVar(&p.cluster, "cluster", "", "cluster `NAME`; peers of other clusters are ignored")
+	fs.BoolVar(&p.open, "open", false, "allow listening on non-loopback addresses without a swarm key")
+	fs.BoolVar(&p.mdns, "mdns", true, "discover peers on the LAN with mDNS")
+	fs.StringVar(&p.logLevel, "log-level", "", "log `LEVEL`: debug, info, warn, error")
+	fs.StringVar(&p.logFormat, "log-format", "", "log `FORMAT`: console or json")
+	return p
+}
+
+// resolve loads the config file and applies the flags given on the command line.
+func (p *peerFlags) resolve() (node.Config, error) {
+	cfg, err := loadConfig(p.config)
+	if err != nil {
+		return cfg, err
+	}
+	set := setFlags(p.fs)
+	if set["bootstrap"] {
+		cfg.Node.Bootstrap = p.bootstrap
+	}
+	if set["listen"] {
+		cfg.Node.Listen = p.listen
+	}
+	for name, apply := range map[string]func(){
+		"swarm-key":  func() { cfg.Node.SwarmKey = p.swarmKey },
+		"identity":   func() { cfg.Node.Identity = p.identity },
+		"api":        func() { cfg.Node.API = p.api },
+		"name":       func() { cfg.Node.Name = p.name },
+		"cluster":    func() { cfg.Node.Cluster = p.cluster },
+		"open":       func() { cfg.Node.Open = p.open },
+		"mdns":       func() { cfg.Node.MDNS = p.mdns },
+		"log-level":  func() { cfg.Log.Level = p.logLevel },
+		"log-format": func() { cfg.Log.Format = p.logFormat },
+	} {
+		if set[name] {
+			apply()
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, usageError{fmt.Errorf("invalid configuration:\n%w", err)}
+	}
+	return cfg, nil
+}
+
+// newLogger builds the process logger on stderr and routes libp2p's logs into it.
+func newLogger(cfg node.LogConfig, stderr io.Writer) (*zap.Logger, error) {
+	level, err := zapcore.ParseLevel(cfg.Level)
+	if err != nil {
+		return nil, usagef("log.level: %v", err)
+	}
+	encCfg := zap.NewProductionEncoderConfig()
+	encCfg.EncodeTime = zapcore.ISO8601TimeEncoder
+	var enc zapcore.Encoder
+	if cfg.Format == "json" {
+		enc = zapcore.NewJSONEncoder(encCfg)
+	} else {
+		encCfg.EncodeLevel = zapcore.CapitalLevelEncoder
+		enc = zapcore.NewConsoleEncoder(encCfg)
+	}
+	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(stderr)), level)
+	log := zap.New(core)
+	// libp2p logs through slog; send it to zap, quieter than our own logs.
+	libp2pLevel := max(level, zapcore.WarnLevel)
+	gologshim.SetDefaultHandler(zapslog.NewHandler(
+		zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(stderr)), libp2pLevel),
+		zapslog.WithName("libp2p")))
+	return log, nil
+}
+
+func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("join", stderr)
+	pf := addPeerFlags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := pf.resolve()
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(cfg.Log, stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck // stderr sync errors are not actionable
+	n, err := node.New(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "p2ptrain %s peer %s (cluster %q)\n", version(), n.ID(), cfg.Node.Cluster)
+	fmt.Fprintln(stdout, "dial this peer at:")
+	for _, a := range n.AddrStrings() {
+		fmt.Fprintln(stdout, " ", a)
+	}
+	if a := n.APIAddr(); a != "" {
+		fmt.Fprintf(stdout, "local API: http://%s/status\n", a)
+	}
+	<-ctx.Done()
+	log.Info("leaving the cluster")
+	if err := n.Close(); err != nil {
+		log.Warn("shutdown", zap.Error(err))
+	}
+	return nil
+}
+
+func version() string { return node.Version }

@@ -1,0 +1,80 @@
+// Command p2ptrain is the peer-to-peer training daemon: `p2ptrain join` starts a
+// peer; see `p2ptrain help`.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// usageError marks errors caused by bad flags, arguments or config: exit code 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+const usage = `p2ptrain — peer-to-peer data-parallel training
+
+Usage:
+  p2ptrain keygen --swarm-key FILE     write a private-network key (share it with every machine)
+  p2ptrain keygen --identity FILE      write a persistent peer identity; prints its peer ID
+  p2ptrain join [flags]                start a peer and join the cluster (join -h lists flags)
+  p2ptrain status [--api HOST:PORT] [--json]
+                                       show a running peer's view of the cluster
+  p2ptrain bench codecs [--size N] [--json]
+                                       measure every gradient codec
+  p2ptrain version                     print the version
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run executes one command line and returns the process exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "keygen":
+		err = cmdKeygen(args[1:], stdout, stderr)
+	case "join":
+		err = cmdJoin(ctx, args[1:], stdout, stderr)
+	case "status":
+		err = cmdStatus(ctx, args[1:], stdout, stderr)
+	case "bench":
+		err = cmdBench(ctx, args[1:], stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, "p2ptrain", version())
+		return 0
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		err = usagef("unknown command %q\n\n%s", args[0], usage)
+	}
+	if err == nil {
+		return 0
+	}
+	if errors.Is(err, errHelp) {
+		return 0
+	}
+	fmt.Fprintln(stderr, "p2ptrain:", err)
+	var ue usageError
+	if errors.As(err, &ue) {
+		return 2
+	}
+	return 1
+}

@@ -1,0 +1,238 @@
+package gossip
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// WireVersion is the version of the gossip message format. Peers reject messages
+// of any other version.
+const WireVersion = 1
+
+// MaxMessageSize bounds every gossip message in bytes.
+const MaxMessageSize = 64 << 10
+
+// Limits on message fields, checked by Validate.
+const (
+	maxAddrs     = 32
+	maxDevices   = 64
+	maxMembers   = 1024
+	maxStringLen = 256
+)
+
+// Message types.
+const (
+	TypeHeartbeat = "heartbeat"
+	TypeLeave     = "leave"
+	TypeEpoch     = "epoch"
+)
+
+// Errors returned by Decode and Validate.
+var (
+	ErrMalformed      = errors.New("gossip: malformed message")
+	ErrForeignCluster = errors.New("gossip: message from another cluster")
+	ErrVersion        = errors.New("gossip: incompatible wire version")
+	ErrSender         = errors.New("gossip: message author does not match its peer ID")
+)
+
+// Envelope is one gossip message. Exactly one of the bodies is set, as Type says.
+type Envelope struct {
+	V         int        `json:"v"`
+	Cluster   string     `json:"cluster"`
+	Type      string     `json:"type"`
+	Heartbeat *Heartbeat `json:"heartbeat,omitempty"`
+	Leave     *Leave     `json:"leave,omitempty"`
+	Epoch     *Epoch     `json:"epoch,omitempty"`
+}
+
+// Heartbeat is what every peer publishes each heartbeat interval.
+type Heartbeat struct {
+	PeerID  string   `json:"peer_id"`
+	Name    string   `json:"name"`
+	Addrs   []string `json:"addrs"`
+	Version string   `json:"version"`
+	Step    uint64   `json:"step"`
+	Devices []string `json:"devices"`
+	// Seq increases with every heartbeat and departure of the sender, across
+	// restarts (it is derived from the sender's clock), so stale messages are ignored.
+	Seq uint64 `json:"seq"`
+	// Epoch is the ring epoch the sender has adopted (Number 0: none yet).
+	Epoch Epoch `json:"epoch"`
+}
+
+// Leave announces a clean departure.
+type Leave struct {
+	PeerID string `json:"peer_id"`
+	Seq    uint64 `json:"seq"`
+}
+
+// Epoch is one ring configuration.
+type Epoch struct {
+	Number      uint64   `json:"number"`
+	Order       []string `json:"order"`
+	StartStep   uint64   `json:"start_step"`
+	Coordinator string   `json:"coordinator"`
+}
+
+// Equal reports whether two epochs are the same configuration.
+func (e Epoch) Equal(o Epoch) bool {
+	if e.Number != o.Number || e.StartStep != o.StartStep || e.Coordinator != o.Coordinator || len(e.Order) != len(o.Order) {
+		return false
+	}
+	for i := range e.Order {
+		if e.Order[i] != o.Order[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// newer reports whether e should replace cur: a higher number, or the same number
+// proposed by a lower peer ID.
+func (e Epoch) newer(cur Epoch) bool {
+	if e.Number != cur.Number {
+		return e.Number > cur.Number
+	}
+	return e.Coordinator < cur.Coordinator
+}
+
+// validate checks an epoch's fields. The zero epoch (Number 0) is valid and empty.
+func (e Epoch) validate() error {
+	if e.Number == 0 {
+		if len(e.Order) != 0 || e.Coordinator != "" {
+			return fmt.Errorf("%w: epoch 0 must be empty", ErrMalformed)
+		}
+		return nil
+	}
+	if len(e.Order) == 0 || len(e.Order) > maxMembers {
+		return fmt.Errorf("%w: epoch %d has %d members", ErrMalformed, e.Number, len(e.Order))
+	}
+	seen := make(map[string]bool, len(e.Order))
+	hasCoord := false
+	for _, p := range e.Order {
+		if err := checkString("epoch member", p, true); err != nil {
+			return err
+		}
+		if seen[p] {
+			return fmt.Errorf("%w: epoch %d lists %s twice", ErrMalformed, e.Number, p)
+		}
+		seen[p] = true
+		hasCoord = hasCoord || p == e.Coordinator
+	}
+	if !hasCoord {
+		return fmt.Errorf("%w: epoch %d coordinator %q is not a member", ErrMalformed, e.Number, e.Coordinator)
+	}
+	return nil
+}
+
+func checkString(what, s string, required bool) error {
+	switch {
+	case required && s == "":
+		return fmt.Errorf("%w: empty %s", ErrMalformed, what)
+	case len(s) > maxStringLen:
+		return fmt.Errorf("%w: %s longer than %d bytes", ErrMalformed, what, maxStringLen)
+	case !utf8.ValidString(s) || strings.ContainsAny(s, "\x00\n\r"):
+		return fmt.Errorf("%w: %s is not printable text", ErrMalformed, what)
+	}
+	return nil
+}
+
+func checkStrings(what string, ss []string, limit int) error {
+	if len(ss) > limit {
+		return fmt.Errorf("%w: %d %s (max %d)", ErrMalformed, len(ss), what, limit)
+	}
+	for _, s := range ss {
+		if err := checkString(what, s, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Encode marshals an envelope after validating it.
+func Encode(e *Envelope) ([]byte, error) {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("gossip: encode %s: %w", e.Type, err)
+	}
+	if len(b) > MaxMessageSize {
+		return nil, fmt.Errorf("gossip: %s message is %d bytes (max %d)", e.Type, len(b), MaxMessageSize)
+	}
+	return b, nil
+}
+
+// Decode parses and validates a message for cluster, authored by author (the
+// gossipsub-verified signer). Every failure wraps one of the package errors.
+func Decode(data []byte, cluster, author string) (*Envelope, error) {
+	if len(data) > MaxMessageSize {
+		return nil, fmt.Errorf("%w: %d bytes (max %d)", ErrMalformed, len(data), MaxMessageSize)
+	}
+	var e Envelope
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&e); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: trailing data", ErrMalformed)
+	}
+	if e.V != WireVersion {
+		return nil, fmt.Errorf("%w: got %d, want %d", ErrVersion, e.V, WireVersion)
+	}
+	if e.Cluster != cluster {
+		return nil, fmt.Errorf("%w: %q (this is %q)", ErrForeignCluster, e.Cluster, cluster)
+	}
+	if err := e.validate(author); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
+func (e *Envelope) validate(author string) error {
+	bodies := 0
+	for _, set := range []bool{e.Heartbeat != nil, e.Leave != nil, e.Epoch != nil} {
+		if set {
+			bodies++
+		}
+	}
+	if bodies != 1 {
+		return fmt.Errorf("%w: %d bodies in a %q message", ErrMalformed, bodies, e.Type)
+	}
+	switch {
+	case e.Type == TypeHeartbeat && e.Heartbeat != nil:
+		h := e.Heartbeat
+		if h.PeerID != author {
+			return fmt.Errorf("%w: heartbeat for %s signed by %s", ErrSender, h.PeerID, author)
+		}
+		for _, err := range []error{
+			checkString("name", h.Name, false),
+			checkString("version", h.Version, true),
+			checkStrings("addrs", h.Addrs, maxAddrs),
+			checkStrings("devices", h.Devices, maxDevices),
+			h.Epoch.validate(),
+		} {
+			if err != nil {
+				return err
+			}
+		}
+	case e.Type == TypeLeave && e.Leave != nil:
+		if e.Leave.PeerID != author {
+			return fmt.Errorf("%w: leave for %s signed by %s", ErrSender, e.Leave.PeerID, author)
+		}
+	case e.Type == TypeEpoch && e.Epoch != nil:
+		if e.Epoch.Number == 0 {
+			return fmt.Errorf("%w: proposal of epoch 0", ErrMalformed)
+		}
+		if e.Epoch.Coordinator != author {
+			return fmt.Errorf("%w: epoch proposed by %s signed by %s", ErrSender, e.Epoch.Coordinator, author)
+		}
+		return e.Epoch.validate()
+	default:
+		return fmt.Errorf("%w: type %q does not match its body", ErrMalformed, e.Type)
+	}
+	return nil
+}

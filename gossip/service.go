@@ -1,0 +1,364 @@
+package gossip
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+)
+
+// Config configures a Service.
+type Config struct {
+	// Cluster namespaces the topic; peers of other clusters are rejected.
+	Cluster string
+	// Interval between heartbeats.
+	Interval time.Duration
+	// Timing of failure detection.
+	Timing Timing
+	// Self returns the local peer's current heartbeat fields (name, addresses,
+	// version, step, devices). PeerID, Seq and Epoch are filled in by the Service.
+	// It is called from the Service's goroutine and must not block.
+	Self func() Heartbeat
+}
+
+// DefaultTiming derives failure-detection timing from a heartbeat interval and
+// a failure timeout.
+func DefaultTiming(interval, failAfter time.Duration) Timing {
+	return Timing{
+		SuspectAfter: min(2*interval+interval/2, failAfter),
+		FailAfter:    failAfter,
+		ForgetAfter:  max(12*failAfter, time.Minute),
+	}
+}
+
+// Topic returns the control topic of a cluster.
+func Topic(cluster string) string { return "/p2ptrain/" + cluster + "/control/1" }
+
+// Stats counts gossip traffic.
+type Stats struct {
+	// In counts accepted messages from other peers; Out counts published messages.
+	In, Out uint64
+	// Rejected counts messages the validator refused.
+	Rejected uint64
+}
+
+// Service publishes heartbeats, tracks membership and agrees on ring epochs.
+type Service struct {
+	cfg   Config
+	self  peer.ID
+	log   *zap.Logger
+	ps    *pubsub.PubSub
+	topic *pubsub.Topic
+	sub   *pubsub.Subscription
+
+	in, out, rejected atomic.Uint64
+
+	mu     sync.Mutex
+	view   *View
+	seq    uint64
+	subs   map[chan Event]struct{}
+	closed bool
+
+	// stop ends the heartbeat loop; cancel ends gossipsub itself.
+	stop, cancel context.CancelFunc
+	stopOnce     sync.Once
+	wg           sync.WaitGroup
+}
+
+// New joins the cluster's control topic on h and starts heartbeating. Close stops it.
+func New(ctx context.Context, h host.Host, cfg Config, log *zap.Logger) (*Service, error) {
+	if cfg.Cluster == "" || cfg.Interval <= 0 || cfg.Timing.FailAfter <= 0 || cfg.Self == nil {
+		return nil, errors.New("gossip: config needs a cluster, a positive interval and failure timeout, and Self")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	s := &Service{cfg: cfg, self: h.ID(), log: log, cancel: cancel, subs: map[chan Event]struct{}{}}
+	ps, err := pubsub.NewGossipSub(ctx, h,
+		pubsub.WithMessageSignaturePolicy(pubsub.StrictSign),
+		pubsub.WithMaxMessageSize(MaxMessageSize+4096),
+		pubsub.WithLogger(slog.New(zapslog.NewHandler(log.Named("pubsub").Core()))),
+	)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("gossip: start gossipsub: %w", err)
+	}
+	s.ps = ps
+	name := Topic(cfg.Cluster)
+	if err := ps.RegisterTopicValidator(name, s.validate); err != nil {
+		cancel()
+		return nil, fmt.Errorf("gossip: register validator: %w", err)
+	}
+	if s.topic, err = ps.Join(name); err != nil {
+		cancel()
+		return nil, fmt.Errorf("gossip: join %s: %w", name, err)
+	}
+	if s.sub, err = s.topic.Subscribe(); err != nil {
+		cancel()
+		return nil, fmt.Errorf("gossip: subscribe %s: %w", name, err)
+	}
+	now := time.Now()
+	s.view = NewView(s.selfHeartbeat(now), cfg.Timing, now)
+
+	msgs := make(chan *Envelope, 64)
+	loopCtx, stop := context.WithCancel(ctx)
+	s.stop = stop
+	s.wg.Add(2)
+	go s.read(loopCtx, msgs)
+	go s.run(loopCtx, msgs)
+	return s, nil
+}
+
+// nextSeq returns a sequence number above every earlier one, also across restarts.
+// Callers hold s.mu.
+func (s *Service) nextSeq(now time.Time) uint64 {
+	s.seq = max(s.seq+1, uint64(now.UnixNano()))
+	return s.seq
+}
+
+// selfHeartbeat builds the local heartbeat. Callers hold s.mu (or own s alone).
+func (s *Service) selfHeartbeat(now time.Time) Heartbeat {
+	hb := s.cfg.Self()
+	hb.PeerID = s.self.String()
+	hb.Seq = s.nextSeq(now)
+	if s.view != nil {
+		hb.Epoch = s.view.Epoch()
+	}
+	return hb
+}
+
+func (s *Service) validate(_ context.Context, _ peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
+	env, err := Decode(msg.GetData(), s.cfg.Cluster, msg.GetFrom().String())
+	if err != nil {
+		s.rejected.Add(1)
+		s.log.Warn("rejected gossip message", zap.Stringer("from", msg.GetFrom()), zap.Error(err))
+		return pubsub.ValidationReject
+	}
+	msg.ValidatorData = env
+	return pubsub.ValidationAccept
+}
+
+// read moves validated messages from other peers to the run loop.
+func (s *Service) read(ctx context.Context, msgs chan<- *Envelope) {
+	defer s.wg.Done()
+	for {
+		m, err := s.sub.Next(ctx)
+		if err != nil {
+			return
+		}
+		if m.GetFrom() == s.self {
+			continue
+		}
+		env, ok := m.ValidatorData.(*Envelope)
+		if !ok {
+			continue
+		}
+		s.in.Add(1)
+		select {
+		case msgs <- env:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (s *Service) run(ctx context.Context, msgs <-chan *Envelope) {
+	defer s.wg.Done()
+	// Stagger the first tick so a cluster started at once doesn't beat in lockstep;
+	// the first heartbeat goes out immediately so peers learn of us fast.
+	s.heartbeat(ctx)
+	timer := time.NewTimer(rand.N(s.cfg.Interval) + 1)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case env := <-msgs:
+			now := time.Now()
+			s.mu.Lock()
+			var evs []Event
+			switch {
+			case env.Heartbeat != nil:
+				evs = s.view.Heartbeat(*env.Heartbeat, now)
+			case env.Leave != nil:
+				evs = s.view.Leave(*env.Leave, now)
+			case env.Epoch != nil:
+				evs = s.view.Offer(*env.Epoch, now)
+			}
+			s.mu.Unlock()
+			s.emit(evs)
+			s.propose(ctx)
+		case <-timer.C:
+			timer.Reset(s.cfg.Interval)
+			s.mu.Lock()
+			evs := s.view.Tick(time.Now())
+			s.mu.Unlock()
+			s.emit(evs)
+			s.propose(ctx)
+			s.heartbeat(ctx)
+		}
+	}
+}
+
+func (s *Service) heartbeat(ctx context.Context) {
+	now := time.Now()
+	s.mu.Lock()
+	hb := s.selfHeartbeat(now)
+	s.view.UpdateSelf(hb, now)
+	s.mu.Unlock()
+	s.publish(ctx, &Envelope{Type: TypeHeartbeat, Heartbeat: &hb})
+}
+
+// propose publishes a new epoch if the local peer is the coordinator and the
+// live membership changed.
+func (s *Service) propose(ctx context.Context) {
+	s.mu.Lock()
+	step := s.view.members[s.view.self].Step
+	e, ok := s.view.Proposal(step)
+	var evs []Event
+	if ok {
+		evs = s.view.Offer(e, time.Now())
+	}
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	s.log.Info("proposing ring epoch", zap.Uint64("epoch", e.Number), zap.Strings("order", e.Order))
+	s.emit(evs)
+	s.publish(ctx, &Envelope{Type: TypeEpoch, Epoch: &e})
+}
+
+func (s *Service) publish(ctx context.Context, env *Envelope) {
+	env.V = WireVersion
+	env.Cluster = s.cfg.Cluster
+	b, err := Encode(env)
+	if err == nil {
+		err = s.topic.Publish(ctx, b)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("gossip publish failed", zap.String("type", env.Type), zap.Error(err))
+		}
+		return
+	}
+	s.out.Add(1)
+}
+
+func (s *Service) emit(evs []Event) {
+	if len(evs) == 0 {
+		return
+	}
+	for _, ev := range evs {
+		switch {
+		case ev.Member != nil:
+			s.log.Info("member state", zap.String("peer", ev.Member.Peer),
+				zap.Stringer("from", ev.Member.From), zap.Stringer("to", ev.Member.To))
+		case ev.Epoch != nil:
+			s.log.Info("adopted ring epoch", zap.Uint64("epoch", ev.Epoch.Number),
+				zap.Strings("order", ev.Epoch.Order), zap.String("coordinator", ev.Epoch.Coordinator))
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ch := range s.subs {
+		for _, ev := range evs {
+			select {
+			case ch <- ev:
+			default:
+				s.log.Warn("gossip event subscriber is full; dropping event")
+			}
+		}
+	}
+}
+
+// Subscribe returns a channel of view events and a function that cancels the
+// subscription. Events are dropped (and logged) if the reader falls more than
+// 256 events behind; readers that must not miss state should also poll Snapshot.
+func (s *Service) Subscribe() (<-chan Event, func()) {
+	ch := make(chan Event, 256)
+	s.mu.Lock()
+	if !s.closed {
+		s.subs[ch] = struct{}{}
+	} else {
+		close(ch)
+	}
+	s.mu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			s.mu.Lock()
+			if _, ok := s.subs[ch]; ok {
+				delete(s.subs, ch)
+				close(ch)
+			}
+			s.mu.Unlock()
+		})
+	}
+}
+
+// Snapshot returns the members (sorted by peer ID) and the adopted epoch.
+func (s *Service) Snapshot() ([]Member, Epoch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.view.Members(), cloneEpoch(s.view.Epoch())
+}
+
+// Stats returns traffic counters.
+func (s *Service) Stats() Stats {
+	return Stats{In: s.in.Load(), Out: s.out.Load(), Rejected: s.rejected.Load()}
+}
+
+// stopLoop stops heartbeating and reading; idempotent.
+func (s *Service) stopLoop() {
+	s.stopOnce.Do(func() {
+		s.stop()
+		s.wg.Wait()
+	})
+}
+
+// Leave stops heartbeating and announces the local peer's departure so others
+// re-form the ring at once. Call Close afterwards.
+func (s *Service) Leave(ctx context.Context) error {
+	s.stopLoop()
+	s.mu.Lock()
+	l := Leave{PeerID: s.self.String(), Seq: s.nextSeq(time.Now())}
+	s.mu.Unlock()
+	env := &Envelope{V: WireVersion, Cluster: s.cfg.Cluster, Type: TypeLeave, Leave: &l}
+	b, err := Encode(env)
+	if err != nil {
+		return err
+	}
+	if err := s.topic.Publish(ctx, b); err != nil {
+		return fmt.Errorf("gossip: announce departure: %w", err)
+	}
+	s.out.Add(1)
+	return nil
+}
+
+// Close stops heartbeating and leaves the topic. It is idempotent.
+func (s *Service) Close() error {
+	s.stopLoop()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	for ch := range s.subs {
+		delete(s.subs, ch)
+		close(ch)
+	}
+	s.mu.Unlock()
+	s.sub.Cancel()
+	err := s.topic.Close()
+	s.cancel()
+	return err
+}

@@ -1,0 +1,283 @@
+package gossip
+
+import (
+	"slices"
+	"time"
+)
+
+// State is a member's liveness as seen locally.
+type State int
+
+// Member states.
+const (
+	Alive State = iota
+	Suspect
+	Dead
+	Left
+)
+
+// String returns the state's name as shown in /status.
+func (s State) String() string {
+	switch s {
+	case Alive:
+		return "alive"
+	case Suspect:
+		return "suspect"
+	case Dead:
+		return "dead"
+	case Left:
+		return "left"
+	}
+	return "unknown"
+}
+
+// inRing reports whether members in this state belong in a ring epoch.
+func (s State) inRing() bool { return s == Alive || s == Suspect }
+
+// Member is one peer as the local view knows it.
+type Member struct {
+	Heartbeat
+	State    State
+	LastSeen time.Time
+}
+
+// Event reports a change of the view: a member's state (Member set) or a newly
+// adopted epoch (Epoch set).
+type Event struct {
+	Member *MemberChange
+	Epoch  *Epoch
+}
+
+// MemberChange is a member moving from one state to another. A member seen for
+// the first time moves from Dead.
+type MemberChange struct {
+	Peer     string
+	From, To State
+	// Addrs are the member's advertised addresses.
+	Addrs []string
+}
+
+// Timing configures failure detection.
+type Timing struct {
+	// SuspectAfter: silence after which an alive member becomes suspect.
+	SuspectAfter time.Duration
+	// FailAfter: silence after which a member is dead (the failure timeout).
+	FailAfter time.Duration
+	// ForgetAfter: time after which a dead or departed member is dropped.
+	ForgetAfter time.Duration
+}
+
+// View is the membership and ring-epoch state machine. It is not safe for
+// concurrent use; Service serialises access.
+type View struct {
+	self    string
+	timing  Timing
+	members map[string]*Member
+	epoch   Epoch
+	// maxEpoch is the highest epoch number seen in any message.
+	maxEpoch uint64
+	// leftSeq remembers the Seq of departures so late heartbeats are ignored.
+	leftSeq map[string]uint64
+}
+
+// NewView returns a view whose only member is self, alive at now.
+func NewView(self Heartbeat, timing Timing, now time.Time) *View {
+	v := &View{
+		self:    self.PeerID,
+		timing:  timing,
+		members: map[string]*Member{},
+		leftSeq: map[string]uint64{},
+	}
+	v.members[self.PeerID] = &Member{Heartbeat: self, State: Alive, LastSeen: now}
+	return v
+}
+
+// Self returns the local peer ID.
+func (v *View) Self() string { return v.self }
+
+// Epoch returns the adopted epoch (Number 0 before any).
+func (v *View) Epoch() Epoch { return v.epoch }
+
+// Members returns a copy of every known member, sorted by peer ID.
+func (v *View) Members() []Member {
+	out := make([]Member, 0, len(v.members))
+	for _, m := range v.members {
+		out = append(out, *m)
+	}
+	slices.SortFunc(out, func(a, b Member) int {
+		switch {
+		case a.PeerID < b.PeerID:
+			return -1
+		case a.PeerID > b.PeerID:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Live returns the peer IDs of alive and suspect members, sorted.
+func (v *View) Live() []string {
+	var out []string
+	for id, m := range v.members {
+		if m.State.inRing() {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Coordinator returns the lowest live peer ID.
+func (v *View) Coordinator() string {
+	live := v.Live()
+	if len(live) == 0 {
+		return ""
+	}
+	return live[0]
+}
+
+// UpdateSelf refreshes the local member's heartbeat (step, addresses...).
+func (v *View) UpdateSelf(hb Heartbeat, now time.Time) {
+	m := v.members[v.self]
+	m.Heartbeat = hb
+	m.LastSeen = now
+}
+
+// Heartbeat records a heartbeat received at now and returns what changed.
+func (v *View) Heartbeat(hb Heartbeat, now time.Time) []Event {
+	if hb.PeerID == v.self {
+		return nil
+	}
+	if seq, ok := v.leftSeq[hb.PeerID]; ok && hb.Seq <= seq {
+		return nil
+	}
+	var evs []Event
+	m, ok := v.members[hb.PeerID]
+	switch {
+	case !ok:
+		m = &Member{State: Dead}
+		v.members[hb.PeerID] = m
+	case hb.Seq <= m.Seq:
+		return nil
+	}
+	delete(v.leftSeq, hb.PeerID)
+	from := m.State
+	m.Heartbeat = hb
+	m.LastSeen = now
+	m.State = Alive
+	if from != Alive || !ok {
+		evs = append(evs, v.change(m, from))
+	}
+	return append(evs, v.Offer(hb.Epoch, now)...)
+}
+
+// Leave records a clean departure.
+func (v *View) Leave(l Leave, now time.Time) []Event {
+	if l.PeerID == v.self {
+		return nil
+	}
+	if seq, ok := v.leftSeq[l.PeerID]; ok && l.Seq <= seq {
+		return nil
+	}
+	v.leftSeq[l.PeerID] = l.Seq
+	m, ok := v.members[l.PeerID]
+	if !ok || m.Seq > l.Seq || m.State == Left {
+		return nil
+	}
+	from := m.State
+	m.State = Left
+	m.LastSeen = now
+	return []Event{v.change(m, from)}
+}
+
+// Offer considers an epoch heard from the network (a proposal or a heartbeat's
+// copy) and adopts it if it is newer than the current one.
+func (v *View) Offer(e Epoch, now time.Time) []Event {
+	if e.Number == 0 || e.validate() != nil {
+		return nil
+	}
+	if e.Number > v.maxEpoch {
+		v.maxEpoch = e.Number
+	}
+	if !e.newer(v.epoch) {
+		return nil
+	}
+	v.epoch = cloneEpoch(e)
+	out := cloneEpoch(e)
+	evs := []Event{{Epoch: &out}}
+	// Members of the adopted epoch that this view has never heard of exist by
+	// the proposer's word: count them as alive until failure detection says
+	// otherwise. Without this, a peer that hasn't yet heard a lower-ID member
+	// would think itself coordinator and out-propose the real one in a loop.
+	for _, id := range e.Order {
+		if _, ok := v.members[id]; ok || id == v.self {
+			continue
+		}
+		if _, left := v.leftSeq[id]; left {
+			continue
+		}
+		m := &Member{Heartbeat: Heartbeat{PeerID: id}, State: Alive, LastSeen: now}
+		v.members[id] = m
+		evs = append(evs, v.change(m, Dead))
+	}
+	return evs
+}
+
+// Tick advances failure detection to now.
+func (v *View) Tick(now time.Time) []Event {
+	var evs []Event
+	for id, m := range v.members {
+		if id == v.self {
+			continue
+		}
+		silent := now.Sub(m.LastSeen)
+		from := m.State
+		switch {
+		case (m.State == Dead || m.State == Left) && silent >= v.timing.ForgetAfter:
+			delete(v.members, id)
+			if seq, ok := v.leftSeq[id]; ok && seq < m.Seq {
+				delete(v.leftSeq, id)
+			}
+			continue
+		case m.State.inRing() && silent >= v.timing.FailAfter:
+			m.State = Dead
+		case m.State == Alive && silent >= v.timing.SuspectAfter:
+			m.State = Suspect
+		}
+		if m.State != from {
+			evs = append(evs, v.change(m, from))
+		}
+	}
+	return evs
+}
+
+// Proposal returns the epoch the local peer should propose now, if it is the
+// coordinator and the live set differs from the current epoch's members.
+// startStep is the step at which the new ring should begin.
+func (v *View) Proposal(startStep uint64) (Epoch, bool) {
+	live := v.Live()
+	if len(live) == 0 || live[0] != v.self {
+		return Epoch{}, false
+	}
+	cur := slices.Clone(v.epoch.Order)
+	slices.Sort(cur)
+	if v.epoch.Number != 0 && slices.Equal(cur, live) {
+		return Epoch{}, false
+	}
+	return Epoch{
+		Number:      max(v.maxEpoch, v.epoch.Number) + 1,
+		Order:       live,
+		StartStep:   startStep,
+		Coordinator: v.self,
+	}, true
+}
+
+func (v *View) change(m *Member, from State) Event {
+	return Event{Member: &MemberChange{Peer: m.PeerID, From: from, To: m.State, Addrs: slices.Clone(m.Addrs)}}
+}
+
+func cloneEpoch(e Epoch) Epoch {
+	e.Order = slices.Clone(e.Order)
+	return e
+}

@@ -1,0 +1,118 @@
+package node
+
+import (
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/metrics"
+	"github.com/libp2p/go-libp2p/core/pnet"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
+	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
+	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
+	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
+)
+
+// Protocol IDs of p2ptrain's stream protocols.
+const (
+	ProtocolAllreduce protocol.ID = "/p2ptrain/allreduce/1.0.0"
+	ProtocolState     protocol.ID = "/p2ptrain/state/1.0.0"
+	ProtocolProbe     protocol.ID = "/p2ptrain/probe/1.0.0"
+)
+
+// hostParams is what building a libp2p host needs beyond the config.
+type hostParams struct {
+	identity crypto.PrivKey
+	psk      pnet.PSK
+	listen   []ma.Multiaddr
+	maxPeers int
+	bw       *metrics.BandwidthCounter
+}
+
+func isLoopback(a ma.Multiaddr) bool {
+	ip, err := manet.ToIP(a)
+	if err != nil {
+		// DNS names: only "localhost" counts as loopback.
+		v, err := a.ValueForProtocol(ma.P_DNS4)
+		return err == nil && v == "localhost"
+	}
+	return ip.IsLoopback() && !ip.Equal(net.IPv4zero)
+}
+
+// resourceLimits returns libp2p's auto-scaled defaults with explicit limits for
+// p2ptrain's protocols: a few long-lived streams per ring neighbour, bounded memory.
+func resourceLimits(maxPeers int) rcmgr.ConcreteLimitConfig {
+	limits := rcmgr.DefaultLimits
+	libp2p.SetDefaultServiceLimits(&limits)
+	per := func(streams int, memory int64) (rcmgr.BaseLimit, rcmgr.BaseLimitIncrease) {
+		return rcmgr.BaseLimit{
+				StreamsInbound:  streams * maxPeers,
+				StreamsOutbound: streams * maxPeers,
+				Streams:         2 * streams * maxPeers,
+				Memory:          memory,
+			}, rcmgr.BaseLimitIncrease{
+				Memory: memory / 4,
+			}
+	}
+	peerLimit := func(streams int, memory int64) rcmgr.BaseLimit {
+		return rcmgr.BaseLimit{StreamsInbound: streams, StreamsOutbound: streams, Streams: 2 * streams, Memory: memory}
+	}
+	for _, p := range []struct {
+		id       protocol.ID
+		streams  int
+		memory   int64
+		perPeer  int
+		peerMemo int64
+	}{
+		{ProtocolAllreduce, 8, 1 << 30, 8, 256 << 20},
+		{ProtocolState, 2, 256 << 20, 2, 128 << 20},
+		{ProtocolProbe, 2, 64 << 20, 2, 32 << 20},
+	} {
+		base, inc := per(p.streams, p.memory)
+		limits.AddProtocolLimit(p.id, base, inc)
+		limits.AddProtocolPeerLimit(p.id, peerLimit(p.perPeer, p.peerMemo), rcmgr.BaseLimitIncrease{})
+	}
+	return limits.AutoScale()
+}
+
+func newHost(p hostParams) (host.Host, *connmgr.BasicConnMgr, error) {
+	cm, err := connmgr.NewConnManager(p.maxPeers+8, 2*p.maxPeers+16, connmgr.WithGracePeriod(time.Minute))
+	if err != nil {
+		return nil, nil, fmt.Errorf("node: connection manager: %w", err)
+	}
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(resourceLimits(p.maxPeers)))
+	if err != nil {
+		return nil, nil, fmt.Errorf("node: resource manager: %w", err)
+	}
+	opts := []libp2p.Option{
+		libp2p.Identity(p.identity),
+		libp2p.ListenAddrs(p.listen...),
+		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.Security(noise.ID, noise.New),
+		libp2p.Security(libp2ptls.ID, libp2ptls.New),
+		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
+		libp2p.ConnectionManager(cm),
+		libp2p.ResourceManager(rm),
+		libp2p.BandwidthReporter(p.bw),
+		libp2p.DisableRelay(),
+		libp2p.DisableMetrics(),
+		libp2p.UserAgent("p2ptrain/" + Version),
+	}
+	if p.psk != nil {
+		opts = append(opts, libp2p.PrivateNetwork(p.psk))
+	}
+	h, err := libp2p.New(opts...)
+	if err != nil {
+		rm.Close()
+		return nil, nil, fmt.Errorf("node: start libp2p host: %w", err)
+	}
+	return h, cm, nil
+}

@@ -1,0 +1,90 @@
+package node
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/pnet"
+)
+
+// WriteSwarmKey creates a new private-network key (libp2p PSK v1 format) at
+// path with mode 0600. It refuses to overwrite an existing file.
+func WriteSwarmKey(path string) error {
+	var k [32]byte
+	if _, err := rand.Read(k[:]); err != nil {
+		return fmt.Errorf("node: generate swarm key: %w", err)
+	}
+	data := "/key/swarm/psk/1.0.0/\n/base16/\n" + hex.EncodeToString(k[:]) + "\n"
+	return writeNew(path, []byte(data))
+}
+
+// LoadSwarmKey reads a private-network key file.
+func LoadSwarmKey(path string) (pnet.PSK, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("node: read swarm key: %w", err)
+	}
+	psk, err := pnet.DecodeV1PSK(bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("node: swarm key %s is not a libp2p PSK v1 key (make one with `p2ptrain keygen --swarm-key FILE`): %w", path, err)
+	}
+	return psk, nil
+}
+
+// WriteIdentity creates a new Ed25519 identity at path with mode 0600 and
+// returns its peer ID. It refuses to overwrite an existing file.
+func WriteIdentity(path string) (peer.ID, error) {
+	priv, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		return "", fmt.Errorf("node: generate identity: %w", err)
+	}
+	b, err := crypto.MarshalPrivateKey(priv)
+	if err != nil {
+		return "", fmt.Errorf("node: encode identity: %w", err)
+	}
+	id, err := peer.IDFromPrivateKey(priv)
+	if err != nil {
+		return "", fmt.Errorf("node: derive peer ID: %w", err)
+	}
+	return id, writeNew(path, b)
+}
+
+// LoadIdentity reads an identity written by WriteIdentity.
+func LoadIdentity(path string) (crypto.PrivKey, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("node: read identity: %w", err)
+	}
+	priv, err := crypto.UnmarshalPrivateKey(b)
+	if err != nil {
+		return nil, fmt.Errorf("node: identity %s is not a libp2p private key (make one with `p2ptrain keygen --identity FILE`): %w", path, err)
+	}
+	return priv, nil
+}
+
+func writeNew(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("node: %s already exists; refusing to overwrite a key", path)
+	}
+	if err != nil {
+		return fmt.Errorf("node: create %s: %w", path, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		os.Remove(path)
+		return fmt.Errorf("node: write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(path)
+		return fmt.Errorf("node: write %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,87 @@
+package node
+
+import (
+	"time"
+
+	"github.com/p2ptrain/p2ptrain/gossip"
+)
+
+// Status is the /status document.
+type Status struct {
+	PeerID  string         `json:"peer_id"`
+	Name    string         `json:"name"`
+	Addrs   []string       `json:"addrs"`
+	Cluster string         `json:"cluster"`
+	Version string         `json:"version"`
+	Step    uint64         `json:"step"`
+	Members []MemberStatus `json:"members"`
+	Ring    RingStatus     `json:"ring"`
+}
+
+// MemberStatus is one member as this peer sees it.
+type MemberStatus struct {
+	PeerID     string `json:"peer_id"`
+	Name       string `json:"name"`
+	State      string `json:"state"`
+	LastSeenMS int64  `json:"last_seen_ms"`
+	Step       uint64 `json:"step"`
+	Version    string `json:"version"`
+}
+
+// RingStatus is the adopted ring epoch.
+type RingStatus struct {
+	Epoch       uint64   `json:"epoch"`
+	Order       []string `json:"order"`
+	Coordinator string   `json:"coordinator"`
+	StartStep   uint64   `json:"start_step"`
+}
+
+// Status returns the peer's current status.
+func (n *Node) Status() Status {
+	members, epoch := n.gsp.Snapshot()
+	n.mu.Lock()
+	step := n.step
+	n.mu.Unlock()
+	now := time.Now()
+	st := Status{
+		PeerID:  n.host.ID().String(),
+		Name:    n.cfg.Node.Name,
+		Addrs:   n.AddrStrings(),
+		Cluster: n.cfg.Node.Cluster,
+		Version: Version,
+		Step:    step,
+		Members: make([]MemberStatus, 0, len(members)),
+		Ring: RingStatus{
+			Epoch:       epoch.Number,
+			Order:       epoch.Order,
+			Coordinator: epoch.Coordinator,
+			StartStep:   epoch.StartStep,
+		},
+	}
+	if st.Ring.Order == nil {
+		st.Ring.Order = []string{}
+	}
+	for _, m := range members {
+		st.Members = append(st.Members, MemberStatus{
+			PeerID:     m.PeerID,
+			Name:       m.Name,
+			State:      m.State.String(),
+			LastSeenMS: now.Sub(m.LastSeen).Milliseconds(),
+			Step:       m.Step,
+			Version:    m.Version,
+		})
+	}
+	return st
+}
+
+// AliveCount returns the number of alive members, self included.
+func (n *Node) AliveCount() int {
+	members, _ := n.gsp.Snapshot()
+	c := 0
+	for _, m := range members {
+		if m.State == gossip.Alive {
+			c++
+		}
+	}
+	return c
+}
