@@ -1,0 +1,206 @@
+package compress
+
+import (
+	"encoding/binary"
+	"math"
+	"sync"
+)
+
+// base holds what every codec shares.
+type base struct {
+	spec  string
+	class Class
+	total int // values in the bucket (Layout.Len())
+}
+
+// Spec returns the canonical spec string.
+func (b *base) Spec() string { return b.spec }
+
+// Class says how a ring carries the codec.
+func (b *base) Class() Class { return b.class }
+
+// none: raw little-endian fp32. NaN and Inf pass through bit-exactly.
+type noneCodec struct{ base }
+
+func buildNone(p params, opts Options) (Codec, error) {
+	return &noneCodec{base{p.canonical(), ClassLinear, opts.Layout.Len()}}, nil
+}
+
+func (c *noneCodec) MaxEncodedLen(n int) int { return 4 * n }
+func (c *noneCodec) Reset()                  {}
+
+func (c *noneCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
+	if err := checkRegion("compress: none", pos, len(src), c.total); err != nil {
+		return dst, err
+	}
+	dst, out := grow(dst, 4*len(src))
+	for i, v := range src {
+		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(v))
+	}
+	return dst, nil
+}
+
+func (c *noneCodec) Decode(dst []float32, src []byte) error {
+	if err := checkLen("compress: none", len(src), 4*len(dst), len(dst)); err != nil {
+		return err
+	}
+	for i := range dst {
+		dst[i] = getF32(src[4*i:])
+	}
+	return nil
+}
+
+func (c *noneCodec) DecodeAdd(dst []float32, src []byte) error {
+	if err := checkLen("compress: none", len(src), 4*len(dst), len(dst)); err != nil {
+		return err
+	}
+	for i := range dst {
+		dst[i] += getF32(src[4*i:])
+	}
+	return nil
+}
+
+// f32ToF16 converts to IEEE binary16 with round-to-nearest-even: values from
+// 65520 up overflow to Inf, small values become subnormal or zero, NaN stays a
+// quiet NaN (keeping the top payload bits), the sign is kept (also of zero).
+func f32ToF16(f float32) uint16 {
+	x := math.Float32bits(f)
+	a := x & 0x7fffffff
+	// Normal half: rebias the exponent and round the 13 dropped bits to even.
+	h := (a - 112<<23 + 0xfff + (a >> 13 & 1)) >> 13
+	// Subnormal half: adding 0.5 makes the FPU round |f|·2^24 to an integer (to even).
+	d := math.Float32bits(math.Float32frombits(a)+0.5) - 0x3f000000
+	if a < 113<<23 {
+		h = d
+	}
+	if a >= 143<<23 {
+		h = 0x7c00
+		if a > 0x7f800000 {
+			h = 0x7e00 | a>>13&0x3ff
+		}
+	}
+	return uint16(h | x>>16&0x8000)
+}
+
+// f16ToF32 converts an IEEE binary16 value to float32 exactly.
+func f16ToF32(h uint16) float32 {
+	sign := uint32(h&0x8000) << 16
+	e := uint32(h >> 10 & 0x1f)
+	m := uint32(h & 0x3ff)
+	switch {
+	case e == 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | m<<13)
+	case e == 0:
+		v := float32(m) * (1.0 / (1 << 24))
+		return math.Float32frombits(sign | math.Float32bits(v))
+	}
+	return math.Float32frombits(sign | (e+112)<<23 | m<<13)
+}
+
+// f16Table maps every binary16 bit pattern to its float32 value.
+var f16Table = sync.OnceValue(func() *[1 << 16]float32 {
+	var t [1 << 16]float32
+	for i := range t {
+		t[i] = f16ToF32(uint16(i))
+	}
+	return &t
+})
+
+// fp16: IEEE half, round-to-nearest-even. |x| >= 65520 becomes ±Inf; NaN stays NaN; Inf stays Inf.
+type fp16Codec struct {
+	base
+	tab *[1 << 16]float32
+}
+
+func buildFP16(p params, opts Options) (Codec, error) {
+	return &fp16Codec{base{p.canonical(), ClassLinear, opts.Layout.Len()}, f16Table()}, nil
+}
+
+func (c *fp16Codec) MaxEncodedLen(n int) int { return 2 * n }
+func (c *fp16Codec) Reset()                  {}
+
+func (c *fp16Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
+	if err := checkRegion("compress: fp16", pos, len(src), c.total); err != nil {
+		return dst, err
+	}
+	dst, out := grow(dst, 2*len(src))
+	out = out[:2*len(src)]
+	for i := 0; i < len(src); i++ {
+		binary.LittleEndian.PutUint16(out[2*i:], f32ToF16(src[i]))
+	}
+	return dst, nil
+}
+
+func (c *fp16Codec) Decode(dst []float32, src []byte) error {
+	if err := checkLen("compress: fp16", len(src), 2*len(dst), len(dst)); err != nil {
+		return err
+	}
+	t := c.tab
+	for i := range dst {
+		dst[i] = t[binary.LittleEndian.Uint16(src[2*i:])]
+	}
+	return nil
+}
+
+func (c *fp16Codec) DecodeAdd(dst []float32, src []byte) error {
+	if err := checkLen("compress: fp16", len(src), 2*len(dst), len(dst)); err != nil {
+		return err
+	}
+	t := c.tab
+	for i := range dst {
+		dst[i] += t[binary.LittleEndian.Uint16(src[2*i:])]
+	}
+	return nil
+}
+
+// f32ToBF16 keeps the top 16 bits of f rounded to nearest even; NaN stays a quiet NaN.
+func f32ToBF16(f float32) uint16 {
+	x := math.Float32bits(f)
+	h := (x + 0x7fff + (x >> 16 & 1)) >> 16
+	if x&0x7fffffff > 0x7f800000 {
+		h = x>>16 | 0x40
+	}
+	return uint16(h)
+}
+
+// bf16: top half of fp32, round-to-nearest-even. Overflow rounds to ±Inf; NaN and Inf are kept.
+type bf16Codec struct{ base }
+
+func buildBF16(p params, opts Options) (Codec, error) {
+	return &bf16Codec{base{p.canonical(), ClassLinear, opts.Layout.Len()}}, nil
+}
+
+func (c *bf16Codec) MaxEncodedLen(n int) int { return 2 * n }
+func (c *bf16Codec) Reset()                  {}
+
+func (c *bf16Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
+	if err := checkRegion("compress: bf16", pos, len(src), c.total); err != nil {
+		return dst, err
+	}
+	dst, out := grow(dst, 2*len(src))
+	out = out[:2*len(src)]
+	for i := 0; i < len(src); i++ {
+		binary.LittleEndian.PutUint16(out[2*i:], f32ToBF16(src[i]))
+	}
+	return dst, nil
+}
+
+func (c *bf16Codec) Decode(dst []float32, src []byte) error {
+	if err := checkLen("compress: bf16", len(src), 2*len(dst), len(dst)); err != nil {
+		return err
+	}
+	for i := range dst {
+		dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
+	}
+	return nil
+}
+
+func (c *bf16Codec) DecodeAdd(dst []float32, src []byte) error {
+	if err := checkLen("compress: bf16", len(src), 2*len(dst), len(dst)); err != nil {
+		return err
+	}
+	for i := range dst {
+		dst[i] += math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
+	}
+	return nil
+}

@@ -1,0 +1,338 @@
+package compress
+
+import (
+	"fmt"
+	"math"
+)
+
+// Linear int8 ("int8"): per bucket one fp32 absmax then one int8 per value,
+// q = round-to-nearest-even(127·x/absmax). A bucket holding NaN or ±Inf stores a
+// NaN absmax and decodes to all NaN.
+//
+// Shared-scale int8 ("sint8"): the same layout for a single peer, stochastic
+// rounding; inside a ring the absmax values are agreed (MAX all-reduce) and only
+// the int8 codes travel, with L = floor(127/peers) levels so sums cannot overflow.
+
+// roundMagic added to a float32 of magnitude < 2^22 leaves round-to-nearest-even
+// of the value, as a two's complement integer, in the low mantissa bits.
+const roundMagic = 12582912 // 1.5·2^23
+
+// quantRNE writes round-to-nearest-even(levels·v/absmax) into out as int8 codes and
+// returns the scale to store: absmax, or NaN when absmax is not finite.
+func quantRNE(out []byte, v []float32, absmax, levels float32) float32 {
+	out = out[:len(v)]
+	if !isFinite(absmax) || absmax == 0 {
+		clear(out)
+		if absmax == 0 {
+			return 0
+		}
+		return canonicalNaN
+	}
+	scale := levels / absmax
+	if !isFinite(scale) { // absmax is tiny: keep precision in float64
+		s := float64(levels) / float64(absmax)
+		for i, x := range v {
+			out[i] = byte(int8(math.RoundToEven(float64(x) * s)))
+		}
+		return absmax
+	}
+	i := 0
+	for ; i+4 <= len(v); i += 4 {
+		out[i] = byte(math.Float32bits(float32(v[i]*scale) + roundMagic))
+		out[i+1] = byte(math.Float32bits(float32(v[i+1]*scale) + roundMagic))
+		out[i+2] = byte(math.Float32bits(float32(v[i+2]*scale) + roundMagic))
+		out[i+3] = byte(math.Float32bits(float32(v[i+3]*scale) + roundMagic))
+	}
+	for ; i < len(v); i++ {
+		out[i] = byte(math.Float32bits(float32(v[i]*scale) + roundMagic))
+	}
+	return absmax
+}
+
+// quantStochastic writes floor(levels·v/absmax + u) clamped to ±levels into out.
+// A zero or non-finite absmax writes zero codes.
+func quantStochastic(out []byte, v, u []float32, absmax float32, levels int32) {
+	out, u = out[:len(v)], u[:len(v)]
+	if !isFinite(absmax) || absmax == 0 {
+		clear(out)
+		return
+	}
+	scale := float32(levels) / absmax
+	if !isFinite(scale) {
+		s := float64(levels) / float64(absmax)
+		for i, x := range v {
+			q := int32(math.Floor(float64(x)*s + float64(u[i])))
+			out[i] = byte(int8(min(max(q, -levels), levels)))
+		}
+		return
+	}
+	for i, x := range v {
+		y := float32(x*scale) + u[i]
+		q := int32(y)
+		if float32(q) > y {
+			q--
+		}
+		out[i] = byte(int8(min(max(q, -levels), levels)))
+	}
+}
+
+// dequant writes (or adds) code·absmax/levels for each int8 code. A NaN absmax
+// gives NaN values; absmax must have been validated.
+func dequant(dst []float32, codes []byte, absmax, levels float32, add bool) {
+	codes = codes[:len(dst)]
+	if isNaN(absmax) {
+		for i := range dst {
+			if add {
+				dst[i] += canonicalNaN
+			} else {
+				dst[i] = canonicalNaN
+			}
+		}
+		return
+	}
+	scale := levels / absmax
+	if absmax == 0 || !isFinite(scale) {
+		d := float64(absmax) / float64(levels)
+		for i, c := range codes {
+			v := float32(float64(int8(c)) * d)
+			if add {
+				dst[i] += v
+			} else {
+				dst[i] = v
+			}
+		}
+		return
+	}
+	if levels == 127 {
+		// A multiply is as exact as a divide by 127/absmax to within an ulp; use it where
+		// no known answer pins the division.
+		d := absmax / 127
+		if add {
+			for i, c := range codes {
+				dst[i] += float32(int8(c)) * d
+			}
+		} else {
+			for i, c := range codes {
+				dst[i] = float32(int8(c)) * d
+			}
+		}
+		return
+	}
+	if add {
+		for i, c := range codes {
+			dst[i] += float32(int8(c)) / scale
+		}
+	} else {
+		for i, c := range codes {
+			dst[i] = float32(int8(c)) / scale
+		}
+	}
+}
+
+// bucketedLen is the payload size of n values in buckets with hdr header bytes
+// each and bytesFor(k) bytes for the codes of k values.
+func bucketedLen(n, bucket, hdr int, bytesFor func(int) int) int {
+	full := n / bucket
+	l := full * (hdr + bytesFor(bucket))
+	if r := n % bucket; r > 0 {
+		l += hdr + bytesFor(r)
+	}
+	return l
+}
+
+func identity(n int) int { return n }
+
+type int8Codec struct {
+	base
+	bucket int
+}
+
+func buildInt8(p params, opts Options) (Codec, error) {
+	return &int8Codec{base{p.canonical(), ClassQuantized, opts.Layout.Len()}, p.int("bucket")}, nil
+}
+
+func (c *int8Codec) MaxEncodedLen(n int) int { return bucketedLen(n, c.bucket, 4, identity) }
+func (c *int8Codec) Reset()                  {}
+
+func (c *int8Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
+	if err := checkRegion("compress: int8", pos, len(src), c.total); err != nil {
+		return dst, err
+	}
+	dst, out := grow(dst, c.MaxEncodedLen(len(src)))
+	for b := 0; b < len(src); b += c.bucket {
+		v := src[b:min(b+c.bucket, len(src))]
+		putF32(out, quantRNE(out[4:], v, absMax(v), 127))
+		out = out[4+len(v):]
+	}
+	return dst, nil
+}
+
+func (c *int8Codec) Decode(dst []float32, src []byte) error { return c.decode(dst, src, false) }
+
+func (c *int8Codec) DecodeAdd(dst []float32, src []byte) error { return c.decode(dst, src, true) }
+
+func (c *int8Codec) decode(dst []float32, src []byte, add bool) error {
+	return decodeScaledBuckets("compress: int8", dst, src, c.bucket, 127, add)
+}
+
+// decodeScaledBuckets decodes the [absmax][int8 codes] bucket layout.
+func decodeScaledBuckets(name string, dst []float32, src []byte, bucket int, levels float32, add bool) error {
+	if err := checkLen(name, len(src), bucketedLen(len(dst), bucket, 4, identity), len(dst)); err != nil {
+		return err
+	}
+	for b := 0; b < len(dst); b += bucket {
+		d := dst[b:min(b+bucket, len(dst))]
+		m := getF32(src)
+		if !validScale(m) {
+			return corruptf(name, "bucket %d has absmax %g", b/bucket, m)
+		}
+		dequant(d, src[4:], m, levels, add)
+		src = src[4+len(d):]
+	}
+	return nil
+}
+
+// sint8Codec is the shared-scale int8 codec; it implements SharedScaler.
+type sint8Codec struct {
+	base
+	bucket int
+	seed   uint64
+	u      []float32 // scratch: one bucket of uniforms
+}
+
+var _ SharedScaler = (*sint8Codec)(nil)
+
+func buildSInt8(p params, opts Options) (Codec, error) {
+	b := p.int("bucket")
+	return &sint8Codec{
+		base:   base{p.canonical(), ClassSharedScale, opts.Layout.Len()},
+		bucket: b, seed: opts.Seed,
+		u: make([]float32, min(b, max(opts.Layout.Len(), 1))),
+	}, nil
+}
+
+func (c *sint8Codec) MaxEncodedLen(n int) int { return bucketedLen(n, c.bucket, 4, identity) }
+func (c *sint8Codec) Reset()                  {}
+
+// Bucket is the number of values that share one scale.
+func (c *sint8Codec) Bucket() int { return c.bucket }
+
+// NumScales returns how many scales n values need.
+func (c *sint8Codec) NumScales(n int) int { return numBuckets(n, c.bucket) }
+
+// Scales writes the per-bucket absmax of src into dst[:NumScales(len(src))]:
+// NaN for a bucket holding a NaN, else +Inf for one holding an infinity.
+func (c *sint8Codec) Scales(dst, src []float32) {
+	for b := 0; b < len(src); b += c.bucket {
+		dst[b/c.bucket] = absMax(src[b:min(b+c.bucket, len(src))])
+	}
+}
+
+// levelsFor returns L = floor(127/peers).
+func levelsFor(peers int) (int32, error) {
+	if peers < 1 || peers > 127 {
+		return 0, fmt.Errorf("compress: sint8 supports 1 to 127 peers, got %d: %w", peers, ErrShape)
+	}
+	return int32(127 / peers), nil
+}
+
+// Encode is the single-peer form: per bucket the local absmax, then codes with
+// stochastic rounding to ±127 levels.
+func (c *sint8Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
+	if err := checkRegion("compress: sint8", pos, len(src), c.total); err != nil {
+		return dst, err
+	}
+	dst, out := grow(dst, c.MaxEncodedLen(len(src)))
+	key := streamKey(c.seed, pos)
+	for b := 0; b < len(src); b += c.bucket {
+		v := src[b:min(b+c.bucket, len(src))]
+		m := absMax(v)
+		if !isFinite(m) {
+			m = canonicalNaN
+		}
+		putF32(out, m)
+		u := c.u[:len(v)]
+		fillUniform(u, key, b)
+		quantStochastic(out[4:], v, u, m, 127)
+		out = out[4+len(v):]
+	}
+	return dst, nil
+}
+
+// EncodeScaled appends one int8 code per value: floor(L·x/absmax + u) with
+// L = floor(127/peers), u uniform from (Seed, pos), clamped to ±L. Bucket i of
+// src uses absmax[i]. Only the codes travel (the scales are agreed separately).
+func (c *sint8Codec) EncodeScaled(dst []byte, src, absmax []float32, peers int, pos Pos) ([]byte, error) {
+	if err := checkRegion("compress: sint8", pos, len(src), c.total); err != nil {
+		return dst, err
+	}
+	if len(absmax) != c.NumScales(len(src)) {
+		return dst, fmt.Errorf("compress: sint8: %d scales for %d values, want %d: %w",
+			len(absmax), len(src), c.NumScales(len(src)), ErrShape)
+	}
+	levels, err := levelsFor(peers)
+	if err != nil {
+		return dst, err
+	}
+	dst, out := grow(dst, len(src))
+	key := streamKey(c.seed, pos)
+	for b := 0; b < len(src); b += c.bucket {
+		v := src[b:min(b+c.bucket, len(src))]
+		u := c.u[:len(v)]
+		fillUniform(u, key, b)
+		quantStochastic(out[b:], v, u, absmax[b/c.bucket], levels)
+	}
+	return dst, nil
+}
+
+// AddEncoded adds payload b into payload a in the integer domain. A sum outside
+// ±127 means the payloads were not encoded for this ring size: ErrCorrupt.
+func (c *sint8Codec) AddEncoded(a, b []byte) error {
+	if len(a) != len(b) {
+		return corruptf("compress: sint8", "adding payloads of %d and %d bytes", len(a), len(b))
+	}
+	b = b[:len(a)]
+	for i := range a {
+		s := int32(int8(a[i])) + int32(int8(b[i]))
+		if s > 127 || s < -127 {
+			return corruptf("compress: sint8", "integer sum %d at %d overflows", s, i)
+		}
+		a[i] = byte(int8(s))
+	}
+	return nil
+}
+
+// DecodeScaled writes sum·absmax/L for the (summed) codes in src; a NaN or
+// infinite absmax gives NaN for its bucket.
+func (c *sint8Codec) DecodeScaled(dst []float32, src []byte, absmax []float32, peers int) error {
+	if err := checkLen("compress: sint8", len(src), len(dst), len(dst)); err != nil {
+		return err
+	}
+	if len(absmax) != c.NumScales(len(dst)) {
+		return fmt.Errorf("compress: sint8: %d scales for %d values, want %d: %w",
+			len(absmax), len(dst), c.NumScales(len(dst)), ErrShape)
+	}
+	levels, err := levelsFor(peers)
+	if err != nil {
+		return err
+	}
+	for b := 0; b < len(dst); b += c.bucket {
+		m := absmax[b/c.bucket]
+		if !isFinite(m) {
+			m = canonicalNaN
+		}
+		if !validScale(m) {
+			return fmt.Errorf("compress: sint8: negative absmax %g: %w", m, ErrShape)
+		}
+		dequant(dst[b:min(b+c.bucket, len(dst))], src[b:], m, float32(levels), false)
+	}
+	return nil
+}
+
+func (c *sint8Codec) Decode(dst []float32, src []byte) error {
+	return decodeScaledBuckets("compress: sint8", dst, src, c.bucket, 127, false)
+}
+
+func (c *sint8Codec) DecodeAdd(dst []float32, src []byte) error {
+	return decodeScaledBuckets("compress: sint8", dst, src, c.bucket, 127, true)
+}

@@ -1,0 +1,239 @@
+package compress
+
+// Error-feedback 1-bit codecs. Both send one bit per value, (a >= 0), after
+// adding the region's residual when Pos.Feedback is set, and then keep
+// residual = a − reconstruction.
+//
+// onebit (1-bit SGD, CNTK style): per bucket [mean of entries with bit 1 (fp32)]
+// [mean of entries with bit 0 (fp32)][bits]; each bit decodes to its group's mean.
+//
+// sign (EF-SignSGD): per bucket [‖a‖₁/len (fp32)][bits]; a bit decodes to ±scale
+// (sign(0) = +1).
+//
+// Bits are packed little-endian within bytes; the unused bits of a bucket's last
+// byte must be zero. A bucket whose input holds NaN or ±Inf stores NaN header
+// values (decoding to NaN) and its residual is reset to zero, so the poison does
+// not outlive the step.
+
+// efCodec holds what onebit and sign share.
+type efCodec struct {
+	base
+	bucket int
+	hdr    int // header bytes per bucket
+	res    residual
+}
+
+func (c *efCodec) MaxEncodedLen(n int) int { return bucketedLen(n, c.bucket, c.hdr, bitBytes) }
+
+// Reset zeroes the error-feedback residuals.
+func (c *efCodec) Reset() { c.res.Reset() }
+
+func bitBytes(n int) int { return (n + 7) / 8 }
+
+// encode runs the shared encode loop; header computes a bucket's header values
+// and the reconstruction of bit 0 and bit 1 (NaN for non-finite input).
+func (c *efCodec) encode(dst []byte, src []float32, pos Pos, name string,
+	header func(out []byte, a []float32) (vals [2]float32)) ([]byte, error) {
+	if err := checkRegion(name, pos, len(src), c.total); err != nil {
+		return dst, err
+	}
+	dst, out := grow(dst, c.MaxEncodedLen(len(src)))
+	var res []float32
+	if pos.Feedback {
+		res = c.res.region(pos, len(src))
+	}
+	for b := 0; b < len(src); b += c.bucket {
+		a := src[b:min(b+c.bucket, len(src))]
+		var r []float32
+		if res != nil {
+			r = res[b : b+len(a)]
+			addInto(r, a)
+			a = r
+		}
+		vals := header(out, a)
+		bits := out[c.hdr : c.hdr+bitBytes(len(a))]
+		if isNaN(vals[0]) || isNaN(vals[1]) {
+			clear(bits)
+			clear(r)
+		} else {
+			packSigns(bits, a)
+			if r != nil {
+				subRecon(r, bits, vals)
+			}
+		}
+		out = out[c.hdr+len(bits):]
+	}
+	return dst, nil
+}
+
+// addInto adds a into r.
+func addInto(r, a []float32) {
+	a = a[:len(r)]
+	for i := range r {
+		r[i] += a[i]
+	}
+}
+
+// packSigns writes bit i = (a[i] >= 0).
+func packSigns(out []byte, a []float32) {
+	full := len(a) / 8
+	out = out[:bitBytes(len(a))]
+	for j := range full {
+		g := a[8*j : 8*j+8]
+		var b byte
+		for k, x := range g {
+			if x >= 0 {
+				b |= 1 << k
+			}
+		}
+		out[j] = b
+	}
+	if full*8 < len(a) {
+		var b byte
+		for k, x := range a[full*8:] {
+			if x >= 0 {
+				b |= 1 << k
+			}
+		}
+		out[full] = b
+	}
+}
+
+// subRecon subtracts the reconstruction vals[bit] from r.
+func subRecon(r []float32, bits []byte, vals [2]float32) {
+	for i := range r {
+		r[i] -= vals[bits[i>>3]>>(i&7)&1]
+	}
+}
+
+// unpackBits writes or adds vals[bit] for each bit, after checking the padding.
+func unpackBits(d []float32, bits []byte, vals [2]float32, add bool) bool {
+	bits = bits[:bitBytes(len(d))]
+	if r := len(d) % 8; r != 0 && bits[len(bits)-1]>>r != 0 {
+		return false
+	}
+	full := len(d) / 8
+	for j, x := range bits[:full] {
+		e := d[8*j : 8*j+8]
+		if add {
+			for k := range e {
+				e[k] += vals[x>>k&1]
+			}
+		} else {
+			for k := range e {
+				e[k] = vals[x>>k&1]
+			}
+		}
+	}
+	for i := full * 8; i < len(d); i++ {
+		v := vals[bits[full]>>(i&7)&1]
+		if add {
+			d[i] += v
+		} else {
+			d[i] = v
+		}
+	}
+	return true
+}
+
+// decodeBits checks a payload of bit buckets and writes or adds its values;
+// vals returns a bucket's reconstruction values from its header, or ok=false.
+func (c *efCodec) decodeBits(dst []float32, src []byte, add bool, name string,
+	vals func(hdr []byte) ([2]float32, bool)) error {
+	if err := checkLen(name, len(src), c.MaxEncodedLen(len(dst)), len(dst)); err != nil {
+		return err
+	}
+	for b := 0; b < len(dst); b += c.bucket {
+		d := dst[b:min(b+c.bucket, len(dst))]
+		v, ok := vals(src[:c.hdr])
+		if !ok {
+			return corruptf(name, "bucket %d has a bad header %x", b/c.bucket, src[:c.hdr])
+		}
+		if !unpackBits(d, src[c.hdr:], v, add) {
+			return corruptf(name, "bucket %d has non-zero padding bits", b/c.bucket)
+		}
+		src = src[c.hdr+bitBytes(len(d)):]
+	}
+	return nil
+}
+
+type oneBitCodec struct{ efCodec }
+
+func buildOneBit(p params, opts Options) (Codec, error) {
+	n := opts.Layout.Len()
+	return &oneBitCodec{efCodec{base{p.canonical(), ClassErrorFeedback, n}, p.int("bucket"), 8, residual{n: n}}}, nil
+}
+
+func (c *oneBitCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
+	return c.encode(dst, src, pos, "compress: onebit", oneBitHeader)
+}
+
+// oneBitHeader writes the two group means of a.
+func oneBitHeader(out []byte, a []float32) [2]float32 {
+	var sumPos, sumAll float64
+	cnt := 0
+	for _, x := range a {
+		y := float64(x)
+		sumAll += y
+		if x >= 0 {
+			sumPos += y
+			cnt++
+		}
+	}
+	var pos, neg float32
+	if cnt > 0 {
+		pos = float32(sumPos / float64(cnt))
+	}
+	if cnt < len(a) {
+		neg = float32((sumAll - sumPos) / float64(len(a)-cnt))
+	}
+	if !isFinite(pos) || !isFinite(neg) {
+		pos, neg = canonicalNaN, canonicalNaN
+	}
+	putF32(out, pos)
+	putF32(out[4:], neg)
+	return [2]float32{neg, pos}
+}
+
+func (c *oneBitCodec) Decode(dst []float32, src []byte) error { return c.decode(dst, src, false) }
+
+func (c *oneBitCodec) DecodeAdd(dst []float32, src []byte) error { return c.decode(dst, src, true) }
+
+func (c *oneBitCodec) decode(dst []float32, src []byte, add bool) error {
+	return c.decodeBits(dst, src, add, "compress: onebit", func(h []byte) ([2]float32, bool) {
+		pos, neg := getF32(h), getF32(h[4:])
+		return [2]float32{neg, pos}, validScale(pos) && validScale(-neg)
+	})
+}
+
+type signCodec struct{ efCodec }
+
+func buildSign(p params, opts Options) (Codec, error) {
+	n := opts.Layout.Len()
+	return &signCodec{efCodec{base{p.canonical(), ClassErrorFeedback, n}, p.int("bucket"), 4, residual{n: n}}}, nil
+}
+
+func (c *signCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
+	return c.encode(dst, src, pos, "compress: sign", signHeader)
+}
+
+// signHeader writes ‖a‖₁/len(a).
+func signHeader(out []byte, a []float32) [2]float32 {
+	s := float32(sumAbs(a) / float64(len(a)))
+	if !isFinite(s) {
+		s = canonicalNaN
+	}
+	putF32(out, s)
+	return [2]float32{-s, s}
+}
+
+func (c *signCodec) Decode(dst []float32, src []byte) error { return c.decode(dst, src, false) }
+
+func (c *signCodec) DecodeAdd(dst []float32, src []byte) error { return c.decode(dst, src, true) }
+
+func (c *signCodec) decode(dst []float32, src []byte, add bool) error {
+	return c.decodeBits(dst, src, add, "compress: sign", func(h []byte) ([2]float32, bool) {
+		s := getF32(h)
+		return [2]float32{-s, s}, validScale(s)
+	})
+}

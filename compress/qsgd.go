@@ -1,0 +1,220 @@
+package compress
+
+import "math"
+
+// QSGD ("qsgd:bits=b,bucket=d,norm=l2|linf"): per bucket one fp32 norm n, then
+// b bits per value packed little-endian in bytes: the level l in 0…s (s = 2^(b−1)−1)
+// in the low b−1 bits and the sign above. With a = s·|v|/n, l = floor(a) + 1 iff
+// u < a − floor(a), u uniform in [0, 1) from the stream of (Seed, Step, Stream,
+// Offset); decoding gives n·sign·l/s, an unbiased estimate. Each bucket's codes
+// start on a byte boundary; unused bits of its last byte must be zero.
+// A bucket holding NaN or ±Inf (or whose ℓ2 norm overflows fp32) stores a NaN norm
+// and decodes to NaN.
+
+type qsgdCodec struct {
+	base
+	bits, bucket int
+	levels       int32
+	linf         bool
+	seed         uint64
+	u, scaled    []float32 // scratch, one bucket each
+	codes        []byte    // scratch, one bucket
+	// signed[c] is the signed level of code c.
+	signed [256]float32
+}
+
+func buildQSGD(p params, opts Options) (Codec, error) {
+	bits, bucket := p.int("bits"), p.int("bucket")
+	sz := min(bucket, max(opts.Layout.Len(), 1))
+	c := &qsgdCodec{
+		base: base{p.canonical(), ClassQuantized, opts.Layout.Len()},
+		bits: bits, bucket: bucket, levels: int32(1)<<(bits-1) - 1,
+		linf: p.vals["norm"] == "linf", seed: opts.Seed,
+		u: make([]float32, sz), scaled: make([]float32, sz), codes: make([]byte, sz),
+	}
+	for code := range 1 << bits {
+		l := float32(code & int(c.levels))
+		if code>>(bits-1) != 0 {
+			l = -l
+		}
+		c.signed[code] = l
+	}
+	return c, nil
+}
+
+func (c *qsgdCodec) packedLen(n int) int { return (n*c.bits + 7) / 8 }
+
+func (c *qsgdCodec) MaxEncodedLen(n int) int { return bucketedLen(n, c.bucket, 4, c.packedLen) }
+func (c *qsgdCodec) Reset()                  {}
+
+// norm returns the bucket norm of v.
+func (c *qsgdCodec) norm(v []float32) float32 {
+	if c.linf {
+		return absMax(v)
+	}
+	return float32(math.Sqrt(sumSq(v)))
+}
+
+func (c *qsgdCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
+	if err := checkRegion("compress: qsgd", pos, len(src), c.total); err != nil {
+		return dst, err
+	}
+	dst, out := grow(dst, c.MaxEncodedLen(len(src)))
+	key := streamKey(c.seed, pos)
+	for b := 0; b < len(src); b += c.bucket {
+		v := src[b:min(b+c.bucket, len(src))]
+		u := c.u[:len(v)]
+		fillUniform(u, key, b)
+		out = c.encodeBucket(out, v, u)
+	}
+	return dst, nil
+}
+
+// encodeBucket writes one bucket (norm + packed codes) using the uniforms u and
+// returns the rest of out.
+func (c *qsgdCodec) encodeBucket(out []byte, v, u []float32) []byte {
+	n := c.norm(v)
+	pl := c.packedLen(len(v))
+	codes := out[4 : 4+pl]
+	if !isFinite(n) || n == 0 {
+		if n != 0 {
+			n = canonicalNaN
+		}
+		putF32(out, n)
+		clear(codes)
+		return out[4+pl:]
+	}
+	putF32(out, n)
+	scale := float32(c.levels) / n
+	x := v
+	if !isFinite(scale) { // n is tiny: scale in float64
+		x = c.scaled[:len(v)]
+		s := float64(c.levels) / float64(n)
+		for i, y := range v {
+			x[i] = float32(float64(y) * s)
+		}
+		scale = 1
+	}
+	lv := codes
+	if c.bits != 8 {
+		lv = c.codes[:len(v)]
+	}
+	qsgdLevels(lv, x, u, scale, c.levels, c.bits)
+	switch c.bits {
+	case 4:
+		i := 0
+		for ; i+2 <= len(lv); i += 2 {
+			codes[i/2] = lv[i] | lv[i+1]<<4
+		}
+		if i < len(lv) {
+			codes[i/2] = lv[i]
+		}
+	case 2:
+		i := 0
+		for ; i+4 <= len(lv); i += 4 {
+			codes[i/4] = lv[i] | lv[i+1]<<2 | lv[i+2]<<4 | lv[i+3]<<6
+		}
+		if i < len(lv) {
+			var b byte
+			for j := i; j < len(lv); j++ {
+				b |= lv[j] << (2 * (j - i))
+			}
+			codes[i/4] = b
+		}
+	}
+	return out[4+pl:]
+}
+
+// qsgdLevels writes the code (sign<<(bits−1) | level) of each value of v: with
+// a = |v|·scale, level = floor(a) + 1 iff u < a − floor(a), at most s.
+func qsgdLevels(codes []byte, v, u []float32, scale float32, s int32, bits int) {
+	codes, u = codes[:len(v)], u[:len(v)]
+	for i, x := range v {
+		xb := math.Float32bits(x)
+		a := float32(math.Float32frombits(xb&0x7fffffff) * scale)
+		l := int32(a)
+		if u[i] < a-float32(l) {
+			l++
+		}
+		l = min(l, s)
+		codes[i] = byte(uint32(l) | xb>>31<<(bits-1))
+	}
+}
+
+func (c *qsgdCodec) Decode(dst []float32, src []byte) error { return c.decode(dst, src, false) }
+
+func (c *qsgdCodec) DecodeAdd(dst []float32, src []byte) error { return c.decode(dst, src, true) }
+
+func (c *qsgdCodec) decode(dst []float32, src []byte, add bool) error {
+	const name = "compress: qsgd"
+	if err := checkLen(name, len(src), c.MaxEncodedLen(len(dst)), len(dst)); err != nil {
+		return err
+	}
+	for b := 0; b < len(dst); b += c.bucket {
+		d := dst[b:min(b+c.bucket, len(dst))]
+		n := getF32(src)
+		if !validScale(n) {
+			return corruptf(name, "bucket %d has norm %g", b/c.bucket, n)
+		}
+		pl := c.packedLen(len(d))
+		codes := src[4 : 4+pl]
+		if pad := len(d) * c.bits % 8; pad != 0 && codes[pl-1]>>pad != 0 {
+			return corruptf(name, "bucket %d has non-zero padding bits", b/c.bucket)
+		}
+		c.decodeBucket(d, codes, n/float32(c.levels), add)
+		src = src[4+pl:]
+	}
+	return nil
+}
+
+// decodeBucket writes or adds signed[code]·scale for each packed code.
+func (c *qsgdCodec) decodeBucket(d []float32, codes []byte, scale float32, add bool) {
+	t := &c.signed
+	per := 8 / c.bits
+	mask := byte(1)<<c.bits - 1
+	full := len(d) / per
+	switch {
+	case c.bits == 8 && add:
+		for i, x := range codes[:len(d)] {
+			d[i] += t[x] * scale
+		}
+	case c.bits == 8:
+		for i, x := range codes[:len(d)] {
+			d[i] = t[x] * scale
+		}
+	case c.bits == 4 && add:
+		for j, x := range codes[:full] {
+			d[2*j] += t[x&15] * scale
+			d[2*j+1] += t[x>>4] * scale
+		}
+	case c.bits == 4:
+		for j, x := range codes[:full] {
+			d[2*j] = t[x&15] * scale
+			d[2*j+1] = t[x>>4] * scale
+		}
+	default:
+		for j, x := range codes[:full] {
+			e := d[4*j : 4*j+4]
+			if add {
+				e[0] += t[x&3] * scale
+				e[1] += t[x>>2&3] * scale
+				e[2] += t[x>>4&3] * scale
+				e[3] += t[x>>6] * scale
+			} else {
+				e[0] = t[x&3] * scale
+				e[1] = t[x>>2&3] * scale
+				e[2] = t[x>>4&3] * scale
+				e[3] = t[x>>6] * scale
+			}
+		}
+	}
+	for i := full * per; i < len(d); i++ {
+		k := i - full*per
+		v := t[codes[full]>>(c.bits*k)&mask] * scale
+		if add {
+			d[i] += v
+		} else {
+			d[i] = v
+		}
+	}
+}
