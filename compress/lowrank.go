@@ -59,14 +59,20 @@ type lowRankCodec struct {
 
 var _ LowRank = (*lowRankCodec)(nil)
 
-func buildPowerSGD(p params, opts Options) (Codec, error) { return buildLowRank(p, opts, false) }
+func buildPowerSGD(p params, opts Options) (Codec, error) {
+	return newLowRank(p.canonical(), p.int("rank"), opts, false, false), nil
+}
 
-func buildACPSGD(p params, opts Options) (Codec, error) { return buildLowRank(p, opts, true) }
+func buildACPSGD(p params, opts Options) (Codec, error) {
+	return newLowRank(p.canonical(), p.int("rank"), opts, true, false), nil
+}
 
-func buildLowRank(p params, opts Options, acp bool) (Codec, error) {
+// newLowRank builds a low-rank codec; force compresses every tensor with two or
+// more dimensions whatever its size (for tests on small matrices).
+func newLowRank(spec string, rank int, opts Options, acp, force bool) *lowRankCodec {
 	c := &lowRankCodec{
-		base: base{p.canonical(), ClassLowRank, opts.Layout.Len()},
-		acp:  acp, rank: p.int("rank"), seed: opts.SharedSeed,
+		base: base{spec, ClassLowRank, opts.Layout.Len()},
+		acp:  acp, rank: rank, seed: opts.SharedSeed,
 	}
 	r, off, maxF := c.rank, 0, 0
 	for _, s := range opts.Layout.Shapes {
@@ -78,7 +84,7 @@ func buildLowRank(p params, opts Options, acp bool) (Codec, error) {
 				t.m *= d
 			}
 		}
-		t.matrix = len(s) >= 2 && (t.n+t.m)*r < t.n*t.m/2
+		t.matrix = len(s) >= 2 && t.n > 0 && t.m > 0 && (force || 2*(t.n+t.m)*r < t.n*t.m)
 		if t.matrix {
 			t.e = make([]float32, t.n*t.m)
 			t.mp = make([]float32, t.n*t.m)
@@ -100,7 +106,7 @@ func buildLowRank(p params, opts Options, acp bool) (Codec, error) {
 		c.raw = make([]float32, off)
 	}
 	c.ResetShared()
-	return c, nil
+	return c
 }
 
 // Rounds returns the number of all-reduces per step: PowerSGD 2, ACP-SGD 1.

@@ -33,7 +33,7 @@ func buildQSGD(p params, opts Options) (Codec, error) {
 		u: make([]float32, sz), scaled: make([]float32, sz), codes: make([]byte, sz),
 	}
 	for code := range 1 << bits {
-		l := float32(code & int(c.levels))
+		l := float32(code & (1<<(bits-1) - 1))
 		if code>>(bits-1) != 0 {
 			l = -l
 		}
