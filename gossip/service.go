@@ -65,6 +65,9 @@ type Service struct {
 
 	mu     sync.Mutex
 	view   *View
+	// lastProposal rate-limits proposals to one per heartbeat interval, so
+	// views that disagree for a while cannot out-propose each other at message speed.
+	lastProposal time.Time
 	seq    uint64
 	subs   map[chan Event]struct{}
 	closed bool
@@ -220,12 +223,18 @@ func (s *Service) heartbeat(ctx context.Context) {
 // propose publishes a new epoch if the local peer is the coordinator and the
 // live membership changed.
 func (s *Service) propose(ctx context.Context) {
+	now := time.Now()
 	s.mu.Lock()
+	if now.Sub(s.lastProposal) < s.cfg.Interval {
+		s.mu.Unlock()
+		return // the next tick proposes, if still needed
+	}
 	step := s.view.members[s.view.self].Step
 	e, ok := s.view.Proposal(step)
 	var evs []Event
 	if ok {
-		evs = s.view.Offer(e, time.Now())
+		s.lastProposal = now
+		evs = s.view.Offer(e, now)
 	}
 	s.mu.Unlock()
 	if !ok {

@@ -72,7 +72,9 @@ func New(ctx context.Context, cfg Config, log *zap.Logger) (*Node, error) {
 			return nil, err
 		}
 	}
-	if psk == nil {
+	if psk == nil && !slices.ContainsFunc(listen, func(a ma.Multiaddr) bool { return !isLoopback(a) }) {
+		log.Info("no swarm key: loopback-only peer")
+	} else if psk == nil {
 		log.Warn("no swarm key: this is an open cluster; anyone who can reach the listen addresses can join")
 	}
 	identity, err := loadOrGenerateIdentity(cfg.Node.Identity, log)

@@ -1,0 +1,242 @@
+package gossip
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+var testTiming = Timing{SuspectAfter: 2 * time.Second, FailAfter: 5 * time.Second, ForgetAfter: time.Minute}
+
+func hb(id string, seq uint64) Heartbeat {
+	return Heartbeat{PeerID: id, Name: id, Version: "test", Seq: seq}
+}
+
+// cluster is a set of views exchanging messages through a perfect in-memory
+// network, the way a test drives etcd raft's pure core.
+type cluster struct {
+	views map[string]*View
+	now   time.Time
+	seq   uint64
+	down  map[string]bool
+}
+
+func newCluster(ids ...string) *cluster {
+	c := &cluster{views: map[string]*View{}, now: t0, down: map[string]bool{}}
+	for _, id := range ids {
+		c.views[id] = NewView(hb(id, 0), testTiming, t0)
+	}
+	return c
+}
+
+// round delivers one heartbeat from every live view to every other, then lets
+// coordinators propose, repeating deliveries until no proposal is left.
+func (c *cluster) round(d time.Duration) {
+	c.now = c.now.Add(d)
+	c.seq++
+	for id, v := range c.views {
+		if c.down[id] {
+			continue
+		}
+		v.Tick(c.now)
+		h := hb(id, c.seq)
+		h.Epoch = v.Epoch()
+		for other, w := range c.views {
+			if other != id && !c.down[other] {
+				w.Heartbeat(h, c.now)
+			}
+		}
+	}
+	c.settle()
+}
+
+func (c *cluster) settle() {
+	for i := 0; i < 10; i++ {
+		proposed := false
+		for id, v := range c.views {
+			if c.down[id] {
+				continue
+			}
+			if e, ok := v.Proposal(0); ok {
+				proposed = true
+				for other, w := range c.views {
+					if !c.down[other] {
+						w.Offer(e, c.now)
+					}
+				}
+				_ = id
+			}
+		}
+		if !proposed {
+			return
+		}
+	}
+}
+
+func (c *cluster) agree(t *testing.T, want []string) Epoch {
+	t.Helper()
+	var first Epoch
+	for id, v := range c.views {
+		if c.down[id] {
+			continue
+		}
+		e := v.Epoch()
+		if !slices.Equal(e.Order, want) {
+			t.Fatalf("%s has epoch %d order %v, want %v", id, e.Number, e.Order, want)
+		}
+		if first.Number == 0 {
+			first = e
+		} else if !first.Equal(e) {
+			t.Fatalf("views disagree: %+v vs %+v", first, e)
+		}
+	}
+	return first
+}
+
+func TestViewFormsOneEpoch(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	c.round(time.Second)
+	e := c.agree(t, []string{"a", "b", "c"})
+	if e.Coordinator != "a" {
+		t.Fatalf("coordinator %s, want the lowest peer ID a", e.Coordinator)
+	}
+	// Stable membership: no new epochs.
+	for i := 0; i < 5; i++ {
+		c.round(time.Second)
+	}
+	if got := c.agree(t, []string{"a", "b", "c"}); got.Number != e.Number {
+		t.Fatalf("epoch moved from %d to %d without a membership change", e.Number, got.Number)
+	}
+}
+
+func TestViewFailureDetection(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	c.round(time.Second)
+	before := c.agree(t, []string{"a", "b", "c"}).Number
+	c.down["b"] = true
+	// Suspect after 2 s of silence, still in the ring.
+	c.round(2 * time.Second)
+	if st := stateOf(c.views["a"], "b"); st != Suspect {
+		t.Fatalf("b is %v after 2s of silence, want suspect", st)
+	}
+	c.agree(t, []string{"a", "b", "c"})
+	c.round(3 * time.Second)
+	if st := stateOf(c.views["a"], "b"); st != Dead {
+		t.Fatalf("b is %v after 5s of silence, want dead", st)
+	}
+	e := c.agree(t, []string{"a", "c"})
+	if e.Number <= before {
+		t.Fatalf("epoch number %d not above %d", e.Number, before)
+	}
+	// b is forgotten after ForgetAfter.
+	c.round(time.Minute)
+	if st := stateOf(c.views["a"], "b"); st != -1 {
+		t.Fatalf("b still known as %v after ForgetAfter", st)
+	}
+}
+
+func TestViewCoordinatorDies(t *testing.T) {
+	c := newCluster("a", "b", "c", "d")
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b", "c", "d"})
+	c.down["a"] = true
+	c.round(5 * time.Second)
+	e := c.agree(t, []string{"b", "c", "d"})
+	if e.Coordinator != "b" {
+		t.Fatalf("coordinator %s, want b to take over", e.Coordinator)
+	}
+}
+
+func TestViewLeaveAndLateHeartbeat(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b", "c"})
+	c.down["a"] = true
+	c.seq++ // the departure comes after a's last heartbeat
+	for _, id := range []string{"b", "c"} {
+		c.views[id].Leave(Leave{PeerID: "a", Seq: c.seq}, c.now)
+	}
+	// An old heartbeat of a's arriving after its departure is ignored.
+	c.views["b"].Heartbeat(hb("a", c.seq-1), c.now)
+	c.settle()
+	e := c.agree(t, []string{"b", "c"})
+	if e.Coordinator != "b" {
+		t.Fatalf("coordinator %s, want b", e.Coordinator)
+	}
+	if st := stateOf(c.views["b"], "a"); st != Left {
+		t.Fatalf("a is %v, want left", st)
+	}
+	// a restarts (a later sequence number): it is back.
+	delete(c.down, "a")
+	c.views["a"] = NewView(hb("a", 0), testTiming, c.now)
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b", "c"})
+}
+
+func TestViewJoinerAdoptsAndNoProposalWar(t *testing.T) {
+	c := newCluster("b", "c")
+	c.round(time.Second)
+	first := c.agree(t, []string{"b", "c"})
+	// "a" joins with the lowest ID; "c" hears about a only through b's epoch.
+	c.views["a"] = NewView(hb("a", 0), testTiming, c.now)
+	c.views["b"].Heartbeat(hb("a", 1), c.now)
+	e, ok := c.views["b"].Proposal(0)
+	if ok {
+		t.Fatalf("b proposed %+v although a has a lower ID", e)
+	}
+	// a learns the current epoch from b's heartbeat, becomes coordinator, proposes.
+	hbB := hb("b", 100)
+	hbB.Epoch = c.views["b"].Epoch()
+	c.views["a"].Heartbeat(hbB, c.now)
+	e, ok = c.views["a"].Proposal(7)
+	if !ok || e.Number != first.Number+1 || e.StartStep != 7 {
+		t.Fatalf("a's proposal %+v ok=%v, want epoch %d from step 7", e, ok, first.Number+1)
+	}
+	// c has never heard of a; it adopts the epoch and must not counter-propose.
+	c.views["c"].Offer(e, c.now)
+	if e2, ok := c.views["c"].Proposal(0); ok {
+		t.Fatalf("c counter-proposed %+v", e2)
+	}
+	c.views["b"].Offer(e, c.now)
+	c.views["a"].Offer(e, c.now)
+	c.round(time.Second)
+	if got := c.agree(t, []string{"a", "b", "c"}); got.Number != e.Number {
+		t.Fatalf("epoch moved on to %d", got.Number)
+	}
+}
+
+func TestOfferPrefersHigherThenLowerProposer(t *testing.T) {
+	v := NewView(hb("x", 0), testTiming, t0)
+	e5b := Epoch{Number: 5, Order: []string{"b", "x"}, Coordinator: "b"}
+	e5a := Epoch{Number: 5, Order: []string{"a", "x"}, Coordinator: "a"}
+	e4 := Epoch{Number: 4, Order: []string{"a", "x"}, Coordinator: "a"}
+	v.Offer(e5b, t0)
+	v.Offer(e4, t0)
+	if v.Epoch().Coordinator != "b" {
+		t.Fatal("an older epoch replaced a newer one")
+	}
+	v.Offer(e5a, t0)
+	if v.Epoch().Coordinator != "a" {
+		t.Fatal("tie on number not broken by the lower proposer")
+	}
+	v.Offer(e5b, t0)
+	if v.Epoch().Coordinator != "a" {
+		t.Fatal("tie broken towards the higher proposer")
+	}
+	bad := Epoch{Number: 9, Order: []string{"a", "a"}, Coordinator: "a"}
+	v.Offer(bad, t0)
+	if v.Epoch().Number != 5 {
+		t.Fatal("adopted an invalid epoch")
+	}
+}
+
+func stateOf(v *View, id string) State {
+	for _, m := range v.Members() {
+		if m.PeerID == id {
+			return m.State
+		}
+	}
+	return -1
+}

@@ -1,0 +1,328 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/p2ptrain/p2ptrain/gossip"
+)
+
+const (
+	testHeartbeat = 250 * time.Millisecond
+	testFailAfter = 1500 * time.Millisecond
+)
+
+// testConfig is a loopback-only peer with fast failure detection and no mDNS.
+func testConfig(bootstrap ...string) Config {
+	cfg := DefaultConfig()
+	cfg.Node.Cluster = "test"
+	cfg.Node.Listen = []string{"/ip4/127.0.0.1/tcp/0"}
+	cfg.Node.Bootstrap = bootstrap
+	cfg.Node.MDNS = false
+	cfg.Node.API = ""
+	cfg.Gossip.Heartbeat = Duration(testHeartbeat)
+	cfg.Gossip.FailureTimeout = Duration(testFailAfter)
+	return cfg
+}
+
+func startNode(t *testing.T, cfg Config, log *zap.Logger) *Node {
+	t.Helper()
+	if log == nil {
+		log = zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel))
+	}
+	n, err := New(context.Background(), cfg, log)
+	if err != nil {
+		t.Fatalf("start node: %v", err)
+	}
+	t.Cleanup(func() { n.Kill() })
+	return n
+}
+
+// eventually polls cond until it returns nil or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() error) time.Duration {
+	t.Helper()
+	start := time.Now()
+	deadline := start.Add(within)
+	for {
+		err := cond()
+		if err == nil {
+			return time.Since(start)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached within %s: %v", what, within, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// agreeOn checks that every node lists exactly the given peers as alive and
+// has adopted one identical epoch whose order is those peers.
+func agreeOn(nodes []*Node, want []peer.ID) error {
+	var ids []string
+	for _, p := range want {
+		ids = append(ids, p.String())
+	}
+	slices.Sort(ids)
+	var first *gossip.Epoch
+	for _, n := range nodes {
+		members, epoch := n.Gossip().Snapshot()
+		var alive []string
+		for _, m := range members {
+			if m.State == gossip.Alive {
+				alive = append(alive, m.PeerID)
+			}
+		}
+		if !slices.Equal(alive, ids) {
+			return fmt.Errorf("%s sees alive %d members, want %d", n.ID(), len(alive), len(ids))
+		}
+		order := slices.Clone(epoch.Order)
+		slices.Sort(order)
+		if !slices.Equal(order, ids) {
+			return fmt.Errorf("%s has epoch %d with %d members, want %d", n.ID(), epoch.Number, len(epoch.Order), len(ids))
+		}
+		if first == nil {
+			first = &epoch
+		} else if !first.Equal(epoch) {
+			return fmt.Errorf("epochs differ: %d vs %d", first.Number, epoch.Number)
+		}
+	}
+	return nil
+}
+
+func ids(nodes []*Node) []peer.ID {
+	var out []peer.ID
+	for _, n := range nodes {
+		out = append(out, n.ID())
+	}
+	return out
+}
+
+func stateOn(n *Node, p peer.ID) gossip.State {
+	members, _ := n.Gossip().Snapshot()
+	for _, m := range members {
+		if m.PeerID == p.String() {
+			return m.State
+		}
+	}
+	return -1
+}
+
+func TestClusterLifecycle(t *testing.T) {
+	first := startNode(t, testConfig(), nil)
+	boot := first.AddrStrings()[0]
+	nodes := []*Node{first}
+	for i := 0; i < 4; i++ {
+		nodes = append(nodes, startNode(t, testConfig(boot), nil))
+	}
+	took := eventually(t, 15*time.Second, "5 peers agree", func() error { return agreeOn(nodes, ids(nodes)) })
+	t.Logf("5 peers agreed on one epoch after %s", took)
+
+	// A clean departure: the others re-form at once, from the announcement.
+	leaver := nodes[2]
+	if err := leaver.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	nodes = slices.Delete(nodes, 2, 3)
+	took = eventually(t, 10*time.Second, "4 peers agree after a clean leave", func() error { return agreeOn(nodes, ids(nodes)) })
+	for _, n := range nodes {
+		if st := stateOn(n, leaver.ID()); st != gossip.Left {
+			t.Fatalf("%s sees the departed peer as %v, want left (the departure announcement was not used)", n.ID(), st)
+		}
+	}
+	t.Logf("clean leave: 4 peers agreed after %s (failure timeout %s)", took, testFailAfter)
+
+	// A crash: detected by the failure timeout.
+	victim := nodes[0] // the bootstrap peer
+	killed := time.Now()
+	if err := victim.Kill(); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	nodes = nodes[1:]
+	// The issue asks for failure timeout + two heartbeats; allow one more second
+	// of slack for a loaded CI machine and log the figure.
+	took = eventually(t, testFailAfter+2*testHeartbeat+time.Second, "3 peers agree after a crash",
+		func() error { return agreeOn(nodes, ids(nodes)) })
+	t.Logf("crash: 3 peers agreed %s after the kill (failure timeout %s + 2 heartbeats = %s)",
+		time.Since(killed), testFailAfter, testFailAfter+2*testHeartbeat)
+	eventually(t, testFailAfter, "every view marks the crashed peer dead", func() error {
+		for _, n := range nodes {
+			if st := stateOn(n, victim.ID()); st != gossip.Dead {
+				return fmt.Errorf("%s sees it as %v", n.ID(), st)
+			}
+		}
+		return nil
+	})
+
+	// Newcomers bootstrapping to different members still find everyone (peer exchange).
+	nodes = append(nodes,
+		startNode(t, testConfig(nodes[0].AddrStrings()[0]), nil),
+		startNode(t, testConfig(nodes[1].AddrStrings()[0]), nil))
+	took = eventually(t, 15*time.Second, "5 peers agree after two joins", func() error { return agreeOn(nodes, ids(nodes)) })
+	t.Logf("joins: 5 peers agreed after %s", took)
+}
+
+func TestWrongSwarmKeyCannotJoin(t *testing.T) {
+	dir := t.TempDir()
+	keyA, keyB := filepath.Join(dir, "a.key"), filepath.Join(dir, "b.key")
+	for _, k := range []string{keyA, keyB} {
+		if err := WriteSwarmKey(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := testConfig()
+	cfg.Node.SwarmKey = keyA
+	a := startNode(t, cfg, nil)
+	cfg = testConfig(a.AddrStrings()[0])
+	cfg.Node.SwarmKey = keyA
+	b := startNode(t, cfg, nil)
+
+	core, logs := observer.New(zapcore.WarnLevel)
+	cfg = testConfig(a.AddrStrings()[0])
+	cfg.Node.SwarmKey = keyB
+	outsider := startNode(t, cfg, zap.New(core))
+
+	eventually(t, 15*time.Second, "outsider retried its bootstrap twice", func() error {
+		if c := logs.FilterMessage("bootstrap peer unreachable; retrying").Len(); c < 2 {
+			return fmt.Errorf("%d failed attempts logged", c)
+		}
+		return nil
+	})
+	if err := agreeOn([]*Node{a, b}, []peer.ID{a.ID(), b.ID()}); err != nil {
+		t.Fatalf("key holders: %v", err)
+	}
+	for _, n := range []*Node{a, b} {
+		if st := stateOn(n, outsider.ID()); st != -1 {
+			t.Fatalf("peer with the wrong key appears as %v", st)
+		}
+	}
+	if len(outsider.Host().Network().Peers()) != 0 {
+		t.Fatalf("peer with the wrong key holds connections: %v", outsider.Host().Network().Peers())
+	}
+}
+
+func TestUnreachableBootstrapKeepsRetrying(t *testing.T) {
+	// A peer that existed once: its address is now closed.
+	gone := startNode(t, testConfig(), nil)
+	addr := gone.AddrStrings()[0]
+	gone.Kill()
+	core, logs := observer.New(zapcore.WarnLevel)
+	startNode(t, testConfig(addr), zap.New(core))
+	eventually(t, 15*time.Second, "three logged retries", func() error {
+		entries := logs.FilterMessage("bootstrap peer unreachable; retrying").All()
+		if len(entries) < 3 {
+			return fmt.Errorf("%d retries logged", len(entries))
+		}
+		d0 := entries[0].ContextMap()["retry_in"].(time.Duration)
+		d2 := entries[2].ContextMap()["retry_in"].(time.Duration)
+		if d2 <= d0 {
+			return fmt.Errorf("no backoff: %s then %s", d0, d2)
+		}
+		return nil
+	})
+}
+
+func TestMalformedAndForeignGossipRejected(t *testing.T) {
+	n := startNode(t, testConfig(), nil)
+	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableMetrics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ps, err := pubsub.NewGossipSub(ctx, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic, err := ps.Join(gossip.Topic("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Connect(ctx, peer.AddrInfo{ID: n.ID(), Addrs: n.Host().Addrs()}); err != nil {
+		t.Fatal(err)
+	}
+	foreign, _ := gossip.Encode(&gossip.Envelope{V: gossip.WireVersion, Cluster: "other", Type: gossip.TypeHeartbeat,
+		Heartbeat: &gossip.Heartbeat{PeerID: h.ID().String(), Version: "x"}})
+	forged, _ := gossip.Encode(&gossip.Envelope{V: gossip.WireVersion, Cluster: "test", Type: gossip.TypeHeartbeat,
+		Heartbeat: &gossip.Heartbeat{PeerID: n.ID().String(), Version: "x"}})
+	future, _ := gossip.Encode(&gossip.Envelope{V: gossip.WireVersion + 1, Cluster: "test", Type: gossip.TypeLeave,
+		Leave: &gossip.Leave{PeerID: h.ID().String()}})
+	bad := [][]byte{[]byte("garbage"), foreign, forged, future}
+	eventually(t, 10*time.Second, "all bad messages rejected", func() error {
+		for _, m := range bad {
+			// Publishing may race the subscription handshake; repeat until counted.
+			_ = topic.Publish(ctx, m)
+		}
+		if r := n.Gossip().Stats().Rejected; r < uint64(len(bad)) {
+			return fmt.Errorf("%d rejected", r)
+		}
+		return nil
+	})
+	if st := stateOn(n, h.ID()); st != -1 {
+		t.Fatalf("sender of bad messages became a member (%v)", st)
+	}
+}
+
+func TestAPI(t *testing.T) {
+	cfg := testConfig()
+	cfg.Node.API = "127.0.0.1:0"
+	cfg.Node.Name = "api-test"
+	n := startNode(t, cfg, nil)
+	var st Status
+	eventually(t, 10*time.Second, "status shows an epoch", func() error {
+		body, err := get("http://" + n.APIAddr() + "/status")
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(body, &st); err != nil {
+			return err
+		}
+		if st.Ring.Epoch == 0 {
+			return errors.New("no epoch yet")
+		}
+		return nil
+	})
+	if st.PeerID != n.ID().String() || st.Name != "api-test" || st.Cluster != "test" || st.Version != Version ||
+		len(st.Addrs) == 0 || len(st.Members) != 1 || st.Members[0].State != "alive" ||
+		st.Ring.Coordinator != st.PeerID || !slices.Equal(st.Ring.Order, []string{st.PeerID}) {
+		t.Fatalf("unexpected status %+v", st)
+	}
+	body, err := get("http://" + n.APIAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"p2ptrain_alive_peers 1", "p2ptrain_ring_epoch ", `p2ptrain_gossip_messages_total{direction="out"}`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func get(url string) ([]byte, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return io.ReadAll(resp.Body)
+}
