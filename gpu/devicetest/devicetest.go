@@ -257,7 +257,9 @@ func testGemm(t *testing.T, e *env) {
 		pad         int // extra stride
 	}
 	var cases []tc
-	for _, dims := range [][3]int{{1, 1, 1}, {3, 5, 7}, {17, 9, 33}, {64, 65, 31}, {0, 4, 3}, {4, 0, 3}, {5, 6, 0}} {
+	// The last two shapes are large enough for blocked and multi-threaded
+	// kernels to split them, tall and wide.
+	for _, dims := range [][3]int{{1, 1, 1}, {3, 5, 7}, {17, 9, 33}, {64, 65, 31}, {0, 4, 3}, {4, 0, 3}, {5, 6, 0}, {301, 150, 130}, {150, 301, 130}} {
 		for _, tr := range [][2]bool{{false, false}, {true, false}, {false, true}, {true, true}} {
 			cases = append(cases, tc{dims[0], dims[1], dims[2], tr[0], tr[1], 1, 0, 0})
 		}
