@@ -63,14 +63,14 @@ type Service struct {
 
 	in, out, rejected atomic.Uint64
 
-	mu     sync.Mutex
-	view   *View
+	mu   sync.Mutex
+	view *View
 	// lastProposal rate-limits proposals to one per heartbeat interval, so
 	// views that disagree for a while cannot out-propose each other at message speed.
 	lastProposal time.Time
-	seq    uint64
-	subs   map[chan Event]struct{}
-	closed bool
+	seq          uint64
+	subs         map[chan Event]struct{}
+	closed       bool
 
 	// stop ends the heartbeat loop; cancel ends gossipsub itself.
 	stop, cancel context.CancelFunc
