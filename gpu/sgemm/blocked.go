@@ -1,6 +1,9 @@
 package sgemm
 
-import "sync"
+import (
+	"runtime"
+	"sync"
+)
 
 // Blocking parameters. A micro-panel of B (kcBlock×nr, 16 KiB) stays in L1
 // while the packed mcBlock×kcBlock block of A (120 KiB) sits in L2 and the
@@ -13,8 +16,14 @@ const (
 	ncBlock = 4096 // columns of a packed B block, a multiple of nr
 
 	// smallWork is the m·n·k below which packing costs more than it saves.
-	smallWork = 8 * 8 * 8
+	smallWork = 4 * 4 * 4
+
+	// minThreadWork is the least m·n·k worth a goroutine of its own.
+	minThreadWork = 96 * 96 * 96
 )
+
+// maxProcs is the most goroutines one call uses; tests replace it.
+var maxProcs = func() int { return runtime.GOMAXPROCS(0) }
 
 // kernelFunc multiplies one packed mr×kc panel of A by one packed kc×nr panel
 // of B and adds the product into the mr×nr tile of C at c[0], row stride ldc:
@@ -56,17 +65,71 @@ func split(n, max, unit int) int {
 }
 
 // blocked is the packed, cache-blocked product for the checked arguments with
-// m, n, k > 0.
+// m, n, k > 0. Large products are split into bands of rows (or of columns,
+// when C is wider than tall), one goroutine each; every band runs the same
+// arithmetic on its elements as a single band would, so results do not depend
+// on the number of goroutines.
 func blocked(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	kern := microKernel
+	t := min(maxProcs(), m*n*k/minThreadWork)
+	byRows := m >= n
+	if byRows {
+		t = min(t, (m+mr-1)/mr)
+	} else {
+		t = min(t, (n+nr-1)/nr)
+	}
+	if t <= 1 {
+		rect(kern, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+		return
+	}
+	var band int
+	if byRows {
+		band = ((m+t-1)/t + mr - 1) / mr * mr
+	} else {
+		band = ((n+t-1)/t + nr - 1) / nr * nr
+	}
+	var wg sync.WaitGroup
+	for lo := 0; ; lo += band {
+		if byRows {
+			hi := min(lo+band, m)
+			ra := a[lo*lda:]
+			if transA {
+				ra = a[lo:]
+			}
+			rc := c[lo*ldc:]
+			if hi == m {
+				rect(kern, transA, transB, hi-lo, n, k, alpha, ra, lda, b, ldb, beta, rc, ldc)
+				break
+			}
+			wg.Go(func() { rect(kern, transA, transB, hi-lo, n, k, alpha, ra, lda, b, ldb, beta, rc, ldc) })
+		} else {
+			hi := min(lo+band, n)
+			rb := b[lo:]
+			if transB {
+				rb = b[lo*ldb:]
+			}
+			rc := c[lo:]
+			if hi == n {
+				rect(kern, transA, transB, m, hi-lo, k, alpha, a, lda, rb, ldb, beta, rc, ldc)
+				break
+			}
+			wg.Go(func() { rect(kern, transA, transB, m, hi-lo, k, alpha, a, lda, rb, ldb, beta, rc, ldc) })
+		}
+	}
+	wg.Wait()
+}
+
+// rect is the single-goroutine blocked product: the jc, pc and ic loops of
+// GotoBLAS around macro.
+func rect(kern kernelFunc, transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	ws := workspaces.Get().(*workspace)
 	defer workspaces.Put(ws)
-	kern := microKernel
 
 	kcb := split(k, kcBlock, 1)
 	ncb := split(n, ncBlock, nr)
 	mcb := split(m, mcBlock, mr)
 	ws.a = grow(ws.a, mcb*kcb)
-	ws.b = grow(ws.b, min(ncb, (n+nr-1)/nr*nr)*kcb)
+	ws.b = grow(ws.b, ncb*kcb)
 
 	for jc := 0; jc < n; jc += ncb {
 		nc := min(ncb, n-jc)

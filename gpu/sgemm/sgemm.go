@@ -35,8 +35,10 @@ import "fmt"
 //	for i < m: for j < n: s := 0; for l < k: s += opA[i][l]*opB[l][j]; C[i][j] = alpha*s + beta*C[i][j]
 //
 // It panics with a "sgemm:" message when a dimension or slice length is inconsistent.
-// Sgemm is safe for concurrent use on distinct C matrices; steady-state calls
-// do not allocate.
+// Large products are shared out among up to GOMAXPROCS goroutines, which
+// Sgemm waits for; the result bits do not depend on how many run. Sgemm is
+// safe for concurrent use on distinct C matrices. Steady-state calls that run
+// on one goroutine do not allocate.
 func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	check(transA, transB, m, n, k, a, lda, b, ldb, c, ldc)
 	if m == 0 || n == 0 {

@@ -405,9 +405,55 @@ func TestSgemmEmpty(t *testing.T) {
 	}
 }
 
-// TestSgemmNoAlloc checks that steady-state calls do not allocate.
+// withProcs runs f with maxProcs returning p.
+func withProcs(p int, f func()) {
+	old := maxProcs
+	maxProcs = func() int { return p }
+	defer func() { maxProcs = old }()
+	f()
+}
+
+// TestSgemmThreads checks that splitting C into bands for several goroutines,
+// by rows or by columns, gives the same bits as one goroutine.
+func TestSgemmThreads(t *testing.T) {
+	for _, kn := range kernels() {
+		t.Run(kn.name, func(t *testing.T) {
+			withKernel(kn.fn, func() {
+				rnd := rand.New(rand.NewPCG(11, 12))
+				for _, s := range []shape{
+					{m: 301, n: 97, k: 300, pad: 1, alpha: 1.25, beta: 0},
+					{transA: true, m: 37, n: 517, k: 300, pad: 2, alpha: -1, beta: 0.5},
+					{transB: true, m: 200, n: 200, k: 130, alpha: 1, beta: 1},
+					{transA: true, transB: true, m: 96, n: 95, k: 600, pad: 3, alpha: 0.5, beta: 2},
+				} {
+					a, b, c := s.operands(rnd, false)
+					one := c.clone()
+					withProcs(1, func() { s.run(a, b, one) })
+					for _, p := range []int{2, 3, 5, 64} {
+						got := c.clone()
+						withProcs(p, func() { s.run(a, b, got) })
+						checkGuards(t, fmt.Sprintf("%v procs=%d", s, p), got, c)
+						for idx := range got.data {
+							if math.Float32bits(got.data[idx]) != math.Float32bits(one.data[idx]) {
+								t.Fatalf("%v procs=%d: element %d = %v, one goroutine %v", s, p, idx-guard, got.data[idx], one.data[idx])
+							}
+						}
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestSgemmNoAlloc checks that steady-state calls on one goroutine do not allocate.
 func TestSgemmNoAlloc(t *testing.T) {
-	const n = 100
+	if raceEnabled {
+		t.Skip("sync.Pool drops items at random under the race detector")
+	}
+	old := maxProcs
+	maxProcs = func() int { return 1 }
+	defer func() { maxProcs = old }()
+	const n = 150
 	a, b, c := make([]float32, n*n), make([]float32, n*n), make([]float32, n*n)
 	Sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n)
 	allocs := testing.AllocsPerRun(20, func() {
