@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestConfigAndFlagErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want []string // every fragment must appear in stderr
+	}{
+		{"unknown key", []string{"join", "--config", writeFile(t, "c.toml", "[node]\nlisten = [\"/ip4/127.0.0.1/tcp/0\"]\ncolour = \"red\"\n")},
+			[]string{`unknown key "node.colour"`, "line 3"}},
+		{"unknown section", []string{"join", "--config", writeFile(t, "c.toml", "[nodes]\nx = 1\n")},
+			[]string{`unknown key "nodes"`}},
+		{"bad duration", []string{"join", "--config", writeFile(t, "c.toml", "[gossip]\nheartbeat = \"soon\"\n")},
+			[]string{"gossip.heartbeat", `invalid duration "soon"`}},
+		{"negative timeout", []string{"join", "--listen", "/ip4/127.0.0.1/tcp/0", "--config", writeFile(t, "c.toml", "[gossip]\nfailure_timeout = \"-5s\"\n")},
+			[]string{"gossip.failure_timeout: must be positive, got -5s"}},
+		{"every problem at once", []string{"join", "--listen", "nonsense", "--bootstrap", "/ip4/10.0.0.1/tcp/4001", "--api", "7420",
+			"--config", writeFile(t, "c.toml", "[gossip]\nfailure_timeout = \"0s\"\n[log]\nlevel = \"loud\"\n")},
+			[]string{"node.listen[0]: invalid multiaddr \"nonsense\"", "node.bootstrap[0]", "/p2p/<peer-id>", "node.api", "gossip.failure_timeout", "log.level"}},
+		{"bad bootstrap multiaddr", []string{"join", "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", "/ip4/1.2.3/tcp/1"},
+			[]string{"node.bootstrap[0]: invalid multiaddr"}},
+		{"no key on a public address", []string{"join", "--listen", "/ip4/0.0.0.0/tcp/0"},
+			[]string{"without a swarm key", "p2ptrain keygen --swarm-key"}},
+		{"missing config file", []string{"join", "--config", "/nonexistent/p2ptrain.toml"}, []string{"no such file"}},
+		{"unknown flag", []string{"join", "--colour"}, []string{"flag provided but not defined: -colour"}},
+		{"stray argument", []string{"join", "extra"}, []string{`unexpected argument "extra"`}},
+		{"unknown command", []string{"frobnicate"}, []string{`unknown command "frobnicate"`}},
+		{"keygen without target", []string{"keygen"}, []string{"exactly one of --swarm-key"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, stderr := runCLI(t, tt.args...)
+			if code != 2 {
+				t.Fatalf("exit code %d, want 2; stderr:\n%s", code, stderr)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr lacks %q:\n%s", w, stderr)
+				}
+			}
+			if strings.Contains(stderr, "goroutine ") || strings.Contains(stderr, "panic") {
+				t.Errorf("stderr has a stack trace:\n%s", stderr)
+			}
+		})
+	}
+}
+
+func TestKeygen(t *testing.T) {
+	dir := t.TempDir()
+	code, out, stderr := runCLI(t, "keygen", "--identity", filepath.Join(dir, "id.key"))
+	if code != 0 || !strings.HasPrefix(out, "12D3KooW") {
+		t.Fatalf("identity: code %d out %q err %q", code, out, stderr)
+	}
+	code, _, stderr = runCLI(t, "keygen", "--swarm-key", filepath.Join(dir, "swarm.key"))
+	if code != 0 {
+		t.Fatalf("swarm key: code %d err %q", code, stderr)
+	}
+	for _, f := range []string{"id.key", "swarm.key"} {
+		st, err := os.Stat(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != 0o600 {
+			t.Errorf("%s has mode %v, want 0600", f, st.Mode().Perm())
+		}
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "swarm.key"))
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 3 || lines[0] != "/key/swarm/psk/1.0.0/" || lines[1] != "/base16/" || len(lines[2]) != 64 {
+		t.Fatalf("swarm key is not PSK v1:\n%s", b)
+	}
+	// Never overwrite a key.
+	if code, _, stderr := runCLI(t, "keygen", "--swarm-key", filepath.Join(dir, "swarm.key")); code == 0 || !strings.Contains(stderr, "already exists") {
+		t.Fatalf("overwrote a key: code %d, %s", code, stderr)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	code, out, _ := runCLI(t, "version")
+	if code != 0 || !strings.HasPrefix(out, "p2ptrain ") {
+		t.Fatalf("version: %d %q", code, out)
+	}
+}
+
+func TestStatusWithoutPeer(t *testing.T) {
+	code, _, stderr := runCLI(t, "status", "--api", "127.0.0.1:1")
+	if code != 1 || !strings.Contains(stderr, "no p2ptrain peer answering at 127.0.0.1:1") {
+		t.Fatalf("code %d stderr %q", code, stderr)
+	}
+}

@@ -1,0 +1,225 @@
+// Package e2e runs the built p2ptrain binary as several processes on loopback.
+// These are the slow multi-process suites; `go test -short` skips them.
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "p2ptrain-e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "p2ptrain")
+	out, err := exec.Command("go", "build", "-o", binary, "github.com/p2ptrain/p2ptrain/cmd/p2ptrain").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build p2ptrain: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is one running `p2ptrain join`.
+type proc struct {
+	cmd   *exec.Cmd
+	addr  string // first dialable multiaddr
+	api   string // HOST:PORT of the local API
+	done  chan struct{}
+	err   error
+	stder *strings.Builder
+}
+
+func startPeer(t *testing.T, args ...string) *proc {
+	t.Helper()
+	base := []string{"join", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0", "--mdns=false", "--cluster", "e2e", "--log-format", "json"}
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "p2ptrain.toml")
+	if err := os.WriteFile(cfg, []byte("[gossip]\nheartbeat = \"250ms\"\nfailure_timeout = \"1500ms\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary, append(append(base, "--config", cfg), args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{}), stder: &strings.Builder{}}
+	cmd.Stderr = p.stder
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("peer %s stderr:\n%s", p.addr, p.stder.String())
+		}
+	})
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+		io.Copy(io.Discard, stdout)
+	}()
+	deadline := time.After(20 * time.Second)
+	for p.addr == "" || p.api == "" {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("peer exited before printing its addresses: %s", p.stder.String())
+			}
+			l = strings.TrimSpace(l)
+			if strings.HasPrefix(l, "/ip4/") && p.addr == "" {
+				p.addr = l
+			}
+			if a, ok := strings.CutPrefix(l, "local API: http://"); ok {
+				p.api = strings.TrimSuffix(a, "/status")
+			}
+		case <-deadline:
+			t.Fatal("peer did not print its addresses within 20s")
+		}
+	}
+	go func() {
+		for range lines {
+		}
+	}()
+	return p
+}
+
+type status struct {
+	PeerID  string `json:"peer_id"`
+	Members []struct {
+		PeerID string `json:"peer_id"`
+		State  string `json:"state"`
+	} `json:"members"`
+	Ring struct {
+		Epoch uint64   `json:"epoch"`
+		Order []string `json:"order"`
+	} `json:"ring"`
+}
+
+func getStatus(api string) (status, error) {
+	var st status
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+api+"/status", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// sameRing checks that every peer reports one identical ring of n members.
+func sameRing(peers []*proc, n int) error {
+	var first *status
+	for _, p := range peers {
+		st, err := getStatus(p.api)
+		if err != nil {
+			return err
+		}
+		if len(st.Ring.Order) != n {
+			return fmt.Errorf("%s: ring epoch %d has %d members, want %d", p.api, st.Ring.Epoch, len(st.Ring.Order), n)
+		}
+		if first == nil {
+			first = &st
+		} else if first.Ring.Epoch != st.Ring.Epoch || !slices.Equal(first.Ring.Order, st.Ring.Order) {
+			return fmt.Errorf("rings differ: epoch %d vs %d", first.Ring.Epoch, st.Ring.Epoch)
+		}
+	}
+	return nil
+}
+
+func eventually(t *testing.T, within time.Duration, what string, cond func() error) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		err := cond()
+		if err == nil {
+			return time.Since(start)
+		}
+		if time.Since(start) > within {
+			t.Fatalf("%s: not within %s: %v", what, within, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestProcessesAgreeOnRing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process suite: skipped with -short")
+	}
+	first := startPeer(t, "--name", "p0")
+	peers := []*proc{first}
+	for i := 1; i < 4; i++ {
+		peers = append(peers, startPeer(t, "--name", fmt.Sprintf("p%d", i), "--bootstrap", first.addr))
+	}
+	took := eventually(t, 10*time.Second, "4 processes show the same ring", func() error { return sameRing(peers, 4) })
+	t.Logf("4 processes agreed on the ring %s after the last start", took)
+
+	// kill -9 one: the other three agree on a 3-member epoch within failure timeout + 3 s.
+	victim := peers[1]
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-victim.done
+	peers = slices.Delete(peers, 1, 2)
+	took = eventually(t, 1500*time.Millisecond+3*time.Second, "3 processes agree after kill -9", func() error { return sameRing(peers, 3) })
+	t.Logf("after kill -9: 3 processes agreed %s after the kill (failure timeout 1.5s)", took)
+
+	// SIGTERM leaves cleanly: exit code 0 and the others re-form without waiting for the timeout.
+	leaver := peers[2]
+	if err := leaver.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-leaver.done:
+		if leaver.err != nil {
+			t.Fatalf("SIGTERM: %v", leaver.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("peer did not exit within 10s of SIGTERM")
+	}
+	peers = peers[:2]
+	eventually(t, 5*time.Second, "2 processes agree after a clean leave", func() error {
+		if err := sameRing(peers, 2); err != nil {
+			return err
+		}
+		st, err := getStatus(peers[0].api)
+		if err != nil {
+			return err
+		}
+		for _, m := range st.Members {
+			if m.State == "left" {
+				return nil
+			}
+		}
+		return fmt.Errorf("no member shown as left")
+	})
+}
