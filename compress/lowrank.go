@@ -436,8 +436,8 @@ func (c *lowRankCodec) decode(dst []float32, src []byte, add bool) error {
 		return fmt.Errorf("compress: %s: decode into %d values for a bucket of %d: %w",
 			c.spec, len(dst), c.total, ErrShape)
 	}
-	if err := checkLen("compress: "+c.spec, len(src), c.payloadLen(), len(dst)); err != nil {
-		return err
+	if len(src) != c.payloadLen() {
+		return corruptf("compress: "+c.spec, "payload of %d bytes, want %d", len(src), c.payloadLen())
 	}
 	r := c.rank
 	for _, t := range c.tensors {

@@ -157,11 +157,10 @@ func (c *topKCodec) decode(dst []float32, src []byte, add bool) error {
 	if len(src) < 4 {
 		return corruptf(name, "payload of %d bytes has no header", len(src))
 	}
-	k64 := uint64(binary.LittleEndian.Uint32(src))
-	if k64 > uint64(len(dst)) {
-		return corruptf(name, "%d entries for %d values", k64, len(dst))
+	k := c.k(len(dst))
+	if got := binary.LittleEndian.Uint32(src); uint64(got) != uint64(k) {
+		return corruptf(name, "%d entries for %d values, want %d", got, len(dst), k)
 	}
-	k := int(k64)
 	if err := checkLen(name, len(src), 4+8*k, len(dst)); err != nil {
 		return err
 	}
