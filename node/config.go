@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"time"
 
@@ -81,18 +80,14 @@ type LogConfig struct {
 
 // DefaultConfig returns the defaults documented in config.toml.
 func DefaultConfig() Config {
-	name, err := os.Hostname()
-	if err != nil {
-		name = ""
-	}
 	return Config{
 		Node: NodeConfig{
-			Cluster:  "p2ptrain",
-			Name:     name,
-			Listen:   []string{"/ip4/0.0.0.0/tcp/4001"},
-			MDNS:     true,
-			API:      "127.0.0.1:7420",
-			MaxPeers: 64,
+			Cluster:   "p2ptrain",
+			Listen:    []string{"/ip4/0.0.0.0/tcp/4001"},
+			Bootstrap: []string{},
+			MDNS:      true,
+			API:       "127.0.0.1:7420",
+			MaxPeers:  64,
 		},
 		Gossip: GossipConfig{
 			Heartbeat:      Duration(time.Second),

@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -80,6 +81,9 @@ func New(ctx context.Context, cfg Config, log *zap.Logger) (*Node, error) {
 	identity, err := loadOrGenerateIdentity(cfg.Node.Identity, log)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Node.Name == "" {
+		cfg.Node.Name, _ = os.Hostname()
 	}
 	n := &Node{cfg: cfg, log: log, bw: metrics.NewBandwidthCounter()}
 	n.host, n.cm, err = newHost(hostParams{identity: identity, psk: psk, listen: listen, maxPeers: cfg.Node.MaxPeers, bw: n.bw})

@@ -5,8 +5,11 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/p2ptrain/p2ptrain/node"
 )
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -111,5 +114,18 @@ func TestStatusWithoutPeer(t *testing.T) {
 	code, _, stderr := runCLI(t, "status", "--api", "127.0.0.1:1")
 	if code != 1 || !strings.Contains(stderr, "no p2ptrain peer answering at 127.0.0.1:1") {
 		t.Fatalf("code %d stderr %q", code, stderr)
+	}
+}
+
+// TestShippedConfigIsDefaults checks that config.toml at the repository root
+// parses and documents exactly the built-in defaults.
+func TestShippedConfigIsDefaults(t *testing.T) {
+	cfg, err := loadConfig("../../config.toml")
+	if err != nil {
+		t.Fatalf("config.toml: %v", err)
+	}
+	def := node.DefaultConfig()
+	if !reflect.DeepEqual(cfg, def) {
+		t.Fatalf("config.toml differs from the defaults:\nfile:     %+v\ndefaults: %+v", cfg, def)
 	}
 }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what p2ptrain's demo and tests need on a Debian machine with Go:
+# the Fashion-MNIST dataset package and iproute2 (network namespaces, tc).
+# Safe to run repeatedly; installs only what is missing.
+set -euo pipefail
+
+need=()
+dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || need+=(dataset-fashion-mnist)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v tc >/dev/null 2>&1 || need+=(iproute2)
+
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+      echo "setup: please install as root: apt-get install ${need[*]}" >&2
+      exit 1
+    fi
+  fi
+  echo "setup: installing ${need[*]}" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+command -v go >/dev/null 2>&1 || { echo "setup: Go is not on PATH (p2ptrain needs Go 1.26)" >&2; exit 1; }
+go mod download
