@@ -3,8 +3,8 @@ package compress
 import (
 	"encoding/binary"
 	"math"
-	"strconv"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 )
 
