@@ -165,27 +165,26 @@ func (d *CPU) Scale(alpha float32, x Buffer) {
 	}
 }
 
-// ReLU sets y = max(x, 0).
+// ReLU sets y = max(x, 0). It is branch-free: clearing the bits of every
+// value whose sign bit is set maps negatives (and −0) to +0.
 func (d *CPU) ReLU(y, x Buffer) {
 	o, in := d.same(y, x, "ReLU")
+	o = o[:len(in)]
 	for i, v := range in {
-		if v > 0 {
-			o[i] = v
-		} else {
-			o[i] = 0
-		}
+		u := math.Float32bits(v)
+		o[i] = math.Float32frombits(u &^ uint32(int32(u)>>31))
 	}
 }
 
-// ReLUBackward sets dx = dy where x > 0, else 0.
+// ReLUBackward sets dx = dy where x > 0, else 0, without branches: as int32,
+// the bits of x are positive exactly when x > 0 (or x is a positive NaN).
 func (d *CPU) ReLUBackward(dx, x, dy Buffer) {
 	o, in, g := d.three(dx, x, dy, "ReLUBackward")
+	o, g = o[:len(in)], g[:len(in)]
 	for i, v := range in {
-		if v > 0 {
-			o[i] = g[i]
-		} else {
-			o[i] = 0
-		}
+		k := int32(math.Float32bits(v))
+		mask := uint32((-k)>>31) &^ uint32(k>>31)
+		o[i] = math.Float32frombits(math.Float32bits(g[i]) & mask)
 	}
 }
 
@@ -337,7 +336,10 @@ func (d *CPU) Im2Col(col, x Buffer, s ConvShape) {
 							clear(o)
 							continue
 						}
-						copy(o, img[(ih*s.W+iw)*s.C:])
+						src := img[(ih*s.W+iw)*s.C : (ih*s.W+iw)*s.C+s.C]
+						for c, v := range src { // a loop beats copy for the few channels of early layers
+							o[c] = v
+						}
 					}
 				}
 			}
