@@ -34,6 +34,10 @@ func (c *noneCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
 		return dst, err
 	}
 	dst, out := grow(dst, 4*len(src))
+	for len(src) >= 2 && len(out) >= 8 {
+		binary.LittleEndian.PutUint64(out, uint64(math.Float32bits(src[0]))|uint64(math.Float32bits(src[1]))<<32)
+		src, out = src[2:], out[8:]
+	}
 	for i, v := range src {
 		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(v))
 	}
@@ -43,6 +47,11 @@ func (c *noneCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
 func (c *noneCodec) Decode(dst []float32, src []byte) error {
 	if err := checkLen("compress: none", len(src), 4*len(dst), len(dst)); err != nil {
 		return err
+	}
+	for len(dst) >= 2 && len(src) >= 8 {
+		x := binary.LittleEndian.Uint64(src)
+		dst[0], dst[1] = math.Float32frombits(uint32(x)), math.Float32frombits(uint32(x>>32))
+		dst, src = dst[2:], src[8:]
 	}
 	for i := range dst {
 		dst[i] = getF32(src[4*i:])
@@ -54,32 +63,49 @@ func (c *noneCodec) DecodeAdd(dst []float32, src []byte) error {
 	if err := checkLen("compress: none", len(src), 4*len(dst), len(dst)); err != nil {
 		return err
 	}
+	for len(dst) >= 2 && len(src) >= 8 {
+		x := binary.LittleEndian.Uint64(src)
+		dst[0] += math.Float32frombits(uint32(x))
+		dst[1] += math.Float32frombits(uint32(x >> 32))
+		dst, src = dst[2:], src[8:]
+	}
 	for i := range dst {
 		dst[i] += getF32(src[4*i:])
 	}
 	return nil
 }
 
-// f32ToF16 converts to IEEE binary16 with round-to-nearest-even: values from
-// 65520 up overflow to Inf, small values become subnormal or zero, NaN stays a
-// quiet NaN (keeping the top payload bits), the sign is kept (also of zero).
+// f32ToF16 converts to IEEE binary16 with round-to-nearest-even (see encodeF16).
 func f32ToF16(f float32) uint16 {
-	x := math.Float32bits(f)
-	a := x & 0x7fffffff
-	// Normal half: rebias the exponent and round the 13 dropped bits to even.
-	h := (a - 112<<23 + 0xfff + (a >> 13 & 1)) >> 13
-	// Subnormal half: adding 0.5 makes the FPU round |f|·2^24 to an integer (to even).
-	d := math.Float32bits(math.Float32frombits(a)+0.5) - 0x3f000000
-	if a < 113<<23 {
-		h = d
-	}
-	if a >= 143<<23 {
-		h = 0x7c00
-		if a > 0x7f800000 {
-			h = 0x7e00 | a>>13&0x3ff
+	var b [2]byte
+	encodeF16(b[:], []float32{f})
+	return binary.LittleEndian.Uint16(b[:])
+}
+
+// encodeF16 writes src as little-endian IEEE binary16 with round-to-nearest-even:
+// values from 65520 up overflow to Inf, small values become subnormal or zero,
+// NaN stays a quiet NaN (keeping the top payload bits), the sign is kept (also of
+// zero). The conversion is written out in the loop so that it is inlined.
+func encodeF16(out []byte, src []float32) {
+	out = out[:2*len(src)]
+	for i, f := range src {
+		x := math.Float32bits(f)
+		a := x & 0x7fffffff
+		// Normal half: rebias the exponent and round the 13 dropped bits to even.
+		h := (a - 112<<23 + 0xfff + (a >> 13 & 1)) >> 13
+		// Subnormal half: adding 0.5 makes the FPU round |f|·2^24 to an integer (to even).
+		d := math.Float32bits(math.Float32frombits(a)+0.5) - 0x3f000000
+		if a < 113<<23 {
+			h = d
 		}
+		if a >= 143<<23 {
+			// Inf (or overflow); for NaN (a > 0x7f800000) a quiet NaN with the top payload bits.
+			h = 0x7c00 | (0x200|a>>13&0x3ff)&-((0x7f800000-a)>>31)
+		}
+		h |= x >> 16 & 0x8000
+		o := out[2*i : 2*i+2 : 2*i+2]
+		o[0], o[1] = byte(h), byte(h>>8)
 	}
-	return uint16(h | x>>16&0x8000)
 }
 
 // f16ToF32 converts an IEEE binary16 value to float32 exactly.
@@ -124,10 +150,7 @@ func (c *fp16Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
 		return dst, err
 	}
 	dst, out := grow(dst, 2*len(src))
-	out = out[:2*len(src)]
-	for i := 0; i < len(src); i++ {
-		binary.LittleEndian.PutUint16(out[2*i:], f32ToF16(src[i]))
-	}
+	encodeF16(out, src)
 	return dst, nil
 }
 
@@ -136,6 +159,12 @@ func (c *fp16Codec) Decode(dst []float32, src []byte) error {
 		return err
 	}
 	t := c.tab
+	for len(dst) >= 4 && len(src) >= 8 {
+		x := binary.LittleEndian.Uint64(src)
+		d := dst[:4:4]
+		d[0], d[1], d[2], d[3] = t[uint16(x)], t[uint16(x>>16)], t[uint16(x>>32)], t[uint16(x>>48)]
+		dst, src = dst[4:], src[8:]
+	}
 	for i := range dst {
 		dst[i] = t[binary.LittleEndian.Uint16(src[2*i:])]
 	}
@@ -147,6 +176,15 @@ func (c *fp16Codec) DecodeAdd(dst []float32, src []byte) error {
 		return err
 	}
 	t := c.tab
+	for len(dst) >= 4 && len(src) >= 8 {
+		x := binary.LittleEndian.Uint64(src)
+		d := dst[:4:4]
+		d[0] += t[uint16(x)]
+		d[1] += t[uint16(x>>16)]
+		d[2] += t[uint16(x>>32)]
+		d[3] += t[uint16(x>>48)]
+		dst, src = dst[4:], src[8:]
+	}
 	for i := range dst {
 		dst[i] += t[binary.LittleEndian.Uint16(src[2*i:])]
 	}
@@ -178,9 +216,14 @@ func (c *bf16Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
 		return dst, err
 	}
 	dst, out := grow(dst, 2*len(src))
-	out = out[:2*len(src)]
-	for i := 0; i < len(src); i++ {
-		binary.LittleEndian.PutUint16(out[2*i:], f32ToBF16(src[i]))
+	for len(src) >= 4 && len(out) >= 8 {
+		s := src[:4:4]
+		binary.LittleEndian.PutUint64(out, uint64(f32ToBF16(s[0]))|uint64(f32ToBF16(s[1]))<<16|
+			uint64(f32ToBF16(s[2]))<<32|uint64(f32ToBF16(s[3]))<<48)
+		src, out = src[4:], out[8:]
+	}
+	for i, v := range src {
+		binary.LittleEndian.PutUint16(out[2*i:], f32ToBF16(v))
 	}
 	return dst, nil
 }
@@ -188,6 +231,15 @@ func (c *bf16Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
 func (c *bf16Codec) Decode(dst []float32, src []byte) error {
 	if err := checkLen("compress: bf16", len(src), 2*len(dst), len(dst)); err != nil {
 		return err
+	}
+	for len(dst) >= 4 && len(src) >= 8 {
+		x := binary.LittleEndian.Uint64(src)
+		d := dst[:4:4]
+		d[0] = math.Float32frombits(uint32(x) << 16)
+		d[1] = math.Float32frombits(uint32(x) &^ 0xffff)
+		d[2] = math.Float32frombits(uint32(x>>32) << 16)
+		d[3] = math.Float32frombits(uint32(x>>32) &^ 0xffff)
+		dst, src = dst[4:], src[8:]
 	}
 	for i := range dst {
 		dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
@@ -198,6 +250,15 @@ func (c *bf16Codec) Decode(dst []float32, src []byte) error {
 func (c *bf16Codec) DecodeAdd(dst []float32, src []byte) error {
 	if err := checkLen("compress: bf16", len(src), 2*len(dst), len(dst)); err != nil {
 		return err
+	}
+	for len(dst) >= 4 && len(src) >= 8 {
+		x := binary.LittleEndian.Uint64(src)
+		d := dst[:4:4]
+		d[0] += math.Float32frombits(uint32(x) << 16)
+		d[1] += math.Float32frombits(uint32(x) &^ 0xffff)
+		d[2] += math.Float32frombits(uint32(x>>32) << 16)
+		d[3] += math.Float32frombits(uint32(x>>32) &^ 0xffff)
+		dst, src = dst[4:], src[8:]
 	}
 	for i := range dst {
 		dst[i] += math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
