@@ -1,0 +1,155 @@
+package allreduce
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/p2ptrain/p2ptrain/compress"
+)
+
+// scheduleFor resolves the schedule of a codec class.
+func (s *Session) scheduleFor(class compress.Class) Schedule {
+	sch := s.cfg.Schedule
+	switch class {
+	case compress.ClassSparse:
+		return ScheduleAllGather
+	case compress.ClassErrorFeedback:
+		if sch == ScheduleAllGather || sch == ScheduleProportional {
+			return sch
+		}
+		return ScheduleDirect
+	case compress.ClassQuantized:
+		if sch == ScheduleAuto || sch == ScheduleAllGather {
+			return ScheduleDirect
+		}
+		return sch
+	default:
+		if sch == ScheduleAuto || sch == ScheduleAllGather {
+			return ScheduleRing
+		}
+		return sch
+	}
+}
+
+// ScheduleFor returns the schedule the session uses for a codec class.
+func (s *Session) ScheduleFor(class compress.Class) Schedule { return s.scheduleFor(class) }
+
+func (s *Session) chunkElems() int { return s.cfg.ChunkBytes / 4 }
+
+func (s *Session) sharesFor(sch Schedule) []float64 {
+	if sch == ScheduleProportional {
+		return s.cfg.Shares
+	}
+	return nil
+}
+
+// run dispatches a linear-style reduce (ring or direct) over layout l.
+func run(o *op, sch Schedule, l *layout, ops interface {
+	ringOps
+	directOps
+}, sub int) error {
+	if sch == ScheduleRing && o.s.w > 1 {
+		return ringReduce(o, l, ops, sub)
+	}
+	return directReduce(o, l, ops, sub)
+}
+
+// reduceBucket all-reduces one bucket into out (scratch).
+func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out []float32) error {
+	if err := s.errNow(); err != nil {
+		return err
+	}
+	n := len(b.Data)
+	o := &op{s: s, ctx: ctx, step: step, bucket: b.ID, timeout: s.cfg.frameTimeout(4 * n), id: CodecID(b.Codec.Spec())}
+	defer s.dropBoxes(step, b.ID)
+	bc := &bucketCtx{step: step, w: s.w, rank: s.rank, data: b.Data, out: out, codec: b.Codec}
+	class := b.Codec.Class()
+	sch := s.scheduleFor(class)
+	shares := s.sharesFor(sch)
+	ce := s.chunkElems()
+
+	checkFrame := func(elems int) error {
+		if m := HeaderSize + b.Codec.MaxEncodedLen(elems); m > s.max {
+			return o.failLocal(fmt.Errorf("%w: bucket %d (%s): a chunk of %d values may encode to %d bytes > max frame %d",
+				ErrConfig, b.ID, b.Codec.Spec(), elems, m, s.max))
+		}
+		return nil
+	}
+
+	switch class {
+	case compress.ClassLinear, compress.ClassQuantized:
+		l := makeLayout(n, s.w, 1, ce, shares)
+		if err := checkFrame(min(ce, max(n, 1))); err != nil {
+			return err
+		}
+		return run(o, sch, &l, &codecOps{bucketCtx: bc}, 0)
+
+	case compress.ClassErrorFeedback, compress.ClassSparse:
+		l := makeLayout(n, s.w, 1, ce, shares)
+		if err := checkFrame(min(ce, max(n, 1))); err != nil {
+			return err
+		}
+		ops := &codecOps{bucketCtx: bc, feedback: true}
+		if sch == ScheduleAllGather {
+			return gatherAll(o, &l, ops)
+		}
+		return directReduce(o, &l, ops, 0)
+
+	case compress.ClassSharedScale:
+		ss, ok := b.Codec.(compress.SharedScaler)
+		if !ok {
+			return o.failLocal(fmt.Errorf("%w: bucket %d: codec %s is shared-scale but not a SharedScaler", ErrConfig, b.ID, b.Codec.Spec()))
+		}
+		gran := ss.Bucket()
+		if gran < 1 {
+			gran = 1
+		}
+		ns := ss.NumScales(n)
+		local := make([]float32, ns)
+		ss.Scales(local, b.Data)
+		absmax := make([]float32, ns)
+		sl := makeLayout(ns, s.w, 1, ce, shares)
+		if err := run(o, sch, &sl, &rawOps{bucketCtx: &bucketCtx{step: step, w: s.w, rank: s.rank, data: local, out: absmax}, max: true}, 1); err != nil {
+			return err
+		}
+		cg := max(gran, ce-ce%gran)
+		l := makeLayout(n, s.w, gran, cg, shares)
+		if err := checkFrame(min(cg, max(n, 1))); err != nil {
+			return err
+		}
+		return run(o, sch, &l, &scaleOps{bucketCtx: bc, ss: ss, absmax: absmax, gran: gran}, 0)
+
+	case compress.ClassLowRank:
+		lr, ok := b.Codec.(compress.LowRank)
+		if !ok {
+			return o.failLocal(fmt.Errorf("%w: bucket %d: codec %s is low-rank but not a LowRank", ErrConfig, b.ID, b.Codec.Spec()))
+		}
+		rounds := lr.Rounds()
+		if rounds > 15 {
+			return o.failLocal(fmt.Errorf("%w: bucket %d: %d low-rank rounds > 15", ErrConfig, b.ID, rounds))
+		}
+		in := b.Data
+		for round := 0; round < rounds; round++ {
+			f, err := lr.Factor(round, step, in)
+			if err != nil {
+				return o.failLocal(fmt.Errorf("low-rank factor round %d: %w", round, err))
+			}
+			in = nil
+			sum := make([]float32, len(f))
+			fl := makeLayout(len(f), s.w, 1, ce, shares)
+			ops := &rawOps{bucketCtx: &bucketCtx{step: step, w: s.w, rank: s.rank, data: f, out: sum}}
+			fsch := sch
+			if fsch != ScheduleProportional && fsch != ScheduleDirect {
+				fsch = ScheduleRing
+			}
+			if err := run(o, fsch, &fl, ops, round); err != nil {
+				return err
+			}
+			if err := lr.Absorb(round, sum, s.w, out); err != nil {
+				return o.failLocal(fmt.Errorf("low-rank absorb round %d: %w", round, err))
+			}
+		}
+		return nil
+	}
+	return o.failLocal(fmt.Errorf("%w: bucket %d: unknown codec class %v", ErrConfig, b.ID, class))
+}

@@ -1,0 +1,139 @@
+package allreduce
+
+import (
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Schedule names how a bucket's all-reduce moves data (config key `schedule`).
+type Schedule string
+
+// Schedules. ScheduleAuto picks the class default: ring for linear,
+// shared-scale and low-rank codecs, direct for quantized and error-feedback
+// codecs, all-gather for sparse codecs.
+const (
+	ScheduleAuto Schedule = ""
+	// ScheduleRing: ring reduce-scatter then all-gather of the owners' bytes.
+	// Quantized codecs decode → sum → re-encode at every hop. Error-feedback
+	// codecs do not support it and use ScheduleDirect.
+	ScheduleRing Schedule = "ring"
+	// ScheduleDirect: two-phase; every peer sends each chunk straight to its
+	// owner, the owner sums in fp32 (or integers) and encodes once, then sends
+	// its bytes to every peer.
+	ScheduleDirect Schedule = "direct"
+	// ScheduleAllGather: every peer's encoded bucket reaches every peer
+	// (forwarded around the ring); all decode-add in rank order and divide by
+	// W. Always used for sparse codecs; optional for error-feedback codecs.
+	ScheduleAllGather Schedule = "allgather"
+	// ScheduleProportional: ScheduleDirect with uneven owner shares
+	// (Config.Shares, from Shares or Choose) so slow peers own less.
+	ScheduleProportional Schedule = "proportional"
+)
+
+// ParseSchedule validates a config string.
+func ParseSchedule(s string) (Schedule, error) {
+	switch Schedule(s) {
+	case ScheduleAuto, ScheduleRing, ScheduleDirect, ScheduleAllGather, ScheduleProportional:
+		return Schedule(s), nil
+	case "auto":
+		return ScheduleAuto, nil
+	}
+	return "", fmt.Errorf("%w: schedule %q (want ring, direct, allgather, proportional or auto)", ErrConfig, s)
+}
+
+// Defaults.
+const (
+	// DefaultChunkBytes is the pipeline chunk: fp32 bytes of the buffer per frame.
+	DefaultChunkBytes = 256 << 10
+	// DefaultBucketBytes is the suggested fusion bucket size (fp32 bytes).
+	DefaultBucketBytes = 25 << 20
+	// DefaultConcurrency is the number of buckets reduced at once.
+	DefaultConcurrency = 2
+	// DefaultTimeoutFloor is the smallest derived frame deadline.
+	DefaultTimeoutFloor = 10 * time.Second
+	// DefaultTimeoutSlack multiplies the expected transfer time of a bucket
+	// to derive the frame deadline.
+	DefaultTimeoutSlack = 4
+)
+
+// Config configures a Session. The zero value is usable.
+type Config struct {
+	// ChunkBytes is the pipeline chunk size in fp32 bytes (default DefaultChunkBytes).
+	ChunkBytes int
+	// MaxFrameBytes bounds every frame (header + payload); the Transport must
+	// refuse longer frames before allocating them. Default MaxFrame().
+	MaxFrameBytes int
+	// Schedule selects the schedule (default ScheduleAuto).
+	Schedule Schedule
+	// Shares are the owner shares per rank for ScheduleProportional (length W,
+	// non-negative, sum 1); nil means equal shares.
+	Shares []float64
+	// Concurrency bounds the buckets of a round reduced at once (default 2).
+	Concurrency int
+	// FrameTimeout is the deadline for each awaited frame. 0 derives it per
+	// bucket: max(TimeoutFloor, DefaultTimeoutSlack · 2 · bucket bytes / Bandwidth).
+	FrameTimeout time.Duration
+	// TimeoutFloor is the smallest derived deadline (default DefaultTimeoutFloor).
+	TimeoutFloor time.Duration
+	// Bandwidth is the measured bandwidth of the slowest link in bytes/s
+	// (0: unknown, the deadline is TimeoutFloor).
+	Bandwidth float64
+	// Logger receives failure reasons (default zap.NewNop()).
+	Logger *zap.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.ChunkBytes <= 0 {
+		c.ChunkBytes = DefaultChunkBytes
+	}
+	if c.ChunkBytes < 4 {
+		c.ChunkBytes = 4
+	}
+	if c.MaxFrameBytes <= 0 {
+		c.MaxFrameBytes = c.MaxFrame()
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.TimeoutFloor <= 0 {
+		c.TimeoutFloor = DefaultTimeoutFloor
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return c
+}
+
+// MaxFrame returns the maximum frame size a Transport must accept:
+// MaxFrameBytes if set, else 4·ChunkBytes + 64 KiB (at least 1 MiB), which
+// covers every codec's encoding of one chunk.
+func (c Config) MaxFrame() int {
+	if c.MaxFrameBytes > 0 {
+		return c.MaxFrameBytes
+	}
+	cb := c.ChunkBytes
+	if cb <= 0 {
+		cb = DefaultChunkBytes
+	}
+	m := 4*cb + 64<<10
+	if m < 1<<20 {
+		m = 1 << 20
+	}
+	return m
+}
+
+func (c Config) frameTimeout(bucketBytes int) time.Duration {
+	if c.FrameTimeout > 0 {
+		return c.FrameTimeout
+	}
+	d := c.TimeoutFloor
+	if c.Bandwidth > 0 {
+		t := time.Duration(float64(DefaultTimeoutSlack) * 2 * float64(bucketBytes) / c.Bandwidth * float64(time.Second))
+		if t > d {
+			d = t
+		}
+	}
+	return d
+}

@@ -1,0 +1,194 @@
+package allreduce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/p2ptrain/p2ptrain/compress"
+)
+
+// Bucket is one fusion bucket of a step handed to a Round.
+type Bucket struct {
+	// ID identifies the bucket within the step; every peer must use the same
+	// IDs, hand buckets over in the same order, and pair each ID with the
+	// same codec spec and length.
+	ID uint32
+	// Codec is this peer's codec instance for the bucket (it owns the
+	// bucket's error-feedback state).
+	Codec compress.Codec
+	// Data is this peer's local gradient. It is read while the round runs and
+	// must not change until Wait returns.
+	Data []float32
+	// Out receives the average over all peers, identical bit for bit on
+	// every peer, and only when the whole round succeeds. It may alias Data.
+	Out []float32
+}
+
+// Round is the all-reduce of one training step's buckets. The caller Adds
+// buckets as they become ready (backward order); each one's all-reduce starts
+// at once, at most Config.Concurrency at a time in the order they were
+// added. Wait then blocks until all are done and copies every result out.
+//
+// If the round fails, no Out is written: the caller keeps its gradients and
+// retries the step in the next epoch. Codecs with error feedback
+// (ClassErrorFeedback, ClassSparse) have then advanced their residuals; call
+// their Reset before the retry. Low-rank codecs: call ResetShared at the
+// epoch change on every peer.
+type Round struct {
+	s    *Session
+	ctx  context.Context
+	step uint64
+
+	mu      sync.Mutex
+	queue   []*job
+	ready   chan struct{}
+	closed  bool
+	ids     map[uint32]bool
+	jobs    []*job
+	wg      sync.WaitGroup
+	dispWG  sync.WaitGroup
+	addErr  error
+	waited  bool
+	started bool
+}
+
+type job struct {
+	b       Bucket
+	scratch []float32
+	err     error
+}
+
+// NewRound starts the round of training step step. Canceling ctx aborts the
+// round (and the session).
+func (s *Session) NewRound(ctx context.Context, step uint64) *Round {
+	r := &Round{s: s, ctx: ctx, step: step, ready: make(chan struct{}, 1), ids: make(map[uint32]bool)}
+	r.dispWG.Add(1)
+	go r.dispatch()
+	return r
+}
+
+// Add hands over a bucket; it does not block on the network.
+func (r *Round) Add(b Bucket) error {
+	var err error
+	switch {
+	case b.Codec == nil:
+		err = fmt.Errorf("%w: bucket %d: nil codec", ErrConfig, b.ID)
+	case len(b.Out) != len(b.Data):
+		err = fmt.Errorf("%w: bucket %d: len(Out) %d != len(Data) %d", ErrConfig, b.ID, len(b.Out), len(b.Data))
+	}
+	r.mu.Lock()
+	if err == nil && r.closed {
+		err = fmt.Errorf("%w: bucket %d added after Wait", ErrConfig, b.ID)
+	}
+	if err == nil && r.ids[b.ID] {
+		err = fmt.Errorf("%w: bucket %d added twice", ErrConfig, b.ID)
+	}
+	if err != nil {
+		if r.addErr == nil {
+			r.addErr = err
+		}
+		r.mu.Unlock()
+		// The other peers would wait for this bucket: fail the session.
+		return r.s.fail(r.s.peerErr(r.s.ep.Self, r.step, b.ID, err))
+	}
+	r.ids[b.ID] = true
+	j := &job{b: b}
+	r.queue = append(r.queue, j)
+	r.jobs = append(r.jobs, j)
+	r.mu.Unlock()
+	select {
+	case r.ready <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// dispatch starts queued buckets in order, bounded by the session semaphore.
+func (r *Round) dispatch() {
+	defer r.dispWG.Done()
+	for {
+		r.mu.Lock()
+		if len(r.queue) == 0 {
+			closed := r.closed
+			r.mu.Unlock()
+			if closed {
+				return
+			}
+			<-r.ready
+			continue
+		}
+		j := r.queue[0]
+		r.queue = r.queue[1:]
+		r.mu.Unlock()
+		select {
+		case r.s.sem <- struct{}{}:
+		case <-r.s.done:
+			j.err = r.s.errNow()
+			continue
+		}
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			defer func() { <-r.s.sem }()
+			j.scratch = make([]float32, len(j.b.Data))
+			j.err = r.s.reduceBucket(r.ctx, r.step, j.b, j.scratch)
+		}()
+	}
+}
+
+// Wait waits for every added bucket. On success it copies each bucket's
+// average into its Out and returns nil; otherwise it returns the session's
+// failure (a *PeerError) and writes nothing.
+func (r *Round) Wait() error {
+	r.mu.Lock()
+	if r.waited {
+		r.mu.Unlock()
+		return fmt.Errorf("%w: Wait called twice", ErrConfig)
+	}
+	r.waited = true
+	r.closed = true
+	r.mu.Unlock()
+	select {
+	case r.ready <- struct{}{}:
+	default:
+	}
+	r.dispWG.Wait()
+	r.wg.Wait()
+	var err error
+	for _, j := range r.jobs {
+		if j.err != nil {
+			err = j.err
+			break
+		}
+	}
+	if err == nil {
+		err = r.addErr
+	}
+	if err == nil {
+		if serr := r.s.errNow(); serr != nil && !errors.Is(serr, ErrClosed) {
+			err = serr
+		}
+	}
+	if err != nil {
+		if e := r.s.errNow(); e != nil {
+			err = e
+		}
+		return err
+	}
+	for _, j := range r.jobs {
+		copy(j.b.Out, j.scratch)
+	}
+	return nil
+}
+
+// AllReduce is a Round with a single bucket.
+func (s *Session) AllReduce(ctx context.Context, step uint64, b Bucket) error {
+	r := s.NewRound(ctx, step)
+	if err := r.Add(b); err != nil {
+		_ = r.Wait()
+		return err
+	}
+	return r.Wait()
+}

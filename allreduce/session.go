@@ -1,0 +1,400 @@
+package allreduce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// abortTimeout bounds the best-effort delivery of abort notices.
+const abortTimeout = 2 * time.Second
+
+// Session runs all-reduce rounds for one peer in one ring epoch over one
+// Transport. It starts one reader and one writer goroutine per other peer;
+// Close stops them.
+//
+// Any failure (a broken link, a late or invalid frame, a canceled context,
+// an invalid bucket) fails the whole Session: every round in flight and every
+// later round returns the same *PeerError, the Session tells the other peers
+// (an abort frame naming the culprit) and resets its Transport so they fail
+// fast too. A failed Session cannot be reused; the caller retries the step in
+// the next epoch with a new Session.
+type Session struct {
+	ep   Epoch
+	rank int
+	w    int
+	t    Transport
+	cfg  Config
+	log  *zap.Logger
+	max  int
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	sem    chan struct{}
+
+	mu    sync.Mutex
+	boxes map[boxKey]*mailbox
+	err   error
+	done  chan struct{}
+	out   []*outQueue
+}
+
+type boxKey struct {
+	from   int
+	step   uint64
+	bucket uint32
+	phase  Phase
+}
+
+type frameMsg struct {
+	h       Header
+	payload []byte
+	raw     []byte
+}
+
+type mailbox struct {
+	q     []frameMsg
+	ready chan struct{}
+}
+
+type outQueue struct {
+	mu    sync.Mutex
+	q     [][]byte
+	ready chan struct{}
+}
+
+// NewSession starts a session for epoch ep over transport t.
+func NewSession(ep Epoch, t Transport, cfg Config) (*Session, error) {
+	if err := ep.validate(); err != nil {
+		return nil, err
+	}
+	if t == nil && len(ep.Peers) > 1 {
+		return nil, fmt.Errorf("%w: nil transport", ErrConfig)
+	}
+	cfg = cfg.withDefaults()
+	if cfg.Shares != nil {
+		if err := checkShares(cfg.Shares, len(ep.Peers)); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := ParseSchedule(string(cfg.Schedule)); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Session{
+		ep:     ep,
+		rank:   ep.Rank(ep.Self),
+		w:      len(ep.Peers),
+		t:      t,
+		cfg:    cfg,
+		log:    cfg.Logger.Named("allreduce").With(zap.Uint64("epoch", ep.Number), zap.String("self", string(ep.Self))),
+		max:    cfg.MaxFrameBytes,
+		ctx:    ctx,
+		cancel: cancel,
+		sem:    make(chan struct{}, cfg.Concurrency),
+		boxes:  make(map[boxKey]*mailbox),
+		done:   make(chan struct{}),
+		out:    make([]*outQueue, len(ep.Peers)),
+	}
+	for i := range ep.Peers {
+		if i == s.rank {
+			continue
+		}
+		s.out[i] = &outQueue{ready: make(chan struct{}, 1)}
+		s.wg.Add(2)
+		go s.readLoop(i)
+		go s.writeLoop(i)
+	}
+	return s, nil
+}
+
+// Epoch returns the session's epoch.
+func (s *Session) Epoch() Epoch { return s.ep }
+
+// Err returns the error that failed the session, or nil.
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Close stops the session's goroutines and waits for them. Rounds still in
+// flight fail with ErrClosed (or the session's earlier failure). Close does
+// not reset the Transport unless the session had failed; it is idempotent.
+func (s *Session) Close() error {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = fmt.Errorf("%w (epoch %d)", ErrClosed, s.ep.Number)
+		close(s.done)
+	}
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// fail records the session's first failure and returns it (or the earlier one).
+func (s *Session) fail(err error) error {
+	s.mu.Lock()
+	if s.err != nil {
+		e := s.err
+		s.mu.Unlock()
+		return e
+	}
+	s.err = err
+	close(s.done)
+	s.wg.Add(1)
+	s.mu.Unlock()
+	s.log.Warn("all-reduce failed, aborting epoch", zap.Error(err))
+	go s.abort(err)
+	return err
+}
+
+func (s *Session) errNow() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// abort tells every other peer (best effort) and resets the transport.
+func (s *Session) abort(err error) {
+	defer s.wg.Done()
+	if s.t == nil {
+		return
+	}
+	culprit := s.ep.Self
+	var h Header
+	h.Epoch = s.ep.Number
+	var pe *PeerError
+	if errors.As(err, &pe) {
+		culprit = pe.Peer
+		h.Step, h.Bucket = pe.Step, pe.Bucket
+	}
+	frame := marshalAbort(nil, h, culprit, kindOf(err), err.Error())
+	ctx, cancel := context.WithTimeout(s.ctx, abortTimeout)
+	var wg sync.WaitGroup
+	for i, p := range s.ep.Peers {
+		if i == s.rank {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = s.t.Send(ctx, p, frame)
+		}()
+	}
+	wg.Wait()
+	cancel()
+	s.t.Reset(err)
+}
+
+func (s *Session) peerErr(peer PeerID, step uint64, bucket uint32, err error) *PeerError {
+	return &PeerError{Peer: peer, Reporter: s.ep.Self, Epoch: s.ep.Number, Step: step, Bucket: bucket, Err: err}
+}
+
+func (s *Session) readLoop(from int) {
+	defer s.wg.Done()
+	peer := s.ep.Peers[from]
+	for {
+		select {
+		case <-s.done:
+			return
+		default:
+		}
+		b, err := s.t.Recv(s.ctx, peer)
+		if err != nil {
+			if s.ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, ErrFrameTooLarge) {
+				s.fail(s.peerErr(peer, 0, 0, err))
+			} else {
+				s.fail(s.peerErr(peer, 0, 0, fmt.Errorf("%w: %w", ErrPeerFailed, err)))
+			}
+			return
+		}
+		h, p, err := UnmarshalFrame(b, s.max)
+		if err != nil {
+			s.fail(s.peerErr(peer, 0, 0, err))
+			return
+		}
+		if h.Epoch != s.ep.Number {
+			s.fail(s.peerErr(peer, h.Step, h.Bucket,
+				fmt.Errorf("%w: frame epoch %d, want %d", ErrEpochMismatch, h.Epoch, s.ep.Number)))
+			return
+		}
+		if h.Phase == PhaseAbort {
+			culprit, kind, msg, err := unmarshalAbort(p)
+			if err != nil {
+				s.fail(s.peerErr(peer, h.Step, h.Bucket, err))
+				return
+			}
+			if s.ep.Rank(culprit) < 0 {
+				culprit = peer
+			}
+			s.fail(&PeerError{Peer: culprit, Reporter: peer, Epoch: s.ep.Number, Step: h.Step, Bucket: h.Bucket,
+				Err: fmt.Errorf("%w: %s", sentinelOf(kind), msg)})
+			return
+		}
+		key := boxKey{from: from, step: h.Step, bucket: h.Bucket, phase: h.Phase}
+		s.mu.Lock()
+		mb := s.box(key)
+		mb.q = append(mb.q, frameMsg{h: h, payload: p, raw: b})
+		s.mu.Unlock()
+		select {
+		case mb.ready <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// box returns the mailbox for key; s.mu must be held.
+func (s *Session) box(key boxKey) *mailbox {
+	mb := s.boxes[key]
+	if mb == nil {
+		mb = &mailbox{ready: make(chan struct{}, 1)}
+		s.boxes[key] = mb
+	}
+	return mb
+}
+
+// dropBoxes forgets the mailboxes of one bucket of one step.
+func (s *Session) dropBoxes(step uint64, bucket uint32) {
+	s.mu.Lock()
+	for k := range s.boxes {
+		if k.step == step && k.bucket == bucket {
+			delete(s.boxes, k)
+		}
+	}
+	s.mu.Unlock()
+}
+
+func (s *Session) writeLoop(to int) {
+	defer s.wg.Done()
+	peer := s.ep.Peers[to]
+	q := s.out[to]
+	for {
+		q.mu.Lock()
+		if len(q.q) == 0 {
+			q.mu.Unlock()
+			select {
+			case <-q.ready:
+				continue
+			case <-s.done:
+				return
+			}
+		}
+		f := q.q[0]
+		q.q[0] = nil
+		q.q = q.q[1:]
+		q.mu.Unlock()
+		select {
+		case <-s.done:
+			return
+		default:
+		}
+		if err := s.t.Send(s.ctx, peer, f); err != nil {
+			if s.ctx.Err() != nil {
+				return
+			}
+			s.fail(s.peerErr(peer, 0, 0, fmt.Errorf("%w: send: %w", ErrPeerFailed, err)))
+			return
+		}
+	}
+}
+
+// send queues frame for peer rank to; it never blocks.
+func (s *Session) send(to int, frame []byte) {
+	q := s.out[to]
+	q.mu.Lock()
+	q.q = append(q.q, frame)
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// op is the state of one bucket all-reduce (or one of its sub-reduces).
+type op struct {
+	s       *Session
+	ctx     context.Context
+	step    uint64
+	bucket  uint32
+	timeout time.Duration
+	id      uint32
+}
+
+func (o *op) newFrame(payload int) []byte {
+	return make([]byte, HeaderSize, HeaderSize+payload)
+}
+
+// seal writes the header of frame f.
+func (o *op) seal(f []byte, ph Phase, chunk int) error {
+	if len(f) > o.s.max {
+		return o.failLocal(fmt.Errorf("%w: encoded chunk %d is %d bytes > max frame %d", ErrFrameTooLarge, chunk, len(f), o.s.max))
+	}
+	PutHeader(f, Header{Phase: ph, Codec: o.id, Epoch: o.s.ep.Number, Step: o.step, Bucket: o.bucket,
+		Chunk: uint32(chunk), Length: uint32(len(f) - HeaderSize)})
+	return nil
+}
+
+func (o *op) failLocal(err error) error {
+	if !errors.Is(err, ErrAborted) && !errors.Is(err, ErrConfig) && !errors.Is(err, ErrFrameTooLarge) {
+		err = fmt.Errorf("%w: %w", ErrAborted, err)
+	}
+	return o.s.fail(o.s.peerErr(o.s.ep.Self, o.step, o.bucket, err))
+}
+
+func (o *op) failPeer(rank int, err error) error {
+	return o.s.fail(o.s.peerErr(o.s.ep.Peers[rank], o.step, o.bucket, err))
+}
+
+// recv waits for the next frame of phase ph from rank from and checks its codec and chunk.
+func (o *op) recv(from int, ph Phase, chunk int) (raw, payload []byte, err error) {
+	s := o.s
+	key := boxKey{from: from, step: o.step, bucket: o.bucket, phase: ph}
+	s.mu.Lock()
+	mb := s.box(key)
+	s.mu.Unlock()
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		s.mu.Lock()
+		if len(mb.q) > 0 {
+			m := mb.q[0]
+			mb.q[0] = frameMsg{}
+			mb.q = mb.q[1:]
+			s.mu.Unlock()
+			if m.h.Codec != o.id {
+				return nil, nil, o.failPeer(from, fmt.Errorf("%w: codec id %#x, want %#x", ErrCodecMismatch, m.h.Codec, o.id))
+			}
+			if m.h.Chunk != uint32(chunk) {
+				return nil, nil, o.failPeer(from, fmt.Errorf("%w: phase %#x chunk %d, want %d", ErrBadFrame, ph, m.h.Chunk, chunk))
+			}
+			return m.raw, m.payload, nil
+		}
+		s.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(o.timeout)
+		}
+		select {
+		case <-mb.ready:
+		case <-s.done:
+			return nil, nil, s.errNow()
+		case <-o.ctx.Done():
+			return nil, nil, o.failLocal(fmt.Errorf("%w: %w", ErrAborted, o.ctx.Err()))
+		case <-timer.C:
+			return nil, nil, o.failPeer(from, fmt.Errorf("%w: no frame (phase %#x, chunk %d) within %v", ErrTimeout, ph, chunk, o.timeout))
+		}
+	}
+}
