@@ -8,6 +8,10 @@ import (
 	"time"
 
 	ma "github.com/multiformats/go-multiaddr"
+	"go.uber.org/zap"
+
+	"github.com/p2ptrain/p2ptrain/allreduce"
+	"github.com/p2ptrain/p2ptrain/compress"
 )
 
 // Duration is a time.Duration written in config files as "5s", "250ms"...
@@ -32,9 +36,39 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 // Config is the whole of config.toml; config.toml at the repository root
 // documents every key and its default.
 type Config struct {
-	Node   NodeConfig   `toml:"node"`
-	Gossip GossipConfig `toml:"gossip"`
-	Log    LogConfig    `toml:"log"`
+	Node      NodeConfig      `toml:"node"`
+	Gossip    GossipConfig    `toml:"gossip"`
+	Allreduce AllreduceConfig `toml:"allreduce"`
+	Log       LogConfig       `toml:"log"`
+}
+
+// AllreduceConfig is the [allreduce] section: how gradients cross the ring.
+type AllreduceConfig struct {
+	// Codec is the gradient codec spec ("none", "sint8", "qsgd:bits=4", ...).
+	Codec string `toml:"codec"`
+	// Schedule: auto, ring, direct, allgather or proportional.
+	Schedule string `toml:"schedule"`
+	// ChunkBytes is the pipeline chunk (fp32 bytes per frame).
+	ChunkBytes int `toml:"chunk_bytes"`
+	// BucketBytes is the fusion bucket size (fp32 bytes).
+	BucketBytes int `toml:"bucket_bytes"`
+	// Concurrency bounds the buckets reduced at once.
+	Concurrency int `toml:"concurrency"`
+	// FrameTimeout is the deadline for each awaited frame; "0s" derives it
+	// from the measured bandwidth and the bucket size.
+	FrameTimeout Duration `toml:"frame_timeout"`
+}
+
+// Session returns the allreduce configuration of these settings.
+func (a AllreduceConfig) Session(log *zap.Logger) allreduce.Config {
+	sch, _ := allreduce.ParseSchedule(a.Schedule) // validated by Config.Validate
+	return allreduce.Config{
+		ChunkBytes:   a.ChunkBytes,
+		Schedule:     sch,
+		Concurrency:  a.Concurrency,
+		FrameTimeout: a.FrameTimeout.D(),
+		Logger:       log,
+	}
 }
 
 // NodeConfig is the [node] section: identity, network and discovery.
@@ -93,6 +127,13 @@ func DefaultConfig() Config {
 			Heartbeat:      Duration(time.Second),
 			FailureTimeout: Duration(5 * time.Second),
 		},
+		Allreduce: AllreduceConfig{
+			Codec:       "none",
+			Schedule:    "auto",
+			ChunkBytes:  allreduce.DefaultChunkBytes,
+			BucketBytes: allreduce.DefaultBucketBytes,
+			Concurrency: allreduce.DefaultConcurrency,
+		},
 		Log: LogConfig{Level: "info", Format: "console"},
 	}
 }
@@ -148,6 +189,24 @@ func (c *Config) Validate() error {
 		bad("gossip.failure_timeout", "must be positive, got %s", ft)
 	case hb > 0 && ft < 2*hb:
 		bad("gossip.failure_timeout", "%s must be at least twice gossip.heartbeat (%s)", ft, hb)
+	}
+	if err := compress.Validate(c.Allreduce.Codec); err != nil {
+		bad("allreduce.codec", "%v", err)
+	}
+	if _, err := allreduce.ParseSchedule(c.Allreduce.Schedule); err != nil {
+		bad("allreduce.schedule", "%v", err)
+	}
+	if c.Allreduce.ChunkBytes < 4096 || c.Allreduce.ChunkBytes > 64<<20 || c.Allreduce.ChunkBytes%4 != 0 {
+		bad("allreduce.chunk_bytes", "%d must be a multiple of 4 between 4096 and 64 MiB", c.Allreduce.ChunkBytes)
+	}
+	if c.Allreduce.BucketBytes < c.Allreduce.ChunkBytes || c.Allreduce.BucketBytes > 1<<30 {
+		bad("allreduce.bucket_bytes", "%d must be between allreduce.chunk_bytes and 1 GiB", c.Allreduce.BucketBytes)
+	}
+	if c.Allreduce.Concurrency < 1 || c.Allreduce.Concurrency > 64 {
+		bad("allreduce.concurrency", "%d is outside 1..64", c.Allreduce.Concurrency)
+	}
+	if c.Allreduce.FrameTimeout < 0 {
+		bad("allreduce.frame_timeout", "must not be negative, got %s", c.Allreduce.FrameTimeout.D())
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":

@@ -25,6 +25,7 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 	"go.uber.org/zap"
 
+	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/gossip"
 )
 
@@ -44,6 +45,7 @@ type Node struct {
 	gsp  *gossip.Service
 	mdns interface{ Close() error }
 	api  *apiServer
+	ring *ringNet
 
 	mu        sync.Mutex
 	step      uint64
@@ -90,6 +92,7 @@ func New(ctx context.Context, cfg Config, log *zap.Logger) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	n.ring = newRingNet(n.host, cfg.Allreduce.Session(nil).MaxFrame(), log.Named("allreduce"))
 	// The node lives until Close, not until the caller's context ends: Close
 	// still needs gossip to announce the departure.
 	ctx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -155,6 +158,18 @@ func loadOrGenerateIdentity(path string, log *zap.Logger) (crypto.PrivKey, error
 	log.Info("using a fresh identity for this run (set node.identity to keep one)")
 	return priv, nil
 }
+
+// EpochTransport is the all-reduce transport of one ring epoch.
+type EpochTransport interface {
+	allreduce.Transport
+	// Close ends the epoch gracefully (frames already sent are delivered).
+	Close() error
+}
+
+// OpenTransport returns the all-reduce transport of one ring epoch over
+// libp2p streams. Close it when the epoch ends normally (after closing the
+// allreduce.Session); a failed session resets it.
+func (n *Node) OpenTransport(ep allreduce.Epoch) EpochTransport { return n.ring.open(ep) }
 
 // ID returns the peer ID.
 func (n *Node) ID() peer.ID { return n.host.ID() }
@@ -381,6 +396,7 @@ func (n *Node) Close() error {
 		if n.mdns != nil {
 			errs = append(errs, n.mdns.Close())
 		}
+		n.ring.close()
 		errs = append(errs, n.gsp.Close())
 		n.cancel()
 		n.wg.Wait()
@@ -399,6 +415,7 @@ func (n *Node) Kill() error {
 		if n.mdns != nil {
 			n.mdns.Close()
 		}
+		n.ring.close()
 		err := n.gsp.Close()
 		n.cancel()
 		n.wg.Wait()

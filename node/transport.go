@@ -1,0 +1,442 @@
+package node
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"go.uber.org/zap"
+
+	"github.com/p2ptrain/p2ptrain/allreduce"
+)
+
+// The all-reduce stream protocol: the opener writes an 8-byte little-endian
+// epoch number, then frames (allreduce.WriteFrame) in one direction only. Each
+// peer opens one stream to each peer it sends to, per epoch, on first use.
+
+const (
+	// helloTimeout bounds reading the epoch header of an inbound stream.
+	helloTimeout = 10 * time.Second
+	// maxPendingStreams bounds inbound streams held for epochs not yet opened.
+	maxPendingStreams = 256
+	// pendingTTL is how long such a stream waits for its epoch.
+	pendingTTL = 30 * time.Second
+)
+
+var errTransportClosed = errors.New("node: all-reduce transport closed")
+
+// ringNet routes inbound all-reduce streams to the transport of their epoch.
+type ringNet struct {
+	host     host.Host
+	maxFrame int
+	log      *zap.Logger
+
+	notifiee network.Notifiee
+
+	mu      sync.Mutex
+	epochs  map[uint64]*streamTransport
+	pending []pendingStream
+}
+
+type pendingStream struct {
+	epoch uint64
+	s     network.Stream
+	at    time.Time
+}
+
+func newRingNet(h host.Host, maxFrame int, log *zap.Logger) *ringNet {
+	rn := &ringNet{host: h, maxFrame: maxFrame, log: log, epochs: map[uint64]*streamTransport{}}
+	h.SetStreamHandler(ProtocolAllreduce, rn.handle)
+	rn.notifiee = &network.NotifyBundle{DisconnectedF: func(nw network.Network, c network.Conn) {
+		p := c.RemotePeer()
+		if nw.Connectedness(p) == network.Connected {
+			return // another connection remains
+		}
+		rn.mu.Lock()
+		ts := make([]*streamTransport, 0, len(rn.epochs))
+		for _, t := range rn.epochs {
+			ts = append(ts, t)
+		}
+		rn.mu.Unlock()
+		for _, t := range ts {
+			t.peerGone(allreduce.PeerID(p.String()))
+		}
+	}}
+	h.Network().Notify(rn.notifiee)
+	return rn
+}
+
+func (rn *ringNet) close() {
+	rn.host.RemoveStreamHandler(ProtocolAllreduce)
+	rn.host.Network().StopNotify(rn.notifiee)
+	rn.mu.Lock()
+	pend := rn.pending
+	rn.pending = nil
+	ts := make([]*streamTransport, 0, len(rn.epochs))
+	for _, t := range rn.epochs {
+		ts = append(ts, t)
+	}
+	rn.mu.Unlock()
+	for _, p := range pend {
+		p.s.Reset()
+	}
+	for _, t := range ts {
+		t.Reset(errTransportClosed)
+	}
+}
+
+func (rn *ringNet) handle(s network.Stream) {
+	var hello [8]byte
+	_ = s.SetReadDeadline(time.Now().Add(helloTimeout))
+	if _, err := io.ReadFull(s, hello[:]); err != nil {
+		rn.log.Debug("all-reduce stream without epoch header", zap.Stringer("peer", s.Conn().RemotePeer()), zap.Error(err))
+		s.Reset()
+		return
+	}
+	_ = s.SetReadDeadline(time.Time{})
+	epoch := binary.LittleEndian.Uint64(hello[:])
+	rn.mu.Lock()
+	t := rn.epochs[epoch]
+	if t == nil {
+		now := time.Now()
+		kept := rn.pending[:0]
+		for _, p := range rn.pending {
+			if now.Sub(p.at) > pendingTTL {
+				p.s.Reset()
+				continue
+			}
+			kept = append(kept, p)
+		}
+		rn.pending = kept
+		if len(rn.pending) >= maxPendingStreams {
+			rn.mu.Unlock()
+			rn.log.Warn("too many all-reduce streams for unknown epochs; resetting", zap.Uint64("epoch", epoch))
+			s.Reset()
+			return
+		}
+		rn.pending = append(rn.pending, pendingStream{epoch: epoch, s: s, at: now})
+		rn.mu.Unlock()
+		return
+	}
+	rn.mu.Unlock()
+	t.accept(s)
+}
+
+// open returns the transport of one epoch, adopting streams that arrived early.
+func (rn *ringNet) open(ep allreduce.Epoch) *streamTransport {
+	t := &streamTransport{
+		rn:    rn,
+		epoch: ep.Number,
+		peers: map[allreduce.PeerID]bool{},
+		out:   map[allreduce.PeerID]*outLink{},
+		in:    map[allreduce.PeerID]*inLink{},
+		done:  make(chan struct{}),
+	}
+	for _, p := range ep.Peers {
+		t.peers[p] = true
+	}
+	rn.mu.Lock()
+	if old := rn.epochs[ep.Number]; old != nil {
+		rn.mu.Unlock()
+		old.Reset(fmt.Errorf("node: epoch %d reopened", ep.Number))
+		rn.mu.Lock()
+	}
+	rn.epochs[ep.Number] = t
+	var early []network.Stream
+	kept := rn.pending[:0]
+	for _, p := range rn.pending {
+		switch {
+		case p.epoch == ep.Number:
+			early = append(early, p.s)
+		case p.epoch < ep.Number:
+			p.s.Reset() // an epoch that will never open here
+		default:
+			kept = append(kept, p)
+		}
+	}
+	rn.pending = kept
+	rn.mu.Unlock()
+	for _, s := range early {
+		t.accept(s)
+	}
+	return t
+}
+
+func (rn *ringNet) forget(t *streamTransport) {
+	rn.mu.Lock()
+	if rn.epochs[t.epoch] == t {
+		delete(rn.epochs, t.epoch)
+	}
+	rn.mu.Unlock()
+}
+
+// streamTransport implements allreduce.Transport for one epoch over libp2p streams.
+type streamTransport struct {
+	rn    *ringNet
+	epoch uint64
+	peers map[allreduce.PeerID]bool
+
+	mu   sync.Mutex
+	out  map[allreduce.PeerID]*outLink
+	in   map[allreduce.PeerID]*inLink
+	err  error
+	done chan struct{}
+}
+
+var _ allreduce.Transport = (*streamTransport)(nil)
+
+type outLink struct {
+	mu  sync.Mutex
+	s   network.Stream
+	err error
+	buf []byte
+}
+
+type inLink struct {
+	ready chan struct{} // closed once s is set
+	s     network.Stream
+	gone  chan struct{} // closed when the peer disconnects before its stream arrived
+}
+
+func (t *streamTransport) closedErr() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.err
+}
+
+func (t *streamTransport) outLink(to allreduce.PeerID) (*outLink, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.err != nil {
+		return nil, t.err
+	}
+	if !t.peers[to] {
+		return nil, fmt.Errorf("node: peer %s is not in epoch %d", to, t.epoch)
+	}
+	l := t.out[to]
+	if l == nil {
+		l = &outLink{}
+		t.out[to] = l
+	}
+	return l, nil
+}
+
+func (t *streamTransport) inLink(from allreduce.PeerID) (*inLink, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.err != nil {
+		return nil, t.err
+	}
+	if !t.peers[from] {
+		return nil, fmt.Errorf("node: peer %s is not in epoch %d", from, t.epoch)
+	}
+	l := t.in[from]
+	if l == nil {
+		l = &inLink{ready: make(chan struct{}), gone: make(chan struct{})}
+		t.in[from] = l
+	}
+	return l, nil
+}
+
+// accept takes an inbound stream of this epoch.
+func (t *streamTransport) accept(s network.Stream) {
+	from := allreduce.PeerID(s.Conn().RemotePeer().String())
+	l, err := t.inLink(from)
+	if err != nil {
+		t.rn.log.Debug("refusing all-reduce stream", zap.String("peer", string(from)), zap.Error(err))
+		s.Reset()
+		return
+	}
+	t.mu.Lock()
+	dup := l.s != nil
+	if !dup {
+		l.s = s
+		close(l.ready)
+	}
+	t.mu.Unlock()
+	if dup {
+		t.rn.log.Warn("second all-reduce stream from one peer in one epoch; resetting it",
+			zap.String("peer", string(from)), zap.Uint64("epoch", t.epoch))
+		s.Reset()
+	}
+}
+
+// Send writes one frame to peer to, opening the stream on first use.
+func (t *streamTransport) Send(ctx context.Context, to allreduce.PeerID, frame []byte) error {
+	l, err := t.outLink(to)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return l.err
+	}
+	if l.s == nil {
+		id, err := peer.Decode(string(to))
+		if err != nil {
+			return fmt.Errorf("node: bad peer ID %q: %w", to, err)
+		}
+		s, err := t.rn.host.NewStream(network.WithAllowLimitedConn(ctx, "allreduce"), id, ProtocolAllreduce)
+		if err != nil {
+			l.err = fmt.Errorf("node: open all-reduce stream to %s: %w", to, err)
+			return l.err
+		}
+		var hello [8]byte
+		binary.LittleEndian.PutUint64(hello[:], t.epoch)
+		l.buf = append(l.buf[:0], hello[:]...)
+		if _, err := s.Write(l.buf); err != nil {
+			s.Reset()
+			l.err = fmt.Errorf("node: all-reduce stream to %s: %w", to, err)
+			return l.err
+		}
+		t.mu.Lock()
+		closed := t.err != nil
+		if !closed {
+			l.s = s
+		}
+		t.mu.Unlock()
+		if closed {
+			s.Reset()
+			return t.closedErr()
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { l.s.Reset() })
+	err = allreduce.WriteFrame(l.s, frame, l.buf)
+	stop()
+	if err != nil {
+		l.s.Reset()
+		if cerr := ctx.Err(); cerr != nil {
+			err = cerr
+		}
+		l.err = fmt.Errorf("node: send to %s: %w", to, err)
+		return l.err
+	}
+	return nil
+}
+
+// Recv reads the next frame from peer from, waiting for its stream if needed.
+func (t *streamTransport) Recv(ctx context.Context, from allreduce.PeerID) ([]byte, error) {
+	l, err := t.inLink(from)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-l.ready:
+	case <-l.gone:
+		return nil, fmt.Errorf("node: receive from %s: peer disconnected", from)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-t.done:
+		return nil, t.closedErr()
+	}
+	stop := context.AfterFunc(ctx, func() { l.s.Reset() })
+	b, err := allreduce.ReadFrame(l.s, t.rn.maxFrame, nil)
+	stop()
+	if err != nil {
+		l.s.Reset()
+		if cerr := ctx.Err(); cerr != nil {
+			err = cerr
+		} else if cerr := t.closedErr(); cerr != nil {
+			err = cerr
+		}
+		return nil, fmt.Errorf("node: receive from %s: %w", from, err)
+	}
+	return b, nil
+}
+
+// peerGone wakes a Recv waiting for the stream of a peer that disconnected.
+// An established stream fails by itself when its connection closes.
+func (t *streamTransport) peerGone(p allreduce.PeerID) {
+	if !t.peers[p] {
+		return
+	}
+	l, err := t.inLink(p)
+	if err != nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	select {
+	case <-l.gone:
+	default:
+		if l.s == nil {
+			close(l.gone)
+		}
+	}
+}
+
+// Close ends the epoch gracefully: frames already written still reach their
+// peers (outbound streams are half-closed, not reset), so a peer that finished
+// its last round does not break a neighbour still reading it. Call it after
+// the epoch's allreduce.Session is closed; use Reset after a failure.
+func (t *streamTransport) Close() error {
+	t.mu.Lock()
+	if t.err != nil {
+		t.mu.Unlock()
+		return nil
+	}
+	t.err = fmt.Errorf("node: epoch %d transport: %w", t.epoch, errTransportClosed)
+	close(t.done)
+	outs := make([]*outLink, 0, len(t.out))
+	for _, l := range t.out {
+		outs = append(outs, l)
+	}
+	var ins []network.Stream
+	for _, l := range t.in {
+		if l.s != nil {
+			ins = append(ins, l.s)
+		}
+	}
+	t.mu.Unlock()
+	var errs []error
+	for _, l := range outs {
+		l.mu.Lock() // wait for a write in progress
+		if l.s != nil {
+			errs = append(errs, l.s.CloseWrite())
+		}
+		l.mu.Unlock()
+	}
+	for _, s := range ins {
+		errs = append(errs, s.CloseRead())
+	}
+	t.rn.forget(t)
+	return errors.Join(errs...)
+}
+
+// Reset breaks every stream of this epoch; later calls fail with reason.
+func (t *streamTransport) Reset(reason error) {
+	if reason == nil {
+		reason = errTransportClosed
+	}
+	t.mu.Lock()
+	if t.err != nil {
+		t.mu.Unlock()
+		return
+	}
+	t.err = fmt.Errorf("node: epoch %d transport reset: %w", t.epoch, reason)
+	close(t.done)
+	var streams []network.Stream
+	for _, l := range t.in {
+		if l.s != nil {
+			streams = append(streams, l.s)
+		}
+	}
+	for _, l := range t.out {
+		if l.s != nil {
+			streams = append(streams, l.s)
+		}
+	}
+	t.mu.Unlock()
+	for _, s := range streams {
+		s.Reset()
+	}
+	t.rn.forget(t)
+}

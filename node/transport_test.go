@@ -1,0 +1,159 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"go.uber.org/zap/zaptest"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/p2ptrain/p2ptrain/allreduce"
+	"github.com/p2ptrain/p2ptrain/compress"
+)
+
+// keyedCluster starts n loopback peers sharing a swarm key and waits until they
+// agree on a ring; it returns them in ring order with the allreduce epoch.
+func keyedCluster(t *testing.T, n int) ([]*Node, []allreduce.PeerID, uint64) {
+	t.Helper()
+	key := filepath.Join(t.TempDir(), "swarm.key")
+	if err := WriteSwarmKey(key); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.Node.SwarmKey = key
+	nodes := []*Node{startNode(t, cfg, nil)}
+	for i := 1; i < n; i++ {
+		cfg := testConfig(nodes[0].AddrStrings()[0])
+		cfg.Node.SwarmKey = key
+		nodes = append(nodes, startNode(t, cfg, nil))
+	}
+	eventually(t, 15*time.Second, "peers agree", func() error { return agreeOn(nodes, ids(nodes)) })
+	_, e := nodes[0].Gossip().Snapshot()
+	var order []allreduce.PeerID
+	byID := map[string]*Node{}
+	for _, nd := range nodes {
+		byID[nd.ID().String()] = nd
+	}
+	ordered := make([]*Node, 0, n)
+	for _, p := range e.Order {
+		order = append(order, allreduce.PeerID(p))
+		ordered = append(ordered, byID[p])
+	}
+	return ordered, order, e.Number
+}
+
+func TestAllreduceOverLibp2p(t *testing.T) {
+	const size = 300_001 // odd, several chunks per segment
+	nodes, order, epoch := keyedCluster(t, 4)
+	for _, spec := range []string{"none", "sint8", "dyn8"} {
+		t.Run(spec, func(t *testing.T) {
+			inputs := make([][]float32, len(nodes))
+			outs := make([][]float32, len(nodes))
+			want := make([]float64, size)
+			for i := range nodes {
+				r := rand.New(rand.NewPCG(uint64(i), 7))
+				inputs[i] = make([]float32, size)
+				for j := range inputs[i] {
+					inputs[i][j] = float32(r.NormFloat64())
+					want[j] += float64(inputs[i][j]) / float64(len(nodes))
+				}
+				outs[i] = make([]float32, size)
+			}
+			errs := make([]error, len(nodes))
+			var wg sync.WaitGroup
+			for i, nd := range nodes {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ep := allreduce.Epoch{Number: epoch, Peers: order, Self: order[i]}
+					tr := nd.OpenTransport(ep)
+					defer tr.Close()
+					s, err := allreduce.NewSession(ep, tr, allreduce.Config{ChunkBytes: 64 << 10, Logger: zaptest.NewLogger(t)})
+					if err != nil {
+						errs[i] = err
+						return
+					}
+					defer s.Close()
+					c, err := compress.New(spec, compress.Options{Layout: compress.FlatLayout(size), Seed: uint64(i)})
+					if err != nil {
+						errs[i] = err
+						return
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					defer cancel()
+					errs[i] = s.AllReduce(ctx, 1, allreduce.Bucket{ID: 0, Codec: c, Data: inputs[i], Out: outs[i]})
+				}()
+			}
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("peer %d: %v", i, err)
+				}
+			}
+			var errNorm, norm float64
+			for j := range want {
+				for i := 1; i < len(nodes); i++ {
+					if math.Float32bits(outs[i][j]) != math.Float32bits(outs[0][j]) {
+						t.Fatalf("peer %d differs from peer 0 at %d: %v vs %v", i, j, outs[i][j], outs[0][j])
+					}
+				}
+				d := float64(outs[0][j]) - want[j]
+				errNorm += d * d
+				norm += want[j] * want[j]
+			}
+			rel := math.Sqrt(errNorm / norm)
+			if bound := map[string]float64{"none": 1e-6, "sint8": 0.2, "dyn8": 0.1}[spec]; rel > bound {
+				t.Fatalf("relative error %.3g above %.3g", rel, bound)
+			}
+			t.Logf("%s: 4 peers bit-identical, relative error %.2e", spec, rel)
+		})
+		epoch++ // a fresh transport per run: use a new epoch number
+	}
+}
+
+func TestAllreducePeerDiesMidRound(t *testing.T) {
+	const size = 4 << 20
+	nodes, order, epoch := keyedCluster(t, 3)
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	started := make(chan struct{})
+	var once sync.Once
+	for i, nd := range nodes[:2] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ep := allreduce.Epoch{Number: epoch, Peers: order, Self: order[i]}
+			tr := nd.OpenTransport(ep)
+			defer tr.Reset(nil)
+			s, err := allreduce.NewSession(ep, tr, allreduce.Config{FrameTimeout: 20 * time.Second})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer s.Close()
+			c, _ := compress.New("none", compress.Options{Layout: compress.FlatLayout(size)})
+			data := make([]float32, size)
+			once.Do(func() { close(started) })
+			errs[i] = s.AllReduce(context.Background(), 1, allreduce.Bucket{Codec: c, Data: data, Out: data})
+		}()
+	}
+	// The third peer never takes part and then crashes: the others must fail
+	// with a typed error naming a peer, well before the frame timeout.
+	<-started
+	nodes[2].Kill()
+	wg.Wait()
+	for i, err := range errs[:2] {
+		var pe *allreduce.PeerError
+		if !errors.As(err, &pe) {
+			t.Fatalf("peer %d: got %v, want a *allreduce.PeerError", i, err)
+		}
+		if !errors.Is(err, allreduce.ErrPeerFailed) && !errors.Is(err, allreduce.ErrTimeout) {
+			t.Fatalf("peer %d: %v wraps neither ErrPeerFailed nor ErrTimeout", i, err)
+		}
+		t.Logf("peer %d: %v", i, err)
+	}
+}
