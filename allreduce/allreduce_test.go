@@ -157,7 +157,7 @@ func checkRound(t *testing.T, cc codecCase, w, n int, chunkBytes int) {
 	t.Helper()
 	cfg := cc.cfg
 	cfg.ChunkBytes = chunkBytes
-	c := newCluster(t, w, 1, cfg, memtransport.Options{Capacity: 8})
+	c := newCluster(t, w, 1, cfg, memOpts())
 	defer c.close()
 	sizes := []int{n, n/2 + 3}
 	data := make([][][]float32, w)
@@ -230,3 +230,5 @@ func TestProportionalShares(t *testing.T) {
 
 var _ = errors.Is
 var _ = time.Second
+
+func memOpts() memtransport.Options { return memtransport.Options{Capacity: 8} }
