@@ -34,13 +34,12 @@ func BenchmarkSgemm(b *testing.B) {
 				b.Run(fmt.Sprintf("%s/%s/%d", kn.name, tr.name, size), func(b *testing.B) {
 					m, n, k := size, size, size
 					a, bb, c := benchOperands(m, n, k)
-					old := microKernel
-					microKernel = kn.fn
-					defer func() { microKernel = old }()
 					b.SetBytes(int64(4 * (m*k + k*n + m*n)))
-					for b.Loop() {
-						Sgemm(tr.transA, tr.transB, m, n, k, 1, a, k, bb, n, 0, c, n)
-					}
+					withKernel(kn, func() {
+						for b.Loop() {
+							Sgemm(tr.transA, tr.transB, m, n, k, 1, a, k, bb, n, 0, c, n)
+						}
+					})
 					reportGFLOPS(b, m, n, k)
 				})
 			}

@@ -191,23 +191,35 @@ func packA(trans bool, a []float32, lda, i0, p0, mc, kc int, dst []float32) {
 		rows := min(mr, mc-ir)
 		if trans {
 			// opA[i][p] = a[p*lda+i]: each p is a contiguous run of rows.
+			off := p0*lda + i0 + ir
+			if rows == mr && packCopyA(d, a[off:], lda, kc) {
+				continue
+			}
+			if rows == mr {
+				for p := 0; p < kc; p++ {
+					*(*[mr]float32)(d[p*mr:]) = [mr]float32(a[off:])
+					off += lda
+				}
+				continue
+			}
 			for p := 0; p < kc; p++ {
 				dp := d[p*mr : p*mr+mr]
-				src := a[(p0+p)*lda+i0+ir:][:rows]
-				copy(dp, src)
+				copy(dp, a[off:][:rows])
 				clear(dp[rows:])
+				off += lda
 			}
 			continue
 		}
 		base := (i0+ir)*lda + p0
 		if rows == mr {
+			done := packTransposeA(d, a[base:], lda, kc)
 			s0 := a[base:][:kc]
 			s1 := a[base+lda:][:kc]
 			s2 := a[base+2*lda:][:kc]
 			s3 := a[base+3*lda:][:kc]
 			s4 := a[base+4*lda:][:kc]
 			s5 := a[base+5*lda:][:kc]
-			for p := range s0 {
+			for p := done; p < kc; p++ {
 				dp := d[p*mr : p*mr+mr]
 				dp[0], dp[1], dp[2], dp[3], dp[4], dp[5] = s0[p], s1[p], s2[p], s3[p], s4[p], s5[p]
 			}
@@ -229,21 +241,37 @@ func packB(trans bool, b []float32, ldb, p0, j0, kc, nc int, dst []float32) {
 		d := dst[jr*kc : (jr+nr)*kc]
 		cols := min(nr, nc-jr)
 		if !trans {
+			off := p0*ldb + j0 + jr
+			if cols == nr && packCopyB(d, b[off:], ldb, kc) {
+				continue
+			}
+			if cols == nr {
+				for p := 0; p < kc; p++ {
+					*(*[nr]float32)(d[p*nr:]) = [nr]float32(b[off:])
+					off += ldb
+				}
+				continue
+			}
 			for p := 0; p < kc; p++ {
 				dp := d[p*nr : p*nr+nr]
-				copy(dp, b[(p0+p)*ldb+j0+jr:][:cols])
+				copy(dp, b[off:][:cols])
 				clear(dp[cols:])
+				off += ldb
 			}
 			continue
 		}
 		// opB[p][j] = b[j*ldb+p]: each column of op(B) is a contiguous row of b.
-		if cols < nr {
+		base := (j0+jr)*ldb + p0
+		done := 0
+		if cols == nr {
+			done = packTransposeB(d, b[base:], ldb, kc)
+		} else {
 			clear(d)
 		}
 		for col := 0; col < cols; col++ {
-			src := b[(j0+jr+col)*ldb+p0:][:kc]
-			for p, v := range src {
-				d[p*nr+col] = v
+			src := b[base+col*ldb:][:kc]
+			for p := done; p < kc; p++ {
+				d[p*nr+col] = src[p]
 			}
 		}
 	}

@@ -7,10 +7,14 @@ import "golang.org/x/sys/cpu"
 // asmKernel is the assembly micro-kernel, nil where the CPU lacks AVX2 or FMA.
 var asmKernel kernelFunc
 
+// asmPack says whether packing uses the AVX2 transposes; tests switch it off.
+var asmPack bool
+
 func init() {
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		asmKernel = kernelAVX2
 		microKernel = kernelAVX2
+		asmPack = true
 	}
 }
 

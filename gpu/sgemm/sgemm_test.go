@@ -8,29 +8,28 @@ import (
 	"testing"
 )
 
-// kernels lists the micro-kernels this build can run, by name.
-func kernels() []struct {
-	name string
-	fn   kernelFunc
-} {
-	ks := []struct {
-		name string
-		fn   kernelFunc
-	}{{"go", kernelGo}}
+// config is a micro-kernel and a packing mode this build can run.
+type config struct {
+	name    string
+	kernel  kernelFunc
+	asmPack bool
+}
+
+// kernels lists the configurations this build can run: pure Go, and assembly
+// where the CPU supports it.
+func kernels() []config {
+	ks := []config{{"go", kernelGo, false}}
 	if asmKernel != nil {
-		ks = append(ks, struct {
-			name string
-			fn   kernelFunc
-		}{"asm", asmKernel})
+		ks = append(ks, config{"asm", asmKernel, true})
 	}
 	return ks
 }
 
-// withKernel runs f with microKernel set to k.
-func withKernel(k kernelFunc, f func()) {
-	old := microKernel
-	microKernel = k
-	defer func() { microKernel = old }()
+// withKernel runs f with the micro-kernel and packing mode of k.
+func withKernel(k config, f func()) {
+	oldKernel, oldPack := microKernel, asmPack
+	microKernel, asmPack = k.kernel, k.asmPack
+	defer func() { microKernel, asmPack = oldKernel, oldPack }()
 	f()
 }
 
@@ -204,7 +203,7 @@ func shapes() []shape {
 func TestSgemmShapes(t *testing.T) {
 	for _, kn := range kernels() {
 		t.Run(kn.name, func(t *testing.T) {
-			withKernel(kn.fn, func() {
+			withKernel(kn, func() {
 				rnd := rand.New(rand.NewPCG(1, 2))
 				for _, s := range shapes() {
 					a, b, c := s.operands(rnd, false)
@@ -241,7 +240,7 @@ func TestSgemmShapes(t *testing.T) {
 func TestSgemmExact(t *testing.T) {
 	for _, kn := range kernels() {
 		t.Run(kn.name, func(t *testing.T) {
-			withKernel(kn.fn, func() {
+			withKernel(kn, func() {
 				rnd := rand.New(rand.NewPCG(3, 4))
 				for _, s := range shapes() {
 					if s.beta != 0 {
@@ -302,7 +301,7 @@ func model(s shape, a, b, c matrix) {
 // TestSgemmGoModel checks the pure-Go path bit for bit against model, for
 // products large enough to take the blocked path.
 func TestSgemmGoModel(t *testing.T) {
-	withKernel(kernelGo, func() {
+	withKernel(kernels()[0], func() {
 		rnd := rand.New(rand.NewPCG(5, 6))
 		for _, s := range shapes() {
 			if s.m*s.n*s.k <= smallWork {
@@ -326,7 +325,7 @@ func TestSgemmGoModel(t *testing.T) {
 func TestSgemmDeterministic(t *testing.T) {
 	for _, kn := range kernels() {
 		t.Run(kn.name, func(t *testing.T) {
-			withKernel(kn.fn, func() {
+			withKernel(kn, func() {
 				rnd := rand.New(rand.NewPCG(7, 8))
 				s := shape{transA: true, m: 203, n: 150, k: 600, pad: 1, alpha: 0.75, beta: 0.5}
 				a, b, c := s.operands(rnd, false)
@@ -418,7 +417,7 @@ func withProcs(p int, f func()) {
 func TestSgemmThreads(t *testing.T) {
 	for _, kn := range kernels() {
 		t.Run(kn.name, func(t *testing.T) {
-			withKernel(kn.fn, func() {
+			withKernel(kn, func() {
 				rnd := rand.New(rand.NewPCG(11, 12))
 				for _, s := range []shape{
 					{m: 301, n: 97, k: 300, pad: 1, alpha: 1.25, beta: 0},
