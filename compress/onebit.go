@@ -1,5 +1,7 @@
 package compress
 
+import "math"
+
 // Error-feedback 1-bit codecs. Both send one bit per value, (a >= 0), after
 // adding the region's residual when Pos.Feedback is set, and then keep
 // residual = a − reconstruction.
@@ -56,9 +58,10 @@ func (c *efCodec) encode(dst []byte, src []float32, pos Pos, name string,
 			clear(bits)
 			clear(r)
 		} else {
-			packSigns(bits, a)
 			if r != nil {
-				subRecon(r, bits, vals)
+				packSignsRecon(bits, a, r, vals)
+			} else {
+				packSigns(bits, a)
 			}
 		}
 		out = out[c.hdr+len(bits):]
@@ -74,35 +77,38 @@ func addInto(r, a []float32) {
 	}
 }
 
+// signBit returns 1 if x >= 0 (−0 included), else 0, without a branch: adding
+// +0 turns −0 into +0. (NaN gives its sign bit's complement; NaN buckets are
+// cleared anyway.)
+func signBit(x float32) uint32 { return ^math.Float32bits(x+0) >> 31 }
+
 // packSigns writes bit i = (a[i] >= 0).
 func packSigns(out []byte, a []float32) {
-	full := len(a) / 8
 	out = out[:bitBytes(len(a))]
-	for j := range full {
-		g := a[8*j : 8*j+8]
-		var b byte
+	for j := range out {
+		g := a[8*j : min(8*j+8, len(a))]
+		var b uint32
 		for k, x := range g {
-			if x >= 0 {
-				b |= 1 << k
-			}
+			b |= signBit(x) << k
 		}
-		out[j] = b
-	}
-	if full*8 < len(a) {
-		var b byte
-		for k, x := range a[full*8:] {
-			if x >= 0 {
-				b |= 1 << k
-			}
-		}
-		out[full] = b
+		out[j] = byte(b)
 	}
 }
 
-// subRecon subtracts the reconstruction vals[bit] from r.
-func subRecon(r []float32, bits []byte, vals [2]float32) {
-	for i := range r {
-		r[i] -= vals[bits[i>>3]>>(i&7)&1]
+// packSignsRecon writes bit i = (a[i] >= 0) and sets r[i] = a[i] − vals[bit].
+func packSignsRecon(out []byte, a, r []float32, vals [2]float32) {
+	out = out[:bitBytes(len(a))]
+	r = r[:len(a)]
+	for j := range out {
+		g := a[8*j : min(8*j+8, len(a))]
+		rg := r[8*j : 8*j+len(g)]
+		var b uint32
+		for k, x := range g {
+			s := signBit(x)
+			b |= s << k
+			rg[k] = x - vals[s]
+		}
+		out[j] = byte(b)
 	}
 }
 
@@ -170,22 +176,33 @@ func (c *oneBitCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error)
 
 // oneBitHeader writes the two group means of a.
 func oneBitHeader(out []byte, a []float32) [2]float32 {
-	var sumPos, sumAll float64
-	cnt := 0
-	for _, x := range a {
-		y := float64(x)
-		sumAll += y
-		if x >= 0 {
-			sumPos += y
-			cnt++
-		}
+	// Two interleaved accumulators per sum, combined in a fixed order.
+	var pos0, pos1, all0, all1 float64
+	var cnt uint32
+	i := 0
+	for ; i+2 <= len(a); i += 2 {
+		x, y := a[i], a[i+1]
+		sx, sy := signBit(x), signBit(y)
+		cnt += sx + sy
+		all0 += float64(x)
+		all1 += float64(y)
+		pos0 += float64(math.Float32frombits(math.Float32bits(x+0) & -sx))
+		pos1 += float64(math.Float32frombits(math.Float32bits(y+0) & -sy))
 	}
+	if i < len(a) {
+		x := a[i]
+		sx := signBit(x)
+		cnt += sx
+		all0 += float64(x)
+		pos0 += float64(math.Float32frombits(math.Float32bits(x+0) & -sx))
+	}
+	sumPos, sumAll := pos0+pos1, all0+all1
 	var pos, neg float32
 	if cnt > 0 {
 		pos = float32(sumPos / float64(cnt))
 	}
-	if cnt < len(a) {
-		neg = float32((sumAll - sumPos) / float64(len(a)-cnt))
+	if int(cnt) < len(a) {
+		neg = float32((sumAll - sumPos) / float64(len(a)-int(cnt)))
 	}
 	if !isFinite(pos) || !isFinite(neg) {
 		pos, neg = canonicalNaN, canonicalNaN
