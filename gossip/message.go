@@ -62,6 +62,27 @@ type Heartbeat struct {
 	Seq uint64 `json:"seq"`
 	// Epoch is the ring epoch the sender has adopted (Number 0: none yet).
 	Epoch Epoch `json:"epoch"`
+	// Ready says the sender has stopped stepping in Ready.Epoch and holds the
+	// state of Ready.Step completed steps: the members of an epoch start
+	// training together from the highest such step.
+	Ready *Ready `json:"ready,omitempty"`
+	// WantEpoch asks the coordinator for a new epoch numbered above it (a
+	// failed round needs a fresh ring even when membership is unchanged).
+	WantEpoch uint64 `json:"want_epoch,omitempty"`
+	// Check is the sender's parameter hash after a given step.
+	Check *ParamCheck `json:"check,omitempty"`
+}
+
+// Ready is a member's training position at the start of an epoch.
+type Ready struct {
+	Epoch uint64 `json:"epoch"`
+	Step  uint64 `json:"step"`
+}
+
+// ParamCheck is a parameter hash after Step completed steps.
+type ParamCheck struct {
+	Step uint64 `json:"step"`
+	Hash string `json:"hash"`
 }
 
 // Leave announces a clean departure.
@@ -153,6 +174,13 @@ func checkStrings(what string, ss []string, limit int) error {
 	return nil
 }
 
+func (c *ParamCheck) validate() error {
+	if c == nil {
+		return nil
+	}
+	return checkString("parameter hash", c.Hash, true)
+}
+
 // Encode marshals an envelope after validating it.
 func Encode(e *Envelope) ([]byte, error) {
 	b, err := json.Marshal(e)
@@ -214,6 +242,7 @@ func (e *Envelope) validate(author string) error {
 			checkStrings("addrs", h.Addrs, maxAddrs),
 			checkStrings("devices", h.Devices, maxDevices),
 			h.Epoch.validate(),
+			h.Check.validate(),
 		} {
 			if err != nil {
 				return err

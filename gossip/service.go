@@ -72,6 +72,8 @@ type Service struct {
 	subs         map[chan Event]struct{}
 	closed       bool
 
+	// beat asks the loop for an immediate heartbeat.
+	beat chan struct{}
 	// stop ends the heartbeat loop; cancel ends gossipsub itself.
 	stop, cancel context.CancelFunc
 	stopOnce     sync.Once
@@ -111,6 +113,7 @@ func New(ctx context.Context, h host.Host, cfg Config, log *zap.Logger) (*Servic
 	now := time.Now()
 	s.view = NewView(s.selfHeartbeat(now), cfg.Timing, now)
 
+	s.beat = make(chan struct{}, 1)
 	msgs := make(chan *Envelope, 64)
 	loopCtx, stop := context.WithCancel(ctx)
 	s.stop = stop
@@ -199,6 +202,9 @@ func (s *Service) run(ctx context.Context, msgs <-chan *Envelope) {
 			s.mu.Unlock()
 			s.emit(evs)
 			s.propose(ctx)
+		case <-s.beat:
+			s.heartbeat(ctx)
+			s.propose(ctx)
 		case <-timer.C:
 			timer.Reset(s.cfg.Interval)
 			s.mu.Lock()
@@ -285,6 +291,15 @@ func (s *Service) emit(evs []Event) {
 				s.log.Warn("gossip event subscriber is full; dropping event")
 			}
 		}
+	}
+}
+
+// Beat publishes a heartbeat now (after the Self fields changed in a way
+// others should learn at once) and re-evaluates whether to propose an epoch.
+func (s *Service) Beat() {
+	select {
+	case s.beat <- struct{}{}:
+	default:
 	}
 }
 

@@ -262,7 +262,7 @@ func (v *View) Proposal(startStep uint64) (Epoch, bool) {
 	}
 	cur := slices.Clone(v.epoch.Order)
 	slices.Sort(cur)
-	if v.epoch.Number != 0 && slices.Equal(cur, live) {
+	if v.epoch.Number != 0 && slices.Equal(cur, live) && !v.wantsNewEpoch(live) {
 		return Epoch{}, false
 	}
 	return Epoch{
@@ -271,6 +271,16 @@ func (v *View) Proposal(startStep uint64) (Epoch, bool) {
 		StartStep:   startStep,
 		Coordinator: v.self,
 	}, true
+}
+
+// wantsNewEpoch reports whether a live member asked for an epoch above the current one.
+func (v *View) wantsNewEpoch(live []string) bool {
+	for _, id := range live {
+		if m := v.members[id]; m != nil && m.WantEpoch != 0 && m.WantEpoch >= v.epoch.Number {
+			return true
+		}
+	}
+	return false
 }
 
 func (v *View) change(m *Member, from State) Event {

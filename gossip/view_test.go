@@ -240,3 +240,22 @@ func stateOf(v *View, id string) State {
 	}
 	return -1
 }
+
+func TestViewWantEpochForcesNewEpoch(t *testing.T) {
+	c := newCluster("a", "b")
+	c.round(time.Second)
+	e := c.agree(t, []string{"a", "b"})
+	// b's round failed: it asks for an epoch above the current one.
+	h := hb("b", 1000)
+	h.Epoch = e
+	h.WantEpoch = e.Number
+	c.views["a"].Heartbeat(h, c.now)
+	next, ok := c.views["a"].Proposal(3)
+	if !ok || next.Number != e.Number+1 || !slices.Equal(next.Order, e.Order) {
+		t.Fatalf("proposal %+v ok=%v, want epoch %d with the same members", next, ok, e.Number+1)
+	}
+	c.views["a"].Offer(next, c.now)
+	if _, ok := c.views["a"].Proposal(3); ok {
+		t.Fatal("the satisfied request keeps forcing epochs")
+	}
+}
