@@ -461,29 +461,39 @@ func (c *lowRankCodec) decode(dst []float32, src []byte, add bool) error {
 	return nil
 }
 
-// outerBytes writes or adds a·bᵀ with a (n×r) and b (m×r) read from little-endian fp32 bytes.
+// outerBytes writes or adds a·bᵀ with a (n×r) and b (m×r) read from
+// little-endian fp32 bytes; the sums are those of outer.
 func outerBytes(out []float32, a, b []byte, n, m, r int, add bool) {
-	var ai [maxRank]float32
+	var ai [2 * maxRank]float32
 	b = b[:4*m*r]
-	for i := range n {
+	i := 0
+	if r == 4 {
+		for ; i+2 <= n; i += 2 {
+			for j := range 8 {
+				ai[j] = getF32(a[4*(4*i+j):])
+			}
+			r0, r1 := out[i*m:i*m+m], out[i*m+m:i*m+2*m]
+			a0, a1, a2, a3 := ai[0], ai[1], ai[2], ai[3]
+			c0, c1, c2, c3 := ai[4], ai[5], ai[6], ai[7]
+			for k := range r0 {
+				bk := b[16*k : 16*k+16 : 16*k+16]
+				b0, b1, b2, b3 := getF32(bk), getF32(bk[4:]), getF32(bk[8:]), getF32(bk[12:])
+				x := float32(a0*b0) + float32(a1*b1) + float32(a2*b2) + float32(a3*b3)
+				y := float32(c0*b0) + float32(c1*b1) + float32(c2*b2) + float32(c3*b3)
+				if add {
+					r0[k] += x
+					r1[k] += y
+				} else {
+					r0[k], r1[k] = x, y
+				}
+			}
+		}
+	}
+	for ; i < n; i++ {
 		for j := range r {
 			ai[j] = getF32(a[4*(i*r+j):])
 		}
 		row := out[i*m : i*m+m]
-		if r == 4 {
-			a0, a1, a2, a3 := ai[0], ai[1], ai[2], ai[3]
-			for k := range row {
-				bk := b[16*k : 16*k+16 : 16*k+16]
-				s := float32(a0*getF32(bk)) + float32(a1*getF32(bk[4:])) +
-					float32(a2*getF32(bk[8:])) + float32(a3*getF32(bk[12:]))
-				if add {
-					row[k] += s
-				} else {
-					row[k] = s
-				}
-			}
-			continue
-		}
 		for k := range row {
 			bk := b[4*k*r:]
 			s := float32(ai[0] * getF32(bk))

@@ -153,3 +153,65 @@ func TestLowRankRetry(t *testing.T) {
 		}
 	}
 }
+
+// TestKernels checks the blocked rank-4 kernels (and the generic ones) against
+// naive float64 loops, on odd row counts so both paths run.
+func TestKernels(t *testing.T) {
+	for _, r := range []int{4, 3} {
+		n, m := 7, 9
+		g, e := gradient(20, n*m), gradient(21, n*m)
+		q, a := gradient(22, m*r), gradient(23, n*r)
+		p, mp, qt := make([]float32, n*r), make([]float32, n*m), make([]float32, m*r)
+		prepMul(p, mp, g, e, q, n, m, r)
+		mulT(qt, mp, a, n, m, r)
+		out := make([]float32, n*m)
+		outer(out, a, q, n, m, r, 0.5)
+		sub := append([]float32(nil), mp...)
+		subOuter(sub, a, q, n, m, r)
+		dec := make([]float32, n*m)
+		outerBytes(dec, f32Bytes(a), f32Bytes(q), n, m, r, false)
+		for i := range n {
+			for k := range m {
+				x := float64(g[i*m+k]) + float64(e[i*m+k])
+				var ab float64
+				for j := range r {
+					ab += float64(a[i*r+j]) * float64(q[k*r+j])
+				}
+				if !near(mp[i*m+k:i*m+k+1], []float32{float32(x)}, 0) ||
+					!near(out[i*m+k:i*m+k+1], []float32{float32(ab / 2)}, 1e-9) ||
+					!near(dec[i*m+k:i*m+k+1], []float32{float32(ab)}, 1e-9) ||
+					!near(sub[i*m+k:i*m+k+1], []float32{float32(x - ab)}, 1e-9) {
+					t.Fatalf("r=%d: element (%d,%d) wrong", r, i, k)
+				}
+			}
+			for j := range r {
+				var s float64
+				for k := range m {
+					s += float64(mp[i*m+k]) * float64(q[k*r+j])
+				}
+				if !near(p[i*r+j:i*r+j+1], []float32{float32(s)}, 1e-9) {
+					t.Fatalf("r=%d: P(%d,%d) = %g, want %g", r, i, j, p[i*r+j], s)
+				}
+			}
+		}
+		for k := range m {
+			for j := range r {
+				var s float64
+				for i := range n {
+					s += float64(mp[i*m+k]) * float64(a[i*r+j])
+				}
+				if !near(qt[k*r+j:k*r+j+1], []float32{float32(s)}, 1e-9) {
+					t.Fatalf("r=%d: Q(%d,%d) = %g, want %g", r, k, j, qt[k*r+j], s)
+				}
+			}
+		}
+	}
+}
+
+func f32Bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		putF32(b[4*i:], x)
+	}
+	return b
+}
