@@ -49,30 +49,47 @@ func quantRNE(out []byte, v []float32, absmax, levels float32) float32 {
 	return absmax
 }
 
-// quantStochastic writes floor(levels·v/absmax + u) clamped to ±levels into out.
-// A zero or non-finite absmax writes zero codes.
-func quantStochastic(out []byte, v, u []float32, absmax float32, levels int32) {
-	out, u = out[:len(v)], u[:len(v)]
+// quantStochastic writes floor(levels·v/absmax + u) clamped to ±levels into
+// out, u being elements first, first+1, … of the 16-bit stream key (see
+// uniform16; 16 bits bias a rounding by at most 2^-16 of a level). A zero or
+// non-finite absmax writes zero codes.
+func quantStochastic(out []byte, v []float32, key uint64, first int, absmax float32, levels int32) {
+	out = out[:len(v)]
 	if !isFinite(absmax) || absmax == 0 {
 		clear(out)
 		return
 	}
 	scale := float32(levels) / absmax
-	if !isFinite(scale) {
+	if !isFinite(scale) { // absmax is tiny: scale in float64
 		s := float64(levels) / float64(absmax)
 		for i, x := range v {
-			q := int32(math.Floor(float64(x)*s + float64(u[i])))
+			q := int32(math.Floor(float64(x)*s + float64(uniform16(key, first+i))))
 			out[i] = byte(int8(min(max(q, -levels), levels)))
 		}
 		return
 	}
-	for i, x := range v {
-		y := float32(x*scale) + u[i]
-		q := int32(y)
-		if float32(q) > y {
-			q--
-		}
-		out[i] = byte(int8(min(max(q, -levels), levels)))
+	q := func(x, u float32) byte {
+		y := int32(math.Floor(float64(float32(x*scale) + u)))
+		return byte(int8(min(max(y, -levels), levels)))
+	}
+	i := 0
+	for ; i < len(v) && (first+i)%4 != 0; i++ { // up to a group of four
+		out[i] = q(v[i], uniform16(key, first+i))
+	}
+	const inv = 1.0 / (1 << 16)
+	c := key + uint64((first+i)/4)*wyInc
+	for ; i+4 <= len(v); i += 4 {
+		r := wyrand(c)
+		c += wyInc
+		x := v[i : i+4 : i+4]
+		o := out[i : i+4 : i+4]
+		o[0] = q(x[0], float32(r&0xffff)*inv)
+		o[1] = q(x[1], float32(r>>16&0xffff)*inv)
+		o[2] = q(x[2], float32(r>>32&0xffff)*inv)
+		o[3] = q(x[3], float32(r>>48)*inv)
+	}
+	for ; i < len(v); i++ {
+		out[i] = q(v[i], uniform16(key, first+i))
 	}
 }
 
@@ -197,7 +214,6 @@ type sint8Codec struct {
 	base
 	bucket int
 	seed   uint64
-	u      []float32 // scratch: one bucket of uniforms
 }
 
 var _ SharedScaler = (*sint8Codec)(nil)
@@ -207,7 +223,6 @@ func buildSInt8(p params, opts Options) (Codec, error) {
 	return &sint8Codec{
 		base:   base{p.canonical(), ClassSharedScale, opts.Layout.Len()},
 		bucket: b, seed: opts.Seed,
-		u: make([]float32, min(b, max(opts.Layout.Len(), 1))),
 	}, nil
 }
 
@@ -251,9 +266,7 @@ func (c *sint8Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) 
 			m = canonicalNaN
 		}
 		putF32(out, m)
-		u := c.u[:len(v)]
-		fillUniform(u, key, b)
-		quantStochastic(out[4:], v, u, m, 127)
+		quantStochastic(out[4:], v, key, b, m, 127)
 		out = out[4+len(v):]
 	}
 	return dst, nil
@@ -278,9 +291,7 @@ func (c *sint8Codec) EncodeScaled(dst []byte, src, absmax []float32, peers int, 
 	key := streamKey(c.seed, pos)
 	for b := 0; b < len(src); b += c.bucket {
 		v := src[b:min(b+c.bucket, len(src))]
-		u := c.u[:len(v)]
-		fillUniform(u, key, b)
-		quantStochastic(out[b:], v, u, absmax[b/c.bucket], levels)
+		quantStochastic(out[b:], v, key, b, absmax[b/c.bucket], levels)
 	}
 	return dst, nil
 }

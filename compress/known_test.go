@@ -385,3 +385,36 @@ func TestInt8Bounds(t *testing.T) {
 		}
 	}
 }
+
+// TestSInt8Stochastic checks that the random stream of sint8 does not depend on
+// where a slice starts, and that its rounding is unbiased within 3σ.
+func TestSInt8Stochastic(t *testing.T) {
+	v := gradient(8, 23)
+	m := absMax(v)
+	whole := make([]byte, len(v))
+	quantStochastic(whole, v, 42, 0, m, 63)
+	for first := 1; first < 9; first++ {
+		part := make([]byte, len(v)-first)
+		quantStochastic(part, v[first:], 42, first, m, 63)
+		if string(part) != string(whole[first:]) {
+			t.Fatalf("stream from %d differs", first)
+		}
+	}
+	const draws = 100000
+	sum := make([]float64, len(v))
+	out := make([]byte, len(v))
+	for d := range draws {
+		quantStochastic(out, v, uint64(d)*golden, 0, m, 63)
+		for i, q := range out {
+			sum[i] += float64(int8(q))
+		}
+	}
+	for i, x := range v {
+		a := float64(float32(x * (63 / m)))
+		p := a - math.Floor(a)
+		sigma := math.Sqrt(p * (1 - p) / draws)
+		if math.Abs(sum[i]/draws-a) > 3*sigma+1e-4 {
+			t.Errorf("sint8 mean of %g levels is %g, beyond 3σ = %g", a, sum[i]/draws, 3*sigma)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 )
 
 // grow appends n bytes to dst and returns the extended slice and its new tail.
@@ -136,9 +137,19 @@ func streamKey(seed uint64, pos Pos) uint64 {
 	return mix64(h ^ uint64(pos.Offset) + 0x3c6ef372fe94f82b)
 }
 
+// wyInc is the Weyl-sequence increment of wyrand.
+const wyInc = 0xa0761d6478bd642f
+
+// wyrand returns 64 random bits for counter state x (wyrand's output function:
+// one 64×64→128-bit multiply).
+func wyrand(x uint64) uint64 {
+	hi, lo := bits.Mul64(x, x^0xe7037ed1a0b428db)
+	return hi ^ lo
+}
+
 // fillUniform writes into u the values first, first+1, … of the random stream
 // key: uniform in [0, 1) with 24-bit resolution. Element i of a stream is the
-// low or high lane (i%2) of the hash of counter i/2, so it does not depend on
+// low or high lane (i%2) of wyrand(key + (i/2)·wyInc), so it does not depend on
 // which slice of the stream is filled.
 func fillUniform(u []float32, key uint64, first int) {
 	const inv = 1.0 / (1 << 24)
@@ -147,20 +158,26 @@ func fillUniform(u []float32, key uint64, first int) {
 	}
 	c := uint64(first / 2)
 	if first%2 == 1 {
-		u[0] = float32(mix64(key+c*golden)>>8&0xffffff) * inv
+		u[0] = float32(wyrand(key+c*wyInc)>>8&0xffffff) * inv
 		u = u[1:]
 		c++
 	}
 	i := 0
 	for ; i+2 <= len(u); i += 2 {
-		r := mix64(key + c*golden)
+		r := wyrand(key + c*wyInc)
 		u[i] = float32(r>>40) * inv
 		u[i+1] = float32(r>>8&0xffffff) * inv
 		c++
 	}
 	if i < len(u) {
-		u[i] = float32(mix64(key+c*golden)>>40) * inv
+		u[i] = float32(wyrand(key+c*wyInc)>>40) * inv
 	}
+}
+
+// uniform16 returns element i of the 16-bit-resolution stream key: lane i%4 of
+// wyrand(key + (i/4)·wyInc), as a float32 in [0, 1).
+func uniform16(key uint64, i int) float32 {
+	return float32(wyrand(key+uint64(i/4)*wyInc)>>(16*(i%4))&0xffff) * (1.0 / (1 << 16))
 }
 
 // residual is error-feedback state: one value per element of the bucket,
