@@ -646,8 +646,11 @@ func NoiseSeed(seed uint64, step int64, rank int) uint64 {
 // Grads is their sample-weighted average, summed in replica order. As soon as
 // bucket k is complete on every replica (buckets complete in order 0, 1, …),
 // its slice of Grads is final and ready(k) is called on the calling goroutine,
-// while earlier layers are still computing; ready may be nil. ready must not
-// touch other buckets' gradients.
+// while earlier layers are still computing; ready may be nil. ready should
+// only hand the bucket to another goroutine (its all-reduce) and return: with
+// one device, backward waits for it. Until the next ComputeGradients, the
+// caller owns the bucket's slice of Grads (the all-reduce may average in
+// place); ready must not touch other buckets' gradients before their call.
 //
 // It returns the loss and accuracy of the forward pass over all batches.
 func (m *Model) ComputeGradients(batches []Batch, noiseSeed uint64, ready func(bucket int)) (Stats, error) {

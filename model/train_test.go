@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -201,7 +202,8 @@ func BenchmarkStepMLP64(b *testing.B) { benchStep(b, "mlp", 64) }
 // BenchmarkStepCNN64 is BenchmarkStepMLP64 for the cnn.
 func BenchmarkStepCNN64(b *testing.B) { benchStep(b, "cnn", 64) }
 
-// TestFashionMNISTEpoch trains the mlp for one epoch on the real data with
+// TestFashionMNISTEpoch trains the mlp (or $P2PTRAIN_MODEL) for one epoch
+// (or $P2PTRAIN_EPOCHS, with $P2PTRAIN_OPT and $P2PTRAIN_LR) on the real data with
 // SGD+momentum at a global batch of 64×4 and reports the test accuracy. It is
 // slow, so it runs only with P2PTRAIN_LONG=1 and the dataset installed.
 func TestFashionMNISTEpoch(t *testing.T) {
@@ -222,8 +224,16 @@ func TestFashionMNISTEpoch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	steps := int64(train.Len() / (batch * world))
-	opt, err := NewOptimizer(OptimConfig{Name: "sgd", LR: 0.05, WarmupSteps: 20, TotalSteps: steps, WeightDecay: 5e-4}, m)
+	epochs := 1
+	if e, err := strconv.Atoi(os.Getenv("P2PTRAIN_EPOCHS")); err == nil && e > 0 {
+		epochs = e
+	}
+	steps := int64(epochs * train.Len() / (batch * world))
+	lr := 0.05
+	if v, err := strconv.ParseFloat(os.Getenv("P2PTRAIN_LR"), 64); err == nil {
+		lr = v
+	}
+	opt, err := NewOptimizer(OptimConfig{Name: os.Getenv("P2PTRAIN_OPT"), LR: lr, WarmupSteps: 20, TotalSteps: steps, WeightDecay: 5e-4}, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +257,7 @@ func TestFashionMNISTEpoch(t *testing.T) {
 			t.Fatal(err)
 		}
 		m.ApplyGradients(opt, step)
-		if step%50 == 0 {
+		if step%100 == 0 {
 			t.Logf("step %d loss %.4f acc %.3f", step, st.Loss, st.Accuracy())
 		}
 	}
@@ -256,6 +266,6 @@ func TestFashionMNISTEpoch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%s: 1 epoch (%d steps of %d) in %v (%.0f samples/s): test loss %.4f accuracy %.4f",
-		name, steps, batch*world, el.Round(time.Second), float64(steps)*batch*world/el.Seconds(), ev.Loss, ev.Accuracy())
+	t.Logf("%s %s lr=%g: %d epoch(s) (%d steps of %d) in %v (%.0f samples/s): test loss %.4f accuracy %.4f",
+		name, opt.Config().Name, lr, epochs, steps, batch*world, el.Round(time.Second), float64(steps)*batch*world/el.Seconds(), ev.Loss, ev.Accuracy())
 }
