@@ -5,6 +5,43 @@
 // fp32 buffer). It owns the bucket's error-feedback state. The package knows nothing
 // about networks or peers: the allreduce package drives codecs according to their
 // Class (see ALGORITHMS.md, "Which codecs can be summed inside a ring").
+//
+// # Spec strings
+//
+// New, Validate and Canonical accept none, fp16, bf16, int8[:bucket=2048],
+// sint8[:bucket=2048], dyn8[:bucket=2048], qsgd[:bits=2|4|8,bucket=512,norm=l2|linf],
+// onebit[:bucket=2048], sign[:bucket=2048], topk[:ratio=0.01,dgc=false,momentum=0.9],
+// powersgd[:rank=4] and acpsgd[:rank=4]; Spec returns the canonical form with every
+// parameter spelled out (momentum only with dgc=true). Specs lists the defaults.
+//
+// # Payloads
+//
+// Payloads carry no codec tag or value count: the decoder takes the count from
+// len(dst) and checks the payload length, every header field (scales must be
+// finite and non-negative, or NaN) and every padding bit and index. Bucketed codecs
+// bucket relative to the start of the slice handed to Encode. Encode output is a
+// deterministic function of (input, Options.Seed, Options.SharedSeed, Pos, codec
+// state): the random streams are counter-based (wyrand of a key mixed from Seed,
+// Step, Stream and Offset), every sum has a fixed order and no multiply-add is fused.
+//
+// # Non-finite input
+//
+//   - none, fp16, bf16: NaN and ±Inf pass through (fp16 and bf16 round overflow to ±Inf).
+//   - int8, sint8, dyn8, qsgd, onebit, sign: a bucket holding NaN or ±Inf is sent
+//     with NaN scales and decodes to all NaN; onebit and sign reset that bucket's
+//     residual so the poison does not outlive the step. sint8's Scales reports NaN
+//     (or +Inf) for such a bucket and DecodeScaled gives NaN for a non-finite scale.
+//   - topk: NaN and ±Inf rank above every finite magnitude, so they are sent
+//     (and leave the residual) first.
+//   - powersgd, acpsgd: a matrix whose local factor is not finite resets its error;
+//     one whose all-reduced factor is not finite decodes to NaN and resets its
+//     shared state to the seeded initial value (the same on every peer).
+//
+// # Concurrency
+//
+// Encode, Reset and the SharedScaler and LowRank methods of one instance must not
+// run concurrently. Decode and DecodeAdd only read the instance's configuration,
+// so they may run concurrently with anything.
 package compress
 
 import "errors"
