@@ -69,6 +69,7 @@ func ringReduce(o *op, l *layout, ops ringOps, sub int) error {
 	w, r := o.s.w, o.s.rank
 	rs, ag := subPhase(PhaseReduce, sub), subPhase(PhaseGather, sub)
 	next, prev := (r+1)%w, (r+w-1)%w
+	o.begin(2 * len(l.chunks))
 	a, b := l.seg(r)
 	for i := a; i < b; i++ {
 		c := l.chunks[i]
@@ -137,6 +138,8 @@ func ringReduce(o *op, l *layout, ops ringOps, sub int) error {
 func directReduce(o *op, l *layout, ops directOps, sub int) error {
 	w, r := o.s.w, o.s.rank
 	rs, ag := subPhase(PhaseReduce, sub), subPhase(PhaseGather, sub)
+	a, b := l.seg(r)
+	o.begin((w-1)*(b-a) + len(l.chunks) - (b - a))
 	for d := 1; d < w; d++ {
 		j := (r + d) % w
 		a, b := l.seg(j)
@@ -153,7 +156,6 @@ func directReduce(o *op, l *layout, ops directOps, sub int) error {
 		}
 	}
 	contribs := make([][]byte, w)
-	a, b := l.seg(r)
 	for i := a; i < b; i++ {
 		c := l.chunks[i]
 		for j := 0; j < w; j++ {
@@ -206,6 +208,7 @@ func gatherAll(o *op, l *layout, ops gatherOps) error {
 	next, prev := (r+1)%w, (r+w-1)%w
 	n := len(l.chunks)
 	payloads := make([][]byte, w*n)
+	o.begin((w - 1) * n)
 	for i, c := range l.chunks {
 		f, err := ops.local(o.newFrame(ops.maxLen(c.n)), c)
 		if err != nil {

@@ -13,6 +13,11 @@ import (
 // abortTimeout bounds the best-effort delivery of abort notices.
 const abortTimeout = 2 * time.Second
 
+// sendFailGrace is how long a failed Send waits for the peer's reader to
+// report the failure (with the culprit an abort notice names) before
+// reporting it itself.
+const sendFailGrace = time.Second
+
 // Session runs all-reduce rounds for one peer in one ring epoch over one
 // Transport. It starts one reader and one writer goroutine per other peer;
 // Close stops them.
@@ -299,10 +304,16 @@ func (s *Session) writeLoop(to int) {
 		default:
 		}
 		if err := s.t.Send(s.ctx, peer, f); err != nil {
-			if s.ctx.Err() != nil {
-				return
+			// The reader of the same peer usually knows more (an abort
+			// notice queued before the reset): give it a moment first.
+			t := time.NewTimer(sendFailGrace)
+			select {
+			case <-s.done:
+			case <-s.ctx.Done():
+			case <-t.C:
+				s.fail(s.peerErr(peer, 0, 0, fmt.Errorf("%w: send: %w", ErrPeerFailed, err)))
 			}
-			s.fail(s.peerErr(peer, 0, 0, fmt.Errorf("%w: send: %w", ErrPeerFailed, err)))
+			t.Stop()
 			return
 		}
 	}
@@ -328,6 +339,15 @@ type op struct {
 	bucket  uint32
 	timeout time.Duration
 	id      uint32
+	// recvd and expect measure the progress of the current schedule: a
+	// peer that is further along waits longer past the deadline before
+	// blaming its upstream peer, so the peer next to a stalled one fires
+	// first and its abort notice names the right culprit everywhere.
+	recvd, expect int
+}
+
+func (o *op) begin(expect int) {
+	o.recvd, o.expect = 0, max(expect, 1)
 }
 
 func (o *op) newFrame(payload int) []byte {
@@ -363,6 +383,7 @@ func (o *op) recv(from int, ph Phase, chunk int) (raw, payload []byte, err error
 	mb := s.box(key)
 	s.mu.Unlock()
 	var timer *time.Timer
+	grace := false
 	defer func() {
 		if timer != nil {
 			timer.Stop()
@@ -381,6 +402,7 @@ func (o *op) recv(from int, ph Phase, chunk int) (raw, payload []byte, err error
 			if m.h.Chunk != uint32(chunk) {
 				return nil, nil, o.failPeer(from, fmt.Errorf("%w: phase %#x chunk %d, want %d", ErrBadFrame, ph, m.h.Chunk, chunk))
 			}
+			o.recvd++
 			return m.raw, m.payload, nil
 		}
 		s.mu.Unlock()
@@ -394,6 +416,13 @@ func (o *op) recv(from int, ph Phase, chunk int) (raw, payload []byte, err error
 		case <-o.ctx.Done():
 			return nil, nil, o.failLocal(fmt.Errorf("%w: %w", ErrAborted, o.ctx.Err()))
 		case <-timer.C:
+			if !grace {
+				grace = true
+				if extra := time.Duration(float64(o.timeout) * min(1, float64(o.recvd)/float64(o.expect))); extra > 0 {
+					timer.Reset(extra)
+					continue
+				}
+			}
 			return nil, nil, o.failPeer(from, fmt.Errorf("%w: no frame (phase %#x, chunk %d) within %v", ErrTimeout, ph, chunk, o.timeout))
 		}
 	}
