@@ -1,0 +1,509 @@
+#!/usr/bin/env bash
+# bench/netns.sh — all-reduce benchmark of p2ptrain on N test hosts built from
+# Linux network namespaces behind a bridge, each host's link shaped with tc.
+#
+# Usage:
+#   bench/netns.sh [options] [-- extra p2ptrain flags]
+#   bench/netns.sh --smoke          CI: 3 hosts, 100mbit, 4MiB, 2 rounds, < 60 s
+#   bench/netns.sh --check [...]    build the network, measure each link, no daemons
+#   bench/netns.sh --cleanup        remove what an earlier (crashed, --keep) run left
+#
+# Options (defaults in brackets):
+#   --hosts N          number of test hosts, 1..64 [4; or the length of --rates]
+#   --rate R           every host's link rate, tc units: 100mbit, 1gbit, 500kbit [1gbit]
+#   --rates R1,R2,...  one rate per host (host 1 first); sets --hosts when it is not given
+#   --delay D          one-way delay added to every packet a host sends: 1ms, 500us [none]
+#                      (so host-to-host latency is D and the round trip 2·D)
+#   --loss P           loss probability for every packet a host sends: 0.1% [none]
+#   --mtu M            MTU of every link [1500]; TCP goodput is 1448/1514 = 0.956 of the
+#                      shaped rate at 1500 (tc counts the Ethernet header), 0.993 at 9000
+#   --size S           all-reduced buffer size [64MiB]
+#   --codec C          codec spec, e.g. fp32, int8, qsgd:bits=4 [fp32]
+#   --schedule S       ring | direct | auto [ring]
+#   --rounds N         timed rounds [5]
+#   --binary PATH      p2ptrain binary to run; without it bin/p2ptrain is (re)built
+#                      with `go build` (incremental, so cheap when up to date)
+#   --out FILE         append each host's JSON object (plus host, rate, delay, loss,
+#                      mtu, hosts) as one line to FILE (JSON Lines)
+#   --timeout S        seconds the daemons may run before they are killed and the run
+#                      fails [estimated from size, rate and rounds, at least 90]
+#   --logdir DIR       keep every host's stdout/stderr there (default: a temporary
+#                      directory, removed after a successful run, kept after a failure)
+#   --check            only build the network and verify it: each host sends to the
+#                      next one for ~1.5 s, the measured rate is compared with the
+#                      shaped one (fails when a link is faster than 1.1× its rate)
+#   --keep             leave the namespaces up at the end (inspect with
+#                      `ip netns exec p2pt-h1 ...`; remove with --cleanup)
+#   -h, --help         this text
+#
+# Each host i (1..N) is namespace p2pt-hi with one interface eth0, address 10.77.0.(10+i)/24,
+# cabled by a veth pair to port hi of bridge br0, which lives in its own namespace
+# p2pt-br. Nothing is created in, routed to or changed in the root namespace: the
+# subnet exists only inside those namespaces, which have no default route, so no
+# traffic can leave them. A host's rate applies in both directions of its link: an
+# htb class on eth0 (what the host sends) and one on the bridge port (what it
+# receives), so a host's rate behaves like its NIC's; delay and loss (netem) sit
+# under the host-side class only, so every packet meets them once.
+#
+# The daemons: host 1 gets a persistent identity (`p2ptrain keygen --identity`) so
+# its multiaddr /ip4/10.77.0.11/tcp/4001/p2p/<id> is known before it starts; all
+# hosts share a swarm key and run
+#   p2ptrain bench allreduce --expect N --size S --codec C --schedule S --rounds N --json
+#     --listen /ip4/10.77.0.(10+i)/tcp/4001 --swarm-key K --identity F --name hi
+#     --cluster netns-bench --mdns=false [--bootstrap <host 1>] [extra flags]
+# Each prints one JSON object {"size_bytes","codec","schedule","peers","median_s",
+# "algbw_gbps","busbw_gbps"} on stdout and exits; the script prints each host's line,
+# then a summary line with busbw over the slowest link's rate (gbps read as Gbit/s).
+#
+# Needs root, iproute2 (ip, tc) and Go (to build p2ptrain and the netcheck probe).
+# Without root or network namespaces --smoke says why and exits 0 (skipped);
+# everything else exits 1 on any failure, 2 on bad usage. Everything is bounded in
+# time, and a trap on EXIT/INT/TERM kills the daemons and deletes the namespaces.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PREFIX=p2pt
+SUBNET=10.77.0
+PORT=4001
+LOCK=/run/lock/p2pt-netns.lock
+
+hosts="" rate="1gbit" rates="" delay="" loss="" mtu=1500
+size="64MiB" codec="fp32" schedule="ring" rounds=5
+binary="" out="" timeout_s="" logdir="" mode="bench" keep=0 smoke=0
+extra=()
+
+say() { printf 'netns: %s\n' "$*" >&2; }
+die() { printf 'netns: error: %s\n' "$*" >&2; exit 1; }
+usage_err() { printf 'netns: %s (see --help)\n' "$*" >&2; exit 2; }
+help() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
+
+need_arg() { if [ $# -lt 2 ] || [ -z "$2" ]; then usage_err "$1 needs a value"; fi; }
+int_in() { [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -ge "$2" ] && [ "$1" -le "$3" ]; } # value lo hi
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--hosts) need_arg "$@"; hosts=$2; shift 2 ;;
+	--rate) need_arg "$@"; rate=$2; shift 2 ;;
+	--rates) need_arg "$@"; rates=$2; shift 2 ;;
+	--delay) need_arg "$@"; delay=$2; shift 2 ;;
+	--loss) need_arg "$@"; loss=$2; shift 2 ;;
+	--mtu) need_arg "$@"; mtu=$2; shift 2 ;;
+	--size) need_arg "$@"; size=$2; shift 2 ;;
+	--codec) need_arg "$@"; codec=$2; shift 2 ;;
+	--schedule) need_arg "$@"; schedule=$2; shift 2 ;;
+	--rounds) need_arg "$@"; rounds=$2; shift 2 ;;
+	--binary) need_arg "$@"; binary=$2; shift 2 ;;
+	--out) need_arg "$@"; out=$2; shift 2 ;;
+	--timeout) need_arg "$@"; timeout_s=$2; shift 2 ;;
+	--logdir) need_arg "$@"; logdir=$2; shift 2 ;;
+	--check) mode=check; shift ;;
+	--cleanup) mode=cleanup; shift ;;
+	--keep) keep=1; shift ;;
+	--smoke) smoke=1; shift ;;
+	-h | --help) help; exit 0 ;;
+	--) shift; extra=("$@"); break ;;
+	*) usage_err "unknown argument $1" ;;
+	esac
+done
+
+if [ "$smoke" = 1 ]; then
+	# The CI smoke test: small enough to finish in well under a minute once built.
+	hosts=3 rate=100mbit rates="" size=4MiB rounds=2
+	[ -n "$timeout_s" ] || timeout_s=45
+fi
+
+# --- preconditions -----------------------------------------------------------
+
+skip_or_die() {
+	if [ "$smoke" = 1 ]; then
+		echo "netns: SKIP: $* (the namespace benchmark needs root and ip netns)"
+		exit 0
+	fi
+	die "$*"
+}
+[ "$(id -u)" = 0 ] || skip_or_die "not root"
+command -v ip >/dev/null 2>&1 || skip_or_die "ip (iproute2) is not installed: apt-get install -y iproute2"
+ip netns list >/dev/null 2>&1 || skip_or_die "ip netns does not work here"
+command -v tc >/dev/null 2>&1 || die "tc (iproute2) is not installed: apt-get install -y iproute2"
+command -v timeout >/dev/null 2>&1 || die "timeout (coreutils) is missing"
+
+# --- names and teardown ------------------------------------------------------
+
+host_ns() { echo "$PREFIX-h$1"; }
+BR_NS=$PREFIX-br
+
+# our_namespaces lists the namespaces this script creates (also leftovers).
+our_namespaces() {
+	ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$PREFIX-(h[0-9]+|br)\$" || true
+}
+
+# kill_ns_pids ends every process still running inside namespace $1: they can
+# only be daemons or probes that this script started there.
+kill_ns_pids() {
+	local ns=$1 pids t
+	pids=$(ip netns pids "$ns" 2>/dev/null || true)
+	[ -n "$pids" ] || return 0
+	# shellcheck disable=SC2086 # one pid per word
+	kill -TERM $pids 2>/dev/null || true
+	for t in 1 2 3 4 5 6 7 8 9 10; do
+		pids=$(ip netns pids "$ns" 2>/dev/null || true)
+		[ -n "$pids" ] || return 0
+		sleep 0.3
+		: "$t"
+	done
+	# shellcheck disable=SC2086
+	kill -KILL $pids 2>/dev/null || true
+}
+
+teardown() {
+	local ns
+	for ns in $(our_namespaces); do
+		kill_ns_pids "$ns"
+	done
+	for ns in $(our_namespaces); do
+		ip netns del "$ns" 2>/dev/null || say "could not delete namespace $ns"
+	done
+}
+
+lock() {
+	command -v flock >/dev/null 2>&1 || return 0
+	mkdir -p "$(dirname "$LOCK")"
+	exec 9>"$LOCK"
+	flock -w 300 9 || die "another bench/netns.sh run holds $LOCK for more than 300 s"
+}
+
+if [ "$mode" = cleanup ]; then
+	lock
+	left=$(our_namespaces | tr '\n' ' ')
+	teardown
+	say "removed: ${left:-nothing}"
+	exit 0
+fi
+
+# --- arguments ---------------------------------------------------------------
+
+# rate_bps prints a tc bit rate ("100mbit", "1.5gbit", "800kbit", "1000000bit")
+# in bits per second; it fails on anything else (tc's *bps units are bytes).
+rate_bps() {
+	awk -v r="$1" 'BEGIN {
+		if (!match(r, /^[0-9]+(\.[0-9]+)?/)) exit 1
+		v = substr(r, 1, RLENGTH) + 0; u = tolower(substr(r, RLENGTH + 1))
+		m["bit"] = 1; m[""] = 1; m["kbit"] = 1e3; m["mbit"] = 1e6; m["gbit"] = 1e9; m["tbit"] = 1e12
+		if (!(u in m) || v <= 0) exit 1
+		printf "%.0f\n", v * m[u] }'
+}
+
+# size_bytes prints a size like 64MiB, 4MB, 512KiB, 1GiB or 1000 in bytes.
+size_bytes() {
+	awk -v s="$1" 'BEGIN {
+		if (!match(s, /^[0-9]+(\.[0-9]+)?/)) exit 1
+		v = substr(s, 1, RLENGTH) + 0; u = substr(s, RLENGTH + 1)
+		m[""] = 1; m["B"] = 1; m["KiB"] = 1024; m["MiB"] = 1048576; m["GiB"] = 1073741824
+		m["K"] = 1e3; m["KB"] = 1e3; m["M"] = 1e6; m["MB"] = 1e6; m["G"] = 1e9; m["GB"] = 1e9
+		if (!(u in m)) exit 1
+		printf "%.0f\n", v * m[u] }'
+}
+
+if [ -n "$rates" ]; then
+	IFS=, read -r -a rate_list <<<"$rates"
+	[ -n "$hosts" ] || hosts=${#rate_list[@]}
+	[ "${#rate_list[@]}" = "$hosts" ] || usage_err "--rates has ${#rate_list[@]} entries for $hosts hosts"
+else
+	[ -n "$hosts" ] || hosts=4
+	rate_list=()
+fi
+int_in "$hosts" 1 64 || usage_err "--hosts must be 1..64"
+if [ -z "$rates" ]; then
+	for ((i = 0; i < hosts; i++)); do rate_list+=("$rate"); done
+fi
+min_bps=""
+for r in "${rate_list[@]}"; do
+	b=$(rate_bps "$r") || usage_err "bad rate '$r' (want e.g. 100mbit, 1gbit, 500kbit)"
+	if [ -z "$min_bps" ] || [ "$b" -lt "$min_bps" ]; then min_bps=$b; fi
+done
+int_in "$mtu" 576 65000 || usage_err "--mtu must be 576..65000"
+int_in "$rounds" 1 100000 || usage_err "--rounds must be a positive integer"
+[ -z "$delay" ] || [[ "$delay" =~ ^[0-9]+(\.[0-9]+)?(s|ms|us)$ ]] || usage_err "bad --delay '$delay' (want e.g. 1ms, 500us)"
+[ -z "$loss" ] || [[ "$loss" =~ ^[0-9]+(\.[0-9]+)?%$ ]] || usage_err "bad --loss '$loss' (want e.g. 0.1%)"
+[ -z "$timeout_s" ] || [[ "$timeout_s" =~ ^[0-9]+$ ]] || usage_err "--timeout wants whole seconds"
+size_b=$(size_bytes "$size") || usage_err "bad --size '$size' (want e.g. 64MiB, 4MiB, 1000000)"
+case "$schedule" in ring | direct | auto) ;; *) usage_err "--schedule must be ring, direct or auto" ;; esac
+
+if [ -z "$timeout_s" ]; then
+	# A ring moves 2(N-1)/N of the buffer through every link each round; allow
+	# rounds + 2 (warm-up, ramp) such rounds at the slowest rate three times over.
+	timeout_s=$(awk -v n="$hosts" -v s="$size_b" -v b="$min_bps" -v r="$rounds" 'BEGIN {
+		t = (n > 1 ? 2 * (n - 1) / n : 1) * s * 8 / b * (r + 2) * 3 + 60
+		if (t < 90) t = 90
+		printf "%d\n", t }')
+fi
+
+# --- work directory, binaries --------------------------------------------------
+
+lock
+start_s=$SECONDS
+status=1
+if [ -n "$logdir" ]; then
+	mkdir -p "$logdir"
+	work=$(cd "$logdir" && pwd)
+	keep_work=1
+else
+	work=$(mktemp -d /tmp/p2pt-netns.XXXXXX)
+	keep_work=0
+fi
+
+on_exit() {
+	local rc=$?
+	trap - EXIT INT TERM
+	[ "$status" = 0 ] || [ "$rc" = 0 ] || status=$rc
+	if [ "$keep" = 1 ] && [ "$status" = 0 ]; then
+		say "--keep: namespaces left up ($(our_namespaces | tr '\n' ' ')); remove with $0 --cleanup"
+	else
+		teardown
+	fi
+	if [ "$status" = 0 ] && [ "$keep_work" = 0 ]; then
+		rm -rf "$work"
+	else
+		say "logs kept in $work"
+	fi
+	exit "$status"
+}
+trap on_exit EXIT
+trap 'say "interrupted"; status=130; exit 130' INT
+trap 'say "terminated"; status=143; exit 143' TERM
+
+leftover=$(our_namespaces | tr '\n' ' ')
+if [ -n "$leftover" ]; then
+	say "removing leftovers of an earlier run: $leftover"
+	teardown
+fi
+
+gobuild() { # output package
+	command -v go >/dev/null 2>&1 || die "go is not on PATH (needed to build $2)"
+	(cd "$ROOT" && timeout 600 go build -o "$1" "$2") || die "go build $2 failed"
+}
+
+if [ "$mode" = bench ]; then
+	if [ -z "$binary" ]; then
+		say "building bin/p2ptrain"
+		gobuild "$ROOT/bin/p2ptrain" ./cmd/p2ptrain
+		binary=$ROOT/bin/p2ptrain
+	fi
+	[ -x "$binary" ] || die "--binary $binary is not an executable file"
+	binary=$(cd "$(dirname "$binary")" && pwd)/$(basename "$binary")
+	help_out=$(timeout 20 "$binary" bench allreduce --help 2>&1 || true)
+	grep -q -- "expect" <<<"$help_out" ||
+		die "$binary has no working 'bench allreduce' (its --help shows no --expect flag): ${help_out:0:300}"
+fi
+if [ "$mode" = check ] || [ "$smoke" = 1 ]; then
+	gobuild "$work/netcheck" ./bench/netcheck
+fi
+
+# --- the network -----------------------------------------------------------------
+
+host_ip() { echo "$SUBNET.$((10 + $1))"; }
+nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+
+# shape DEV in NS to RATE; with netem when a delay or loss is asked for
+# (host side only). htb's quantum is set explicitly: the default (rate/10)
+# is far too big for fast links and only earns a kernel warning.
+shape() { # ns dev rate with_netem
+	local ns=$1 dev=$2 r=$3 netem=$4 args=()
+	ip -n "$ns" link set dev "$dev" txqueuelen 1000
+	nsx "$ns" tc qdisc add dev "$dev" root handle 1: htb default 1
+	nsx "$ns" tc class add dev "$dev" parent 1: classid 1:1 htb rate "$r" ceil "$r" quantum 65536
+	if [ "$netem" = 1 ] && { [ -n "$delay" ] || [ -n "$loss" ]; }; then
+		[ -z "$delay" ] || args+=(delay "$delay")
+		[ -z "$loss" ] || args+=(loss "$loss")
+		nsx "$ns" tc qdisc add dev "$dev" parent 1:1 handle 10: netem "${args[@]}" limit 100000
+	fi
+}
+
+# The namespaces have no route but 10.77.0.0/24 on eth0 and no IPv6, so no
+# packet can go anywhere but to another test host.
+no_ipv6() { nsx "$1" sh -c 'echo 1 >/proc/sys/net/ipv6/conf/all/disable_ipv6; echo 1 >/proc/sys/net/ipv6/conf/default/disable_ipv6' 2>/dev/null || true; }
+
+build_network() {
+	local i ns
+	ip netns add "$BR_NS"
+	no_ipv6 "$BR_NS"
+	ip -n "$BR_NS" link set lo up
+	ip -n "$BR_NS" link add br0 mtu "$mtu" type bridge stp_state 0
+	ip -n "$BR_NS" link set br0 up
+	for ((i = 1; i <= hosts; i++)); do
+		ns=$(host_ns "$i")
+		ip netns add "$ns"
+		no_ipv6 "$ns"
+		ip -n "$ns" link set lo up
+		ip -n "$BR_NS" link add "h$i" mtu "$mtu" type veth peer name eth0 mtu "$mtu" netns "$ns"
+		ip -n "$BR_NS" link set "h$i" master br0 up
+		ip -n "$ns" addr add "$(host_ip "$i")/24" dev eth0
+		ip -n "$ns" link set eth0 up
+		shape "$ns" eth0 "${rate_list[i - 1]}" 1
+		shape "$BR_NS" "h$i" "${rate_list[i - 1]}" 0
+	done
+}
+
+say "$hosts hosts, rates ${rate_list[*]}, delay ${delay:-0}, loss ${loss:-0%}, mtu $mtu; logs in $work"
+build_network || die "could not build the network"
+
+# --- check: measure every link with the netcheck probe ---------------------------
+
+check_links() {
+	local i j bps bytes res mbit rtt ratio fail=0 exp_bps
+	for ((i = 1; i <= hosts; i++)); do
+		j=$((i % hosts + 1))
+		[ "$i" != "$j" ] || { say "check: one host, nothing to measure"; return 0; }
+		exp_bps=$(rate_bps "${rate_list[i - 1]}")
+		bps=$(rate_bps "${rate_list[j - 1]}")
+		[ "$bps" -ge "$exp_bps" ] || exp_bps=$bps
+		bytes=$(awk -v b="$exp_bps" 'BEGIN { x = b / 8 * 1.5; if (x < 262144) x = 262144; printf "%d\n", x }')
+		timeout 40 ip netns exec "$(host_ns "$j")" "$work/netcheck" serve \
+			--listen "$(host_ip "$j"):5201" --timeout 30s 2>/dev/null &
+		local srv=$!
+		res=$(timeout 35 ip netns exec "$(host_ns "$i")" "$work/netcheck" send \
+			--to "$(host_ip "$j"):5201" --bytes "$bytes" --timeout 30s) || {
+			kill "$srv" 2>/dev/null || true
+			wait "$srv" 2>/dev/null || true
+			say "check: h$i -> h$j: no transfer"
+			return 1
+		}
+		kill "$srv" 2>/dev/null || true
+		wait "$srv" 2>/dev/null || true
+		mbit=$(sed -nE 's/.*"mbit_s":([0-9.eE+-]+).*/\1/p' <<<"$res")
+		rtt=$(sed -nE 's/.*"rtt_ms":([0-9.eE+-]+).*/\1/p' <<<"$res")
+		ratio=$(awk -v m="$mbit" -v b="$exp_bps" 'BEGIN { printf "%.3f\n", m * 1e6 / b }')
+		printf 'check: h%d -> h%d  %8.1f Mbit/s  shaped %8.1f Mbit/s  ratio %s  rtt %s ms\n' \
+			"$i" "$j" "$mbit" "$(awk -v b="$exp_bps" 'BEGIN { print b / 1e6 }')" "$ratio" "$rtt"
+		if awk -v r="$ratio" 'BEGIN { exit !(r > 1.10) }'; then
+			say "check: h$i -> h$j is faster than its shaped rate: the tc shaping is not in effect"
+			fail=1
+		elif awk -v r="$ratio" 'BEGIN { exit !(r < 0.75) }'; then
+			say "check: warning: h$i -> h$j reaches only $ratio of its rate (busy machine or loss?)"
+		fi
+	done
+	return "$fail"
+}
+
+if [ "$mode" = check ] || [ "$smoke" = 1 ]; then
+	check_links || die "link check failed"
+fi
+if [ "$mode" = check ]; then
+	status=0
+	exit 0
+fi
+
+# --- the daemons -------------------------------------------------------------------
+
+"$binary" keygen --swarm-key "$work/swarm.key" 2>/dev/null || die "p2ptrain keygen --swarm-key failed"
+ids=()
+for ((i = 1; i <= hosts; i++)); do
+	id=$("$binary" keygen --identity "$work/h$i.identity") || die "p2ptrain keygen --identity failed"
+	ids+=("$id")
+done
+boot="/ip4/$(host_ip 1)/tcp/$PORT/p2p/${ids[0]}"
+
+pids=()
+start_daemon() { # host
+	local i=$1 args
+	args=(bench allreduce --expect "$hosts" --size "$size" --codec "$codec" --schedule "$schedule"
+		--rounds "$rounds" --json --listen "/ip4/$(host_ip "$i")/tcp/$PORT" --swarm-key "$work/swarm.key"
+		--identity "$work/h$i.identity" --name "h$i" --cluster netns-bench --mdns=false)
+	[ "$i" = 1 ] || args+=(--bootstrap "$boot")
+	args+=("${extra[@]}")
+	echo "ip netns exec $(host_ns "$i") $binary ${args[*]}" >"$work/h$i.cmd"
+	timeout -k 5 "$timeout_s" ip netns exec "$(host_ns "$i")" "$binary" "${args[@]}" \
+		>"$work/h$i.out" 2>"$work/h$i.err" </dev/null &
+	pids[i]=$!
+}
+
+show_tail() { # host
+	say "--- h$1 (${ids[$1 - 1]}) stderr, last lines:"
+	tail -n 15 "$work/h$1.err" >&2 || true
+	say "--- h$1 stdout, last lines:"
+	tail -n 5 "$work/h$1.out" >&2 || true
+}
+
+say "timeout ${timeout_s}s; host 1 is $boot"
+start_daemon 1
+# Wait (bounded) until host 1 listens, so the others' first dial can succeed.
+ready=0
+for ((t = 0; t < 150; t++)); do
+	if nsx "$(host_ns 1)" ss -Hltn "sport = :$PORT" 2>/dev/null | grep -q .; then ready=1; break; fi
+	kill -0 "${pids[1]}" 2>/dev/null || break
+	sleep 0.2
+done
+if [ "$ready" != 1 ]; then
+	show_tail 1
+	die "host 1 did not start listening on $(host_ip 1):$PORT"
+fi
+for ((i = 2; i <= hosts; i++)); do start_daemon "$i"; done
+
+# Wait for every daemon; when one fails, stop the others at once.
+declare -A rc=()
+failed=""
+while [ "${#rc[@]}" -lt "$hosts" ]; do
+	for ((i = 1; i <= hosts; i++)); do
+		[ -z "${rc[$i]:-}" ] || continue
+		kill -0 "${pids[i]}" 2>/dev/null && continue
+		code=0
+		wait "${pids[i]}" || code=$?
+		rc[$i]=$code
+		if [ "$code" != 0 ] && [ -z "$failed" ]; then failed=$i; fi
+	done
+	if [ -n "$failed" ]; then break; fi
+	sleep 0.2
+done
+if [ -n "$failed" ]; then
+	code=${rc[$failed]}
+	why="exit status $code"
+	{ [ "$code" = 124 ] || [ "$code" = 137 ]; } && why="still running after ${timeout_s}s (timeout)"
+	show_tail "$failed"
+	for ((i = 1; i <= hosts; i++)); do
+		[ -n "${rc[$i]:-}" ] || kill -TERM "${pids[i]}" 2>/dev/null || true
+	done
+	die "host h$failed failed: $why"
+fi
+
+# --- results -----------------------------------------------------------------------
+
+json_field() { # name <<<json: a number, or a string without quotes
+	sed -nE "s/.*\"$1\"[[:space:]]*:[[:space:]]*(\"([^\"]*)\"|([-0-9.eE+]+)).*/\2\3/p" | head -n 1
+}
+
+lines=()
+for ((i = 1; i <= hosts; i++)); do
+	line=$(grep -E '^[[:space:]]*\{' "$work/h$i.out" | tail -n 1 || true)
+	for f in size_bytes codec schedule peers median_s algbw_gbps busbw_gbps; do
+		if [ -z "$line" ] || [ -z "$(json_field "$f" <<<"$line")" ]; then
+			show_tail "$i"
+			die "host h$i exited 0 but printed no JSON object with \"$f\" on stdout"
+		fi
+	done
+	lines+=("$line")
+done
+
+ts=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+for ((i = 1; i <= hosts; i++)); do
+	line=$(sed -E 's/[[:space:]]*\}[[:space:]]*$//' <<<"${lines[i - 1]}")
+	line="$line,\"host\":\"h$i\",\"hosts\":$hosts,\"rate\":\"${rate_list[i - 1]}\",\"delay\":\"${delay:-0ms}\",\"loss\":\"${loss:-0%}\",\"mtu\":$mtu,\"time\":\"$ts\"}"
+	echo "$line"
+	[ -z "$out" ] || echo "$line" >>"$out"
+done
+
+first=${lines[0]}
+median=$(json_field median_s <<<"$first")
+busbw=$(json_field busbw_gbps <<<"$first")
+algbw=$(json_field algbw_gbps <<<"$first")
+peers=$(json_field peers <<<"$first")
+agree=yes
+for l in "${lines[@]}"; do
+	[ "$(json_field median_s <<<"$l")" = "$median" ] || agree=no
+done
+[ "$peers" = "$hosts" ] || say "warning: the daemons report $peers peers, $hosts hosts ran"
+[ "$agree" = yes ] || say "warning: the hosts report different median times"
+printf 'summary: hosts=%s rates=%s delay=%s loss=%s size=%s codec=%s schedule=%s rounds=%s median_s=%s algbw_gbps=%s busbw_gbps=%s busbw/slowest_link=%s hosts_agree=%s wall_s=%s\n' \
+	"$hosts" "$(IFS=,; echo "${rate_list[*]}")" "${delay:-0}" "${loss:-0%}" "$size" "$codec" "$schedule" \
+	"$rounds" "$median" "$algbw" "$busbw" \
+	"$(awk -v g="$busbw" -v b="$min_bps" 'BEGIN { printf "%.3f\n", g * 1e9 / b }')" "$agree" \
+	"$((SECONDS - start_s))"
+status=0
