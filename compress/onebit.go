@@ -85,30 +85,50 @@ func signBit(x float32) uint32 { return ^math.Float32bits(x+0) >> 31 }
 // packSigns writes bit i = (a[i] >= 0).
 func packSigns(out []byte, a []float32) {
 	out = out[:bitBytes(len(a))]
-	for j := range out {
-		g := a[8*j : min(8*j+8, len(a))]
+	full := len(a) / 8
+	for j := range full {
+		g := (*[8]float32)(a[8*j:])
+		out[j] = byte(signBit(g[0]) | signBit(g[1])<<1 | signBit(g[2])<<2 | signBit(g[3])<<3 |
+			signBit(g[4])<<4 | signBit(g[5])<<5 | signBit(g[6])<<6 | signBit(g[7])<<7)
+	}
+	if full < len(out) {
 		var b uint32
-		for k, x := range g {
+		for k, x := range a[8*full:] {
 			b |= signBit(x) << k
 		}
-		out[j] = byte(b)
+		out[full] = byte(b)
 	}
 }
 
-// packSignsRecon writes bit i = (a[i] >= 0) and sets r[i] = a[i] − vals[bit].
+// signRecon returns x's bit and stores x − (pos or neg, by the bit) in *r;
+// neg and pos are given as bits, and diff = pos^neg, for a branch-free select.
+func signRecon(x float32, r *float32, neg, diff uint32) uint32 {
+	s := signBit(x)
+	*r = x - math.Float32frombits(neg^diff&-s)
+	return s
+}
+
+// packSignsRecon writes bit i = (a[i] >= 0) and sets r[i] = a[i] − vals[bit]
+// (r may be a itself).
 func packSignsRecon(out []byte, a, r []float32, vals [2]float32) {
 	out = out[:bitBytes(len(a))]
 	r = r[:len(a)]
-	for j := range out {
-		g := a[8*j : min(8*j+8, len(a))]
-		rg := r[8*j : 8*j+len(g)]
+	neg := math.Float32bits(vals[0])
+	diff := math.Float32bits(vals[1]) ^ neg
+	full := len(a) / 8
+	for j := range full {
+		g, q := (*[8]float32)(a[8*j:]), (*[8]float32)(r[8*j:])
+		out[j] = byte(signRecon(g[0], &q[0], neg, diff) | signRecon(g[1], &q[1], neg, diff)<<1 |
+			signRecon(g[2], &q[2], neg, diff)<<2 | signRecon(g[3], &q[3], neg, diff)<<3 |
+			signRecon(g[4], &q[4], neg, diff)<<4 | signRecon(g[5], &q[5], neg, diff)<<5 |
+			signRecon(g[6], &q[6], neg, diff)<<6 | signRecon(g[7], &q[7], neg, diff)<<7)
+	}
+	if full < len(out) {
 		var b uint32
-		for k, x := range g {
-			s := signBit(x)
-			b |= s << k
-			rg[k] = x - vals[s]
+		for k, x := range a[8*full:] {
+			b |= signRecon(x, &r[8*full+k], neg, diff) << k
 		}
-		out[j] = byte(b)
+		out[full] = byte(b)
 	}
 }
 
