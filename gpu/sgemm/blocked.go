@@ -92,9 +92,11 @@ func blocked(transA, transB bool, m, n, k int, alpha float32, a []float32, lda i
 	for lo := 0; ; lo += band {
 		if byRows {
 			hi := min(lo+band, m)
-			ra := a[lo*lda:]
+			var ra []float32
 			if transA {
 				ra = a[lo:]
+			} else {
+				ra = a[lo*lda:]
 			}
 			rc := c[lo*ldc:]
 			if hi == m {
