@@ -269,3 +269,28 @@ func TestFashionMNISTEpoch(t *testing.T) {
 	t.Logf("%s %s lr=%g: %d epoch(s) (%d steps of %d) in %v (%.0f samples/s): test loss %.4f accuracy %.4f",
 		name, opt.Config().Name, lr, epochs, steps, batch*world, el.Round(time.Second), float64(steps)*batch*world/el.Seconds(), ev.Loss, ev.Accuracy())
 }
+
+// TestEvaluate checks that evaluation over several replicas and partial
+// batches agrees with one replica, and that errors are reported.
+func TestEvaluate(t *testing.T) {
+	ds := synthetic(3, 103)
+	cfg := Config{Hidden: []int{32}, MaxBatch: 16}
+	one, _ := New("mlp", cfg, []gpu.Device{gpu.NewCPU(0)}, 5)
+	defer one.Close()
+	two, _ := New("mlp", cfg, []gpu.Device{gpu.NewCPU(0), gpu.NewCPU(1)}, 5)
+	defer two.Close()
+	a, err := one.Evaluate(ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := two.Evaluate(ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Samples != 103 || b.Samples != 103 || a.Correct != b.Correct || math.Abs(a.Loss-b.Loss) > 1e-9 {
+		t.Errorf("one device %+v, two devices %+v", a, b)
+	}
+	if _, err := one.Evaluate(ds.Subset(0)); err == nil {
+		t.Error("evaluating an empty dataset succeeded")
+	}
+}
