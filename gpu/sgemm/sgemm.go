@@ -4,9 +4,12 @@
 // algorithm: op(A) and op(B) are packed, a cache block at a time, into
 // contiguous panels (which is where transposes are handled), and a register-tiled
 // 6×16 micro-kernel multiplies one A panel by one B panel. On amd64 CPUs with
-// AVX2 and FMA the micro-kernel is assembly; elsewhere, or when built with the
-// purego tag, it is a pure-Go twin. Tiny products skip packing and use the
-// plain reference loop.
+// AVX2 and FMA the micro-kernel and the packing transposes are assembly
+// (kernel_amd64.s, pack_amd64.s); elsewhere, or when built with the purego
+// tag, pure-Go twins run instead, and the tests run both. Tiny products
+// (m·n·k ≤ 64) skip packing and use the plain reference loop. Large products
+// are split into bands of C rows or columns, one goroutine each, up to
+// GOMAXPROCS.
 //
 // # Rounding and determinism
 //
