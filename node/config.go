@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/gpu"
+	"github.com/p2ptrain/p2ptrain/model"
 )
 
 // Duration is a time.Duration written in config files as "5s", "250ms"...
@@ -39,7 +42,52 @@ type Config struct {
 	Node      NodeConfig      `toml:"node"`
 	Gossip    GossipConfig    `toml:"gossip"`
 	Allreduce AllreduceConfig `toml:"allreduce"`
+	Train     TrainConfig     `toml:"train"`
 	Log       LogConfig       `toml:"log"`
+}
+
+// TrainConfig is the [train] section: what the cluster trains and how.
+type TrainConfig struct {
+	// Model: "mlp" or "cnn".
+	Model string `toml:"model"`
+	// Hidden widths of the mlp.
+	Hidden []int `toml:"hidden"`
+	// Steps to train; 0 runs the peer without training (membership only).
+	Steps int `toml:"steps"`
+	// BatchSize per local device.
+	BatchSize int `toml:"batch_size"`
+	// LR is the peak learning rate.
+	LR float64 `toml:"lr"`
+	// Optimizer: sgd (with momentum), nesterov or adamw.
+	Optimizer string `toml:"optimizer"`
+	// Momentum for sgd and nesterov.
+	Momentum float64 `toml:"momentum"`
+	// WeightDecay (decoupled for adamw).
+	WeightDecay float64 `toml:"weight_decay"`
+	// WarmupSteps of linear learning-rate warm-up, then cosine decay to the end.
+	WarmupSteps int `toml:"warmup_steps"`
+	// ClipNorm clips the global gradient norm (0: off).
+	ClipNorm float64 `toml:"clip_norm"`
+	// Seed shared by the cluster: initialisation and data order.
+	Seed uint64 `toml:"seed"`
+	// Devices: ["cpu"], or ["cpu:0", "cpu:1"] for several local devices.
+	Devices []string `toml:"devices"`
+	// DataDir holds the Fashion-MNIST IDX files ("" searches the usual places).
+	DataDir string `toml:"data_dir"`
+	// TrainSamples limits training to the first N samples (0: all).
+	TrainSamples int `toml:"train_samples"`
+	// EvalEvery evaluates on the test set every N steps (0: only at the end).
+	EvalEvery int `toml:"eval_every"`
+	// EvalSamples limits evaluation to the first N test samples (0: all 10k).
+	EvalSamples int `toml:"eval_samples"`
+	// CheckEvery gossips a parameter hash every N steps (0: off).
+	CheckEvery int `toml:"check_every"`
+	// MinPeers: peers to wait for before the first step.
+	MinPeers int `toml:"min_peers"`
+	// CheckpointDir: where checkpoints go ("" : none); the latest is resumed.
+	CheckpointDir string `toml:"checkpoint_dir"`
+	// CheckpointEvery writes a checkpoint every N steps (0: only at the end).
+	CheckpointEvery int `toml:"checkpoint_every"`
 }
 
 // AllreduceConfig is the [allreduce] section: how gradients cross the ring.
@@ -134,6 +182,22 @@ func DefaultConfig() Config {
 			BucketBytes: allreduce.DefaultBucketBytes,
 			Concurrency: allreduce.DefaultConcurrency,
 		},
+		Train: TrainConfig{
+			Model:       "mlp",
+			Hidden:      []int{1024, 1024},
+			Steps:       0,
+			BatchSize:   64,
+			LR:          0.05,
+			Optimizer:   "sgd",
+			Momentum:    0.9,
+			WeightDecay: 0,
+			WarmupSteps: 50,
+			Seed:        1,
+			Devices:     []string{"cpu"},
+			EvalEvery:   200,
+			CheckEvery:  50,
+			MinPeers:    1,
+		},
 		Log: LogConfig{Level: "info", Format: "console"},
 	}
 }
@@ -208,6 +272,7 @@ func (c *Config) Validate() error {
 	if c.Allreduce.FrameTimeout < 0 {
 		bad("allreduce.frame_timeout", "must not be negative, got %s", c.Allreduce.FrameTimeout.D())
 	}
+	c.Train.validate(bad)
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:
@@ -243,4 +308,51 @@ func ParseBootstrapAddr(s string) (ma.Multiaddr, error) {
 		return nil, fmt.Errorf("%q does not end in /p2p/<peer-id> (copy an address that `p2ptrain join` printed)", s)
 	}
 	return a, nil
+}
+
+func (t *TrainConfig) validate(bad func(key, format string, args ...any)) {
+	if !slices.Contains(model.Names(), t.Model) {
+		bad("train.model", "%q is not one of %s", t.Model, strings.Join(model.Names(), ", "))
+	}
+	if len(t.Hidden) == 0 || len(t.Hidden) > 8 || slices.ContainsFunc(t.Hidden, func(h int) bool { return h < 1 || h > 1<<14 }) {
+		bad("train.hidden", "%v must list 1 to 8 widths between 1 and 16384", t.Hidden)
+	}
+	for _, c := range []struct {
+		key    string
+		v, min int
+	}{
+		{"train.steps", t.Steps, 0}, {"train.batch_size", t.BatchSize, 1}, {"train.warmup_steps", t.WarmupSteps, 0},
+		{"train.train_samples", t.TrainSamples, 0}, {"train.eval_every", t.EvalEvery, 0}, {"train.eval_samples", t.EvalSamples, 0},
+		{"train.check_every", t.CheckEvery, 0}, {"train.min_peers", t.MinPeers, 1}, {"train.checkpoint_every", t.CheckpointEvery, 0},
+	} {
+		if c.v < c.min {
+			bad(c.key, "%d must be at least %d", c.v, c.min)
+		}
+	}
+	if t.BatchSize > 4096 {
+		bad("train.batch_size", "%d is above 4096", t.BatchSize)
+	}
+	if !(t.LR > 0 && t.LR < 100) {
+		bad("train.lr", "%g must be in (0, 100)", t.LR)
+	}
+	if !slices.Contains(model.OptimizerNames(), t.Optimizer) {
+		bad("train.optimizer", "%q is not one of %s", t.Optimizer, strings.Join(model.OptimizerNames(), ", "))
+	}
+	if t.Momentum < 0 || t.Momentum >= 1 {
+		bad("train.momentum", "%g must be in [0, 1)", t.Momentum)
+	}
+	if t.WeightDecay < 0 || t.WeightDecay >= 1 {
+		bad("train.weight_decay", "%g must be in [0, 1)", t.WeightDecay)
+	}
+	if t.ClipNorm < 0 {
+		bad("train.clip_norm", "%g must not be negative", t.ClipNorm)
+	}
+	if len(t.Devices) == 0 {
+		bad("train.devices", "needs at least one device")
+	}
+	for i, d := range t.Devices {
+		if _, err := gpu.ParseSpec(d); err != nil {
+			bad(fmt.Sprintf("train.devices[%d]", i), "%v", err)
+		}
+	}
 }

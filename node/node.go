@@ -50,6 +50,8 @@ type Node struct {
 	mu        sync.Mutex
 	step      uint64
 	neighbors []peer.ID
+	stateSrc  StateSource
+	train     trainInfo
 
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -222,11 +224,14 @@ func (n *Node) selfHeartbeat() gossip.Heartbeat {
 		addrs = append(addrs, a.String())
 	}
 	return gossip.Heartbeat{
-		Name:    n.cfg.Node.Name,
-		Addrs:   addrs,
-		Version: Version,
-		Step:    n.step,
-		Devices: []string{"cpu"},
+		Name:      n.cfg.Node.Name,
+		Addrs:     addrs,
+		Version:   Version,
+		Step:      n.step,
+		Devices:   n.cfg.Train.Devices,
+		Ready:     n.train.ready,
+		WantEpoch: n.train.wantEpoch,
+		Check:     n.train.check,
 	}
 }
 

@@ -16,6 +16,13 @@ type Status struct {
 	Step    uint64         `json:"step"`
 	Members []MemberStatus `json:"members"`
 	Ring    RingStatus     `json:"ring"`
+	// Training figures (absent when this peer does not train).
+	Loss         *float64 `json:"loss"`
+	Accuracy     *float64 `json:"accuracy"`
+	ParamHash    string   `json:"param_hash,omitempty"`
+	SamplesPerS  *float64 `json:"samples_per_s,omitempty"`
+	Codec        string   `json:"codec,omitempty"`
+	BytesPerStep *float64 `json:"bytes_per_step,omitempty"`
 }
 
 // MemberStatus is one member as this peer sees it.
@@ -40,7 +47,7 @@ type RingStatus struct {
 func (n *Node) Status() Status {
 	members, epoch := n.gsp.Snapshot()
 	n.mu.Lock()
-	step := n.step
+	step, ti := n.step, n.train
 	n.mu.Unlock()
 	now := time.Now()
 	st := Status{
@@ -57,6 +64,17 @@ func (n *Node) Status() Status {
 			Coordinator: epoch.Coordinator,
 			StartStep:   epoch.StartStep,
 		},
+	}
+	if ti.active {
+		ptr := func(v float64) *float64 { return &v }
+		if ti.loss >= 0 {
+			st.Loss = ptr(ti.loss)
+		}
+		if ti.accuracy >= 0 {
+			st.Accuracy = ptr(ti.accuracy)
+		}
+		st.ParamHash, st.Codec = ti.paramHash, ti.codec
+		st.SamplesPerS, st.BytesPerStep = ptr(ti.samplesPerS), ptr(ti.bytesPerStep)
 	}
 	if st.Ring.Order == nil {
 		st.Ring.Order = []string{}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
@@ -39,6 +40,8 @@ type ringNet struct {
 	log      *zap.Logger
 
 	notifiee network.Notifiee
+	// sent counts all-reduce bytes written (frames and their length prefixes).
+	sent atomic.Uint64
 
 	mu      sync.Mutex
 	epochs  map[uint64]*streamTransport
@@ -311,6 +314,7 @@ func (t *streamTransport) Send(ctx context.Context, to allreduce.PeerID, frame [
 	stop := context.AfterFunc(ctx, func() { l.s.Reset() })
 	err = allreduce.WriteFrame(l.s, frame, l.buf)
 	stop()
+	t.rn.sent.Add(uint64(4 + len(frame)))
 	if err != nil {
 		l.s.Reset()
 		if cerr := ctx.Err(); cerr != nil {

@@ -29,6 +29,10 @@ type peerFlags struct {
 	mdns      bool
 	logLevel  string
 	logFormat string
+	model     string
+	codec     string
+	steps     int
+	minPeers  int
 }
 
 func addPeerFlags(fs *flag.FlagSet) *peerFlags {
@@ -45,6 +49,10 @@ func addPeerFlags(fs *flag.FlagSet) *peerFlags {
 	fs.BoolVar(&p.mdns, "mdns", true, "discover peers on the LAN with mDNS")
 	fs.StringVar(&p.logLevel, "log-level", "", "log `LEVEL`: debug, info, warn, error")
 	fs.StringVar(&p.logFormat, "log-format", "", "log `FORMAT`: console or json")
+	fs.StringVar(&p.model, "model", "", "model to train: `NAME` mlp or cnn")
+	fs.StringVar(&p.codec, "codec", "", "gradient codec `SPEC` (e.g. none, sint8, qsgd:bits=4)")
+	fs.IntVar(&p.steps, "steps", 0, "training steps (0: join without training)")
+	fs.IntVar(&p.minPeers, "min-peers", 0, "peers to wait for before the first step")
 	return p
 }
 
@@ -71,6 +79,10 @@ func (p *peerFlags) resolve() (node.Config, error) {
 		"mdns":       func() { cfg.Node.MDNS = p.mdns },
 		"log-level":  func() { cfg.Log.Level = p.logLevel },
 		"log-format": func() { cfg.Log.Format = p.logFormat },
+		"model":      func() { cfg.Train.Model = p.model },
+		"codec":      func() { cfg.Allreduce.Codec = p.codec },
+		"steps":      func() { cfg.Train.Steps = p.steps },
+		"min-peers":  func() { cfg.Train.MinPeers = p.minPeers },
 	} {
 		if set[name] {
 			apply()
@@ -134,11 +146,30 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if a := n.APIAddr(); a != "" {
 		fmt.Fprintf(stdout, "local API: http://%s/status\n", a)
 	}
-	<-ctx.Done()
-	log.Info("leaving the cluster")
-	if err := n.Close(); err != nil {
-		log.Warn("shutdown", zap.Error(err))
+	defer func() {
+		log.Info("leaving the cluster")
+		if err := n.Close(); err != nil {
+			log.Warn("shutdown", zap.Error(err))
+		}
+	}()
+	if cfg.Train.Steps == 0 {
+		<-ctx.Done()
+		return nil
 	}
+	tr, err := node.NewTrainer(n, progressPrinter(stderr, log))
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	res, err := tr.Run(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // interrupted: leave cleanly
+		}
+		return err
+	}
+	clearProgress(stderr)
+	fmt.Fprintln(stdout, res)
 	return nil
 }
 

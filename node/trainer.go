@@ -1,0 +1,558 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"go.uber.org/zap"
+
+	"github.com/p2ptrain/p2ptrain/allreduce"
+	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/gossip"
+	"github.com/p2ptrain/p2ptrain/gpu"
+	"github.com/p2ptrain/p2ptrain/model"
+)
+
+// pollInterval is how often the trainer re-reads the membership view while it
+// waits for an epoch or for the members of one to be ready.
+const pollInterval = 20 * time.Millisecond
+
+// errEpochChanged: a newer epoch was adopted while the trainer waited.
+var errEpochChanged = errors.New("node: ring epoch changed")
+
+// trainInfo is what the trainer publishes in heartbeats and /status.
+type trainInfo struct {
+	active       bool
+	ready        *gossip.Ready
+	wantEpoch    uint64
+	check        *gossip.ParamCheck
+	loss         float64
+	accuracy     float64
+	paramHash    string
+	samplesPerS  float64
+	bytesPerStep float64
+	codec        string
+}
+
+// Progress is reported after every training step.
+type Progress struct {
+	Step, Steps  uint64
+	Loss         float64
+	Accuracy     float64 // last evaluation; negative before the first
+	SamplesPerS  float64
+	BytesPerStep float64 // all-reduce bytes this peer sent for the step
+	Peers        int
+	Epoch        uint64
+}
+
+// Result is the outcome of a finished training run.
+type Result struct {
+	Step      uint64
+	Loss      float64
+	Accuracy  float64
+	ParamHash string
+}
+
+// Trainer runs the data-parallel step loop of one peer: local gradients on
+// every device, a ring all-reduce per fusion bucket overlapping backward, and
+// the optimizer step; it re-forms on epoch changes, retries failed steps, and
+// brings peers that fell behind (joiners) up to date through state transfer.
+type Trainer struct {
+	n        *Node
+	cfg      TrainConfig
+	arCfg    AllreduceConfig
+	log      *zap.Logger
+	progress func(Progress)
+
+	devs     []gpu.Device
+	m        *model.Model
+	opt      *model.Optimizer
+	train    *model.Dataset
+	test     *model.Dataset
+	sampler  *model.Sampler
+	codecs   []compress.Codec
+	batches  []model.Batch
+	idx      []int
+	cfgHash  [32]byte
+	lastEval float64
+
+	// mu guards the parameters, optimizer state and step against the state server.
+	mu        sync.Mutex
+	step      uint64
+	forceSync bool
+}
+
+// NewTrainer builds the model, optimizer, data and codecs for the node's
+// [train] and [allreduce] settings, resuming from the latest checkpoint if
+// one exists. progress (may be nil) is called after every step.
+func NewTrainer(n *Node, progress func(Progress)) (*Trainer, error) {
+	cfg := n.cfg.Train
+	t := &Trainer{n: n, cfg: cfg, arCfg: n.cfg.Allreduce, log: n.log.Named("train"), progress: progress, lastEval: -1}
+	var err error
+	if t.devs, err = gpu.OpenAll(cfg.Devices); err != nil {
+		return nil, fmt.Errorf("node: train.devices: %w", err)
+	}
+	if t.train, t.test, err = model.LoadFashionMNIST(cfg.DataDir); err != nil {
+		t.Close()
+		if errors.Is(err, model.ErrNoDataset) {
+			return nil, fmt.Errorf("%w\n  install it with `apt-get install dataset-fashion-mnist` (scripts/setup.sh does), or set train.data_dir", err)
+		}
+		return nil, err
+	}
+	if cfg.TrainSamples > 0 && cfg.TrainSamples < t.train.Len() {
+		t.train = t.train.Subset(cfg.TrainSamples)
+	}
+	if cfg.EvalSamples > 0 && cfg.EvalSamples < t.test.Len() {
+		t.test = t.test.Subset(cfg.EvalSamples)
+	}
+	mcfg := model.Config{Hidden: cfg.Hidden, BucketBytes: t.arCfg.BucketBytes, MaxBatch: cfg.BatchSize}
+	if t.m, err = model.New(cfg.Model, mcfg, t.devs, cfg.Seed); err != nil {
+		t.Close()
+		return nil, err
+	}
+	t.opt, err = model.NewOptimizer(model.OptimConfig{
+		Name: cfg.Optimizer, LR: cfg.LR, Momentum: cfg.Momentum, WeightDecay: cfg.WeightDecay,
+		WarmupSteps: int64(cfg.WarmupSteps), TotalSteps: int64(cfg.Steps), ClipNorm: cfg.ClipNorm,
+	}, t.m)
+	if err != nil {
+		t.Close()
+		return nil, err
+	}
+	t.sampler = model.NewSampler(cfg.Seed, t.train.Len())
+	t.batches = make([]model.Batch, len(t.devs))
+	peerSeed := fnv.New64a()
+	peerSeed.Write([]byte(n.ID()))
+	for _, b := range t.m.Buckets() {
+		c, err := compress.New(t.arCfg.Codec, compress.Options{
+			Layout:     compress.Layout{Shapes: b.Shapes()},
+			Seed:       peerSeed.Sum64() ^ uint64(b.Index)<<32,
+			SharedSeed: cfg.Seed ^ uint64(b.Index+1)*0x9e3779b97f4a7c15,
+		})
+		if err != nil {
+			t.Close()
+			return nil, fmt.Errorf("node: allreduce.codec: %w", err)
+		}
+		t.codecs = append(t.codecs, c)
+	}
+	t.cfgHash = model.ConfigHash(t.m.Signature(), cfg.Optimizer, strconv.FormatFloat(cfg.LR, 'g', -1, 64),
+		strconv.FormatUint(cfg.Seed, 10), strconv.Itoa(cfg.BatchSize), strconv.Itoa(cfg.Steps))
+	if cfg.CheckpointDir != "" {
+		c, err := model.LoadLatestCheckpoint(cfg.CheckpointDir, &t.cfgHash)
+		switch {
+		case errors.Is(err, model.ErrNoCheckpoint):
+		case err != nil:
+			t.Close()
+			return nil, fmt.Errorf("node: resume from %s: %w", cfg.CheckpointDir, err)
+		default:
+			if err := t.m.Restore(c, t.opt); err != nil {
+				t.Close()
+				return nil, err
+			}
+			t.step = uint64(c.Step)
+			t.log.Info("resumed from checkpoint", zap.Int64("step", c.Step), zap.String("param_hash", t.m.ParamHash()))
+		}
+	}
+	n.SetStep(t.step)
+	n.updateTrain(func(ti *trainInfo) {
+		ti.active = true
+		ti.codec = t.codecs[0].Spec()
+		ti.loss, ti.accuracy = -1, -1
+		ti.paramHash = t.m.ParamHash()
+	})
+	n.SetStateSource(t.serveState)
+	t.log.Info("training", zap.String("model", cfg.Model), zap.Int("params", t.m.NumParams()),
+		zap.Int("buckets", len(t.codecs)), zap.String("codec", t.codecs[0].Spec()),
+		zap.Strings("devices", cfg.Devices), zap.Int("steps", cfg.Steps))
+	return t, nil
+}
+
+// Close frees the model and devices.
+func (t *Trainer) Close() {
+	t.n.SetStateSource(nil)
+	if t.m != nil {
+		t.m.Close()
+	}
+}
+
+// serveState snapshots the state after step completed steps.
+func (t *Trainer) serveState(step uint64) ([]byte, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.step != step {
+		return nil, fmt.Errorf("%w: at step %d", ErrStateUnavailable, t.step)
+	}
+	return t.m.Checkpoint(t.opt, int64(step), t.cfgHash).Marshal(), nil
+}
+
+// Run trains until train.steps, then evaluates and returns the result. It
+// returns early with ctx's error.
+func (t *Trainer) Run(ctx context.Context) (Result, error) {
+	first := true
+	for t.step < uint64(t.cfg.Steps) {
+		ep, err := t.waitEpoch(ctx, first)
+		if err != nil {
+			return Result{}, err
+		}
+		if err := t.enter(ctx, ep); err != nil {
+			if errors.Is(err, errEpochChanged) {
+				continue
+			}
+			if ctx.Err() != nil {
+				return Result{}, ctx.Err()
+			}
+			t.log.Warn("could not enter the ring epoch; asking for a new one", zap.Uint64("epoch", ep.Number), zap.Error(err))
+			t.requestEpoch(ep.Number)
+			continue
+		}
+		first = false
+		t.runEpoch(ctx, ep)
+		if ctx.Err() != nil {
+			return Result{}, ctx.Err()
+		}
+	}
+	return t.finish(ctx)
+}
+
+// waitEpoch waits for an adopted epoch that includes this peer (and, before
+// the first step, has at least train.min_peers members).
+func (t *Trainer) waitEpoch(ctx context.Context, first bool) (gossip.Epoch, error) {
+	self := t.n.ID().String()
+	logged := false
+	for {
+		_, ep := t.n.gsp.Snapshot()
+		if slices.Contains(ep.Order, self) && (!first || len(ep.Order) >= t.cfg.MinPeers) {
+			return ep, nil
+		}
+		if first && !logged && ep.Number != 0 {
+			t.log.Info("waiting for peers", zap.Int("have", len(ep.Order)), zap.Int("min_peers", t.cfg.MinPeers))
+			logged = true
+		}
+		if !sleepCtx(ctx, pollInterval) {
+			return gossip.Epoch{}, ctx.Err()
+		}
+	}
+}
+
+// enter announces this peer ready in ep, waits for every member, and brings
+// this peer's state up to the most advanced member's.
+func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
+	t.n.updateTrain(func(ti *trainInfo) { ti.ready = &gossip.Ready{Epoch: ep.Number, Step: t.step} })
+	t.n.gsp.Beat()
+	var target uint64
+	var ready map[string]uint64
+	for {
+		members, cur := t.n.gsp.Snapshot()
+		if cur.Number != ep.Number {
+			return errEpochChanged
+		}
+		ready = map[string]uint64{}
+		for _, m := range members {
+			if m.Ready != nil && m.Ready.Epoch == ep.Number {
+				ready[m.PeerID] = m.Ready.Step
+			}
+		}
+		ready[t.n.ID().String()] = t.step
+		all := true
+		for _, p := range ep.Order {
+			s, ok := ready[p]
+			all = all && ok
+			target = max(target, s)
+		}
+		if all {
+			break
+		}
+		if !sleepCtx(ctx, pollInterval) {
+			return ctx.Err()
+		}
+	}
+	t.mu.Lock()
+	behind, force := t.step < target, t.forceSync
+	t.mu.Unlock()
+	self := t.n.ID().String()
+	if !behind && !(force && ep.Coordinator != self) {
+		t.forceSync = false
+		return nil
+	}
+	// Fetch from the coordinator if it is at the target, else the lowest peer ID that is.
+	src := ""
+	for _, p := range append([]string{ep.Coordinator}, ep.Order...) {
+		if p != self && ready[p] == target {
+			src = p
+			break
+		}
+	}
+	if src == "" {
+		return fmt.Errorf("node: no member holds step %d", target)
+	}
+	return t.syncFrom(ctx, src, target)
+}
+
+// syncFrom replaces this peer's state with peer src's at step.
+func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64) error {
+	id, err := peer.Decode(src)
+	if err != nil {
+		return err
+	}
+	t.log.Info("fetching training state", zap.String("from", src), zap.Uint64("step", step))
+	b, err := t.n.FetchState(ctx, id, step)
+	if err != nil {
+		return err
+	}
+	c, err := model.UnmarshalCheckpoint(b)
+	if err != nil {
+		return fmt.Errorf("node: state from %s: %w", src, err)
+	}
+	if c.ConfigHash != t.cfgHash || uint64(c.Step) != step {
+		return fmt.Errorf("node: state from %s is for another configuration or step (%d)", src, c.Step)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.m.Restore(c, t.opt); err != nil {
+		return err
+	}
+	t.step = step
+	t.forceSync = false
+	for _, cd := range t.codecs {
+		cd.Reset() // a peer that takes over someone's state starts with zero residuals
+	}
+	hash := t.m.ParamHash()
+	t.n.SetStep(step)
+	t.n.updateTrain(func(ti *trainInfo) {
+		ti.paramHash = hash
+		ti.ready = &gossip.Ready{Epoch: ti.ready.Epoch, Step: step}
+	})
+	t.log.Info("training state synchronised", zap.String("from", src), zap.Uint64("step", step), zap.String("param_hash", hash))
+	return nil
+}
+
+func (t *Trainer) requestEpoch(current uint64) {
+	t.n.updateTrain(func(ti *trainInfo) { ti.wantEpoch = current })
+	t.n.gsp.Beat()
+}
+
+// runEpoch trains in ep until the epoch changes, a round fails, or the run ends.
+func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) {
+	self := t.n.ID().String()
+	aep := allreduce.Epoch{Number: ep.Number, Self: allreduce.PeerID(self)}
+	for _, p := range ep.Order {
+		aep.Peers = append(aep.Peers, allreduce.PeerID(p))
+	}
+	rank := aep.Rank(aep.Self)
+	tr := t.n.OpenTransport(aep)
+	sess, err := allreduce.NewSession(aep, tr, t.arCfg.Session(t.log.Named("allreduce")))
+	if err != nil {
+		tr.Reset(err)
+		t.log.Error("cannot start all-reduce session", zap.Error(err))
+		t.requestEpoch(ep.Number)
+		return
+	}
+	for _, c := range t.codecs {
+		if lr, ok := c.(compress.LowRank); ok {
+			lr.ResetShared() // every member of the epoch starts from the same factors
+		}
+	}
+	t.log.Info("training in ring epoch", zap.Uint64("epoch", ep.Number), zap.Int("peers", len(ep.Order)),
+		zap.Int("rank", rank), zap.Uint64("step", t.step))
+	failed := false
+	for t.step < uint64(t.cfg.Steps) && ctx.Err() == nil {
+		if _, cur := t.n.gsp.Snapshot(); cur.Number != ep.Number {
+			break
+		}
+		if err := t.runStep(ctx, sess, rank, len(ep.Order), ep.Number); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			t.log.Warn("step failed; retrying it in a new ring epoch", zap.Uint64("step", t.step), zap.Error(err))
+			for _, c := range t.codecs {
+				c.Reset()
+			}
+			failed = true
+			break
+		}
+		if t.checkParams(ep) {
+			failed = true
+			break
+		}
+	}
+	sess.Close()
+	if failed || ctx.Err() != nil {
+		tr.Reset(errEpochChanged)
+		t.requestEpoch(ep.Number)
+		return
+	}
+	tr.Close()
+}
+
+// runStep computes, all-reduces and applies one step.
+func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, rank, world int, epoch uint64) error {
+	start := time.Now()
+	step := t.step
+	per := t.cfg.BatchSize
+	var err error
+	t.idx, err = t.sampler.Indices(t.idx, int64(step), rank, world, per*len(t.devs))
+	if err != nil {
+		return err
+	}
+	for d := range t.devs {
+		t.batches[d] = t.train.Gather(t.batches[d], t.idx[d*per:(d+1)*per])
+	}
+	sentBefore := t.n.ring.sent.Load()
+	round := sess.NewRound(ctx, step)
+	var addErr error
+	stats, cerr := t.m.ComputeGradients(t.batches, model.NoiseSeed(t.cfg.Seed, int64(step), rank), func(b int) {
+		g := t.m.BucketGrads(b)
+		if model.HasNonFinite(g) {
+			t.log.Error("non-finite local gradient: contributing zeros for this bucket", zap.Uint64("step", step), zap.Int("bucket", b))
+			clear(g)
+		}
+		if err := round.Add(allreduce.Bucket{ID: uint32(b), Codec: t.codecs[b], Data: g, Out: g}); err != nil && addErr == nil {
+			addErr = err
+		}
+	})
+	werr := round.Wait()
+	if err := errors.Join(cerr, addErr, werr); err != nil {
+		return err
+	}
+	grads := t.m.Grads()
+	skip := model.HasNonFinite(grads)
+	t.mu.Lock()
+	if skip {
+		t.log.Error("non-finite averaged gradient: every peer skips this step", zap.Uint64("step", step))
+	} else {
+		t.m.ApplyGradients(t.opt, int64(step))
+	}
+	t.step++
+	t.mu.Unlock()
+	elapsed := time.Since(start).Seconds()
+	sent := float64(t.n.ring.sent.Load() - sentBefore)
+	samples := float64(world * per * len(t.devs))
+	t.n.SetStep(t.step)
+	t.n.updateTrain(func(ti *trainInfo) {
+		ti.loss = stats.Loss
+		ti.samplesPerS = samples / elapsed
+		ti.bytesPerStep = sent
+	})
+	t.afterStep()
+	if t.progress != nil {
+		t.progress(Progress{Step: t.step, Steps: uint64(t.cfg.Steps), Loss: stats.Loss, Accuracy: t.lastEval,
+			SamplesPerS: samples / elapsed, BytesPerStep: sent, Peers: world, Epoch: epoch})
+	}
+	return nil
+}
+
+// afterStep runs the periodic work: evaluation, parameter hash, checkpoint.
+func (t *Trainer) afterStep() {
+	s := int(t.step)
+	if t.cfg.EvalEvery > 0 && s%t.cfg.EvalEvery == 0 && s < t.cfg.Steps {
+		t.evaluate()
+	}
+	if t.cfg.CheckEvery > 0 && s%t.cfg.CheckEvery == 0 {
+		h := t.m.ParamHash()
+		t.n.updateTrain(func(ti *trainInfo) {
+			ti.paramHash = h
+			ti.check = &gossip.ParamCheck{Step: t.step, Hash: h}
+		})
+	}
+	if t.cfg.CheckpointDir != "" && t.cfg.CheckpointEvery > 0 && s%t.cfg.CheckpointEvery == 0 {
+		t.checkpoint()
+	}
+}
+
+func (t *Trainer) evaluate() model.Stats {
+	st, err := t.m.Evaluate(t.test)
+	if err != nil {
+		t.log.Error("evaluation failed", zap.Error(err))
+		return st
+	}
+	t.lastEval = st.Accuracy()
+	t.n.updateTrain(func(ti *trainInfo) { ti.accuracy = st.Accuracy() })
+	t.log.Info("evaluation", zap.Uint64("step", t.step), zap.Float64("test_loss", st.Loss), zap.Float64("test_accuracy", st.Accuracy()))
+	return st
+}
+
+func (t *Trainer) checkpoint() {
+	t.mu.Lock()
+	c := t.m.Checkpoint(t.opt, int64(t.step), t.cfgHash)
+	t.mu.Unlock()
+	path, err := model.WriteCheckpoint(t.cfg.CheckpointDir, c, 0)
+	if err != nil {
+		t.log.Error("checkpoint failed", zap.Error(err))
+		return
+	}
+	t.log.Info("checkpoint written", zap.String("path", path), zap.Uint64("step", t.step))
+}
+
+// checkParams compares this peer's last parameter hash with the coordinator's
+// for the same step. On a mismatch it logs an error, marks this peer for a
+// re-sync from the coordinator, and returns true.
+func (t *Trainer) checkParams(ep gossip.Epoch) bool {
+	self := t.n.ID().String()
+	if ep.Coordinator == self {
+		return false
+	}
+	t.n.mu.Lock()
+	mine := t.n.train.check
+	t.n.mu.Unlock()
+	if mine == nil {
+		return false
+	}
+	members, _ := t.n.gsp.Snapshot()
+	for _, m := range members {
+		if m.PeerID != ep.Coordinator || m.Check == nil || m.Check.Step != mine.Step {
+			continue
+		}
+		if m.Check.Hash != mine.Hash {
+			t.log.Error("parameter hash differs from the coordinator's: re-syncing from it",
+				zap.Uint64("step", mine.Step), zap.String("mine", mine.Hash), zap.String("coordinator", m.Check.Hash))
+			t.mu.Lock()
+			t.forceSync = true
+			t.mu.Unlock()
+			return true
+		}
+	}
+	return false
+}
+
+// finish evaluates, writes the final checkpoint, and keeps serving state for a
+// while so a peer whose last round failed can still catch up.
+func (t *Trainer) finish(ctx context.Context) (Result, error) {
+	st := t.evaluate()
+	if t.cfg.CheckpointDir != "" {
+		t.checkpoint()
+	}
+	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.m.ParamHash()}
+	t.n.updateTrain(func(ti *trainInfo) { ti.paramHash = res.ParamHash })
+	deadline := time.Now().Add(2 * t.n.cfg.Gossip.FailureTimeout.D())
+	for time.Now().Before(deadline) {
+		members, ep := t.n.gsp.Snapshot()
+		done := true
+		for _, m := range members {
+			if slices.Contains(ep.Order, m.PeerID) && m.Step < t.step {
+				done = false
+			}
+		}
+		if done || !sleepCtx(ctx, pollInterval) {
+			break
+		}
+	}
+	return res, nil
+}
+
+// String formats a result as the final line of a run.
+func (r Result) String() string {
+	return fmt.Sprintf("done step=%d loss=%.4f accuracy=%.4f param_hash=%s", r.Step, r.Loss, r.Accuracy, r.ParamHash)
+}
+
+// updateTrain changes the training fields of heartbeats and /status.
+func (n *Node) updateTrain(f func(*trainInfo)) {
+	n.mu.Lock()
+	f(&n.train)
+	n.mu.Unlock()
+}
