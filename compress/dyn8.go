@@ -104,59 +104,24 @@ func dyn8Code(t *dyn8Tables, a float32) byte {
 	return c
 }
 
-type dyn8Codec struct {
-	base
-	bucket int
-	t      *dyn8Tables
-}
-
 func buildDyn8(p params, opts Options) (Codec, error) {
-	return &dyn8Codec{base{p.canonical(), ClassQuantized, opts.Layout.Len()}, p.int("bucket"), dyn8()}, nil
+	t := dyn8()
+	return &byteCodec{newBase(p.canonical(), ClassQuantized, opts.Layout.Len()), p.int("bucket"),
+		func(out []byte, v []float32) float32 { return dyn8Encode(t, out, v, absMax(v)) },
+		func(dst []float32, codes []byte, m float32, add bool) { dyn8Decode(t, dst, codes, m, add) }}, nil
 }
 
-func (c *dyn8Codec) MaxEncodedLen(n int) int { return bucketedLen(n, c.bucket, 4, identity) }
-func (c *dyn8Codec) Reset()                  {}
-
-func (c *dyn8Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
-	if err := checkRegion("compress: dyn8", pos, len(src), c.total); err != nil {
-		return dst, err
-	}
-	dst, out := grow(dst, c.MaxEncodedLen(len(src)))
-	for b := 0; b < len(src); b += c.bucket {
-		v := src[b:min(b+c.bucket, len(src))]
-		putF32(out, dyn8Encode(c.t, out[4:], v, absMax(v)))
-		out = out[4+len(v):]
-	}
-	return dst, nil
-}
-
-func (c *dyn8Codec) Decode(dst []float32, src []byte) error { return c.decode(dst, src, false) }
-
-func (c *dyn8Codec) DecodeAdd(dst []float32, src []byte) error { return c.decode(dst, src, true) }
-
-func (c *dyn8Codec) decode(dst []float32, src []byte, add bool) error {
-	const name = "compress: dyn8"
-	if err := checkLen(name, len(src), c.MaxEncodedLen(len(dst)), len(dst)); err != nil {
-		return err
-	}
-	tab := &c.t.signed
-	for b := 0; b < len(dst); b += c.bucket {
-		d := dst[b:min(b+c.bucket, len(dst))]
-		m := getF32(src)
-		if !validScale(m) {
-			return corruptf(name, "bucket %d has absmax %g", b/c.bucket, m)
+// dyn8Decode writes or adds the values of codes for absmax m.
+func dyn8Decode(t *dyn8Tables, d []float32, codes []byte, m float32, add bool) {
+	tab := &t.signed
+	codes = codes[:len(d)]
+	if add {
+		for i, x := range codes {
+			d[i] += tab[x] * m
 		}
-		codes := src[4 : 4+len(d)]
-		if add {
-			for i, x := range codes {
-				d[i] += tab[x] * m
-			}
-		} else {
-			for i, x := range codes {
-				d[i] = tab[x] * m
-			}
+	} else {
+		for i, x := range codes {
+			d[i] = tab[x] * m
 		}
-		src = src[4+len(d):]
 	}
-	return nil
 }

@@ -9,8 +9,13 @@ import (
 // base holds what every codec shares.
 type base struct {
 	spec  string
+	name  string // "compress: " + spec, for errors
 	class Class
 	total int // values in the bucket (Layout.Len())
+}
+
+func newBase(spec string, class Class, total int) base {
+	return base{spec: spec, name: "compress: " + spec, class: class, total: total}
 }
 
 // Spec returns the canonical spec string.
@@ -19,21 +24,58 @@ func (b *base) Spec() string { return b.spec }
 // Class says how a ring carries the codec.
 func (b *base) Class() Class { return b.class }
 
-// none: raw little-endian fp32. NaN and Inf pass through bit-exactly.
-type noneCodec struct{ base }
-
-func buildNone(p params, opts Options) (Codec, error) {
-	return &noneCodec{base{p.canonical(), ClassLinear, opts.Layout.Len()}}, nil
+// linearCodec is an element-wise encoding of width bytes per value (none,
+// fp16, bf16): stateless, no header.
+type linearCodec struct {
+	base
+	width int
+	enc   func(out []byte, src []float32)
+	dec   func(dst []float32, src []byte, add bool)
 }
 
-func (c *noneCodec) MaxEncodedLen(n int) int { return 4 * n }
-func (c *noneCodec) Reset()                  {}
+// none: raw little-endian fp32. NaN and Inf pass through bit-exactly.
+func buildNone(p params, opts Options) (Codec, error) {
+	return &linearCodec{newBase(p.canonical(), ClassLinear, opts.Layout.Len()), 4, encodeF32, decodeF32}, nil
+}
 
-func (c *noneCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
-	if err := checkRegion("compress: none", pos, len(src), c.total); err != nil {
+// fp16: IEEE half, round-to-nearest-even. |x| >= 65520 becomes ±Inf; NaN stays NaN; Inf stays Inf.
+func buildFP16(p params, opts Options) (Codec, error) {
+	f16Table() // build the decode table now rather than inside a decode
+	return &linearCodec{newBase(p.canonical(), ClassLinear, opts.Layout.Len()), 2, encodeF16, decodeF16}, nil
+}
+
+// bf16: top half of fp32, round-to-nearest-even. Overflow rounds to ±Inf; NaN and Inf are kept.
+func buildBF16(p params, opts Options) (Codec, error) {
+	return &linearCodec{newBase(p.canonical(), ClassLinear, opts.Layout.Len()), 2, encodeBF16, decodeBF16}, nil
+}
+
+func (c *linearCodec) MaxEncodedLen(n int) int { return c.width * n }
+func (c *linearCodec) Reset()                  {}
+
+func (c *linearCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
+	if err := checkRegion(c.name, pos, len(src), c.total); err != nil {
 		return dst, err
 	}
-	dst, out := grow(dst, 4*len(src))
+	dst, out := grow(dst, c.width*len(src))
+	c.enc(out, src)
+	return dst, nil
+}
+
+func (c *linearCodec) Decode(dst []float32, src []byte) error { return c.decode(dst, src, false) }
+
+func (c *linearCodec) DecodeAdd(dst []float32, src []byte) error { return c.decode(dst, src, true) }
+
+func (c *linearCodec) decode(dst []float32, src []byte, add bool) error {
+	if len(src) != c.width*len(dst) {
+		return corruptf(c.name, "payload of %d bytes for %d values, want %d",
+			len(src), len(dst), c.width*len(dst))
+	}
+	c.dec(dst, src, add)
+	return nil
+}
+
+// encodeF32 writes src as little-endian fp32.
+func encodeF32(out []byte, src []float32) {
 	for len(src) >= 2 && len(out) >= 8 {
 		binary.LittleEndian.PutUint64(out, uint64(math.Float32bits(src[0]))|uint64(math.Float32bits(src[1]))<<32)
 		src, out = src[2:], out[8:]
@@ -41,38 +83,28 @@ func (c *noneCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
 	for i, v := range src {
 		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(v))
 	}
-	return dst, nil
 }
 
-func (c *noneCodec) Decode(dst []float32, src []byte) error {
-	if err := checkLen("compress: none", len(src), 4*len(dst), len(dst)); err != nil {
-		return err
-	}
+// decodeF32 writes or adds little-endian fp32 values.
+func decodeF32(dst []float32, src []byte, add bool) {
 	for len(dst) >= 2 && len(src) >= 8 {
 		x := binary.LittleEndian.Uint64(src)
-		dst[0], dst[1] = math.Float32frombits(uint32(x)), math.Float32frombits(uint32(x>>32))
+		a, b := math.Float32frombits(uint32(x)), math.Float32frombits(uint32(x>>32))
+		if add {
+			dst[0] += a
+			dst[1] += b
+		} else {
+			dst[0], dst[1] = a, b
+		}
 		dst, src = dst[2:], src[8:]
 	}
 	for i := range dst {
-		dst[i] = getF32(src[4*i:])
+		if add {
+			dst[i] += getF32(src[4*i:])
+		} else {
+			dst[i] = getF32(src[4*i:])
+		}
 	}
-	return nil
-}
-
-func (c *noneCodec) DecodeAdd(dst []float32, src []byte) error {
-	if err := checkLen("compress: none", len(src), 4*len(dst), len(dst)); err != nil {
-		return err
-	}
-	for len(dst) >= 2 && len(src) >= 8 {
-		x := binary.LittleEndian.Uint64(src)
-		dst[0] += math.Float32frombits(uint32(x))
-		dst[1] += math.Float32frombits(uint32(x >> 32))
-		dst, src = dst[2:], src[8:]
-	}
-	for i := range dst {
-		dst[i] += getF32(src[4*i:])
-	}
-	return nil
 }
 
 // f32ToF16 converts to IEEE binary16 with round-to-nearest-even (see encodeF16).
@@ -134,63 +166,31 @@ var f16Table = sync.OnceValue(func() *[1 << 16]float32 {
 	return &t
 })
 
-// fp16: IEEE half, round-to-nearest-even. |x| >= 65520 becomes ±Inf; NaN stays NaN; Inf stays Inf.
-type fp16Codec struct {
-	base
-	tab *[1 << 16]float32
-}
-
-func buildFP16(p params, opts Options) (Codec, error) {
-	return &fp16Codec{base{p.canonical(), ClassLinear, opts.Layout.Len()}, f16Table()}, nil
-}
-
-func (c *fp16Codec) MaxEncodedLen(n int) int { return 2 * n }
-func (c *fp16Codec) Reset()                  {}
-
-func (c *fp16Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
-	if err := checkRegion("compress: fp16", pos, len(src), c.total); err != nil {
-		return dst, err
-	}
-	dst, out := grow(dst, 2*len(src))
-	encodeF16(out, src)
-	return dst, nil
-}
-
-func (c *fp16Codec) Decode(dst []float32, src []byte) error {
-	if err := checkLen("compress: fp16", len(src), 2*len(dst), len(dst)); err != nil {
-		return err
-	}
-	t := c.tab
+// decodeF16 writes or adds little-endian binary16 values, through a table.
+func decodeF16(dst []float32, src []byte, add bool) {
+	t := f16Table()
 	for len(dst) >= 4 && len(src) >= 8 {
 		x := binary.LittleEndian.Uint64(src)
 		d := dst[:4:4]
-		d[0], d[1], d[2], d[3] = t[uint16(x)], t[uint16(x>>16)], t[uint16(x>>32)], t[uint16(x>>48)]
+		a, b, c, e := t[uint16(x)], t[uint16(x>>16)], t[uint16(x>>32)], t[uint16(x>>48)]
+		if add {
+			d[0] += a
+			d[1] += b
+			d[2] += c
+			d[3] += e
+		} else {
+			d[0], d[1], d[2], d[3] = a, b, c, e
+		}
 		dst, src = dst[4:], src[8:]
 	}
 	for i := range dst {
-		dst[i] = t[binary.LittleEndian.Uint16(src[2*i:])]
+		v := t[binary.LittleEndian.Uint16(src[2*i:])]
+		if add {
+			dst[i] += v
+		} else {
+			dst[i] = v
+		}
 	}
-	return nil
-}
-
-func (c *fp16Codec) DecodeAdd(dst []float32, src []byte) error {
-	if err := checkLen("compress: fp16", len(src), 2*len(dst), len(dst)); err != nil {
-		return err
-	}
-	t := c.tab
-	for len(dst) >= 4 && len(src) >= 8 {
-		x := binary.LittleEndian.Uint64(src)
-		d := dst[:4:4]
-		d[0] += t[uint16(x)]
-		d[1] += t[uint16(x>>16)]
-		d[2] += t[uint16(x>>32)]
-		d[3] += t[uint16(x>>48)]
-		dst, src = dst[4:], src[8:]
-	}
-	for i := range dst {
-		dst[i] += t[binary.LittleEndian.Uint16(src[2*i:])]
-	}
-	return nil
 }
 
 // f32ToBF16 keeps the top 16 bits of f rounded to nearest even; NaN stays a quiet NaN.
@@ -203,21 +203,8 @@ func f32ToBF16(f float32) uint16 {
 	return uint16(h)
 }
 
-// bf16: top half of fp32, round-to-nearest-even. Overflow rounds to ±Inf; NaN and Inf are kept.
-type bf16Codec struct{ base }
-
-func buildBF16(p params, opts Options) (Codec, error) {
-	return &bf16Codec{base{p.canonical(), ClassLinear, opts.Layout.Len()}}, nil
-}
-
-func (c *bf16Codec) MaxEncodedLen(n int) int { return 2 * n }
-func (c *bf16Codec) Reset()                  {}
-
-func (c *bf16Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
-	if err := checkRegion("compress: bf16", pos, len(src), c.total); err != nil {
-		return dst, err
-	}
-	dst, out := grow(dst, 2*len(src))
+// encodeBF16 writes src as little-endian bfloat16 (see f32ToBF16).
+func encodeBF16(out []byte, src []float32) {
 	for len(src) >= 4 && len(out) >= 8 {
 		s := src[:4:4]
 		binary.LittleEndian.PutUint64(out, uint64(f32ToBF16(s[0]))|uint64(f32ToBF16(s[1]))<<16|
@@ -227,43 +214,33 @@ func (c *bf16Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
 	for i, v := range src {
 		binary.LittleEndian.PutUint16(out[2*i:], f32ToBF16(v))
 	}
-	return dst, nil
 }
 
-func (c *bf16Codec) Decode(dst []float32, src []byte) error {
-	if err := checkLen("compress: bf16", len(src), 2*len(dst), len(dst)); err != nil {
-		return err
-	}
+// decodeBF16 writes or adds little-endian bfloat16 values.
+func decodeBF16(dst []float32, src []byte, add bool) {
 	for len(dst) >= 4 && len(src) >= 8 {
 		x := binary.LittleEndian.Uint64(src)
 		d := dst[:4:4]
-		d[0] = math.Float32frombits(uint32(x) << 16)
-		d[1] = math.Float32frombits(uint32(x) &^ 0xffff)
-		d[2] = math.Float32frombits(uint32(x>>32) << 16)
-		d[3] = math.Float32frombits(uint32(x>>32) &^ 0xffff)
+		a := math.Float32frombits(uint32(x) << 16)
+		b := math.Float32frombits(uint32(x) &^ 0xffff)
+		c := math.Float32frombits(uint32(x>>32) << 16)
+		e := math.Float32frombits(uint32(x>>32) &^ 0xffff)
+		if add {
+			d[0] += a
+			d[1] += b
+			d[2] += c
+			d[3] += e
+		} else {
+			d[0], d[1], d[2], d[3] = a, b, c, e
+		}
 		dst, src = dst[4:], src[8:]
 	}
 	for i := range dst {
-		dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
+		v := math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
+		if add {
+			dst[i] += v
+		} else {
+			dst[i] = v
+		}
 	}
-	return nil
-}
-
-func (c *bf16Codec) DecodeAdd(dst []float32, src []byte) error {
-	if err := checkLen("compress: bf16", len(src), 2*len(dst), len(dst)); err != nil {
-		return err
-	}
-	for len(dst) >= 4 && len(src) >= 8 {
-		x := binary.LittleEndian.Uint64(src)
-		d := dst[:4:4]
-		d[0] += math.Float32frombits(uint32(x) << 16)
-		d[1] += math.Float32frombits(uint32(x) &^ 0xffff)
-		d[2] += math.Float32frombits(uint32(x>>32) << 16)
-		d[3] += math.Float32frombits(uint32(x>>32) &^ 0xffff)
-		dst, src = dst[4:], src[8:]
-	}
-	for i := range dst {
-		dst[i] += math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
-	}
-	return nil
 }

@@ -159,41 +159,50 @@ func bucketedLen(n, bucket, hdr int, bytesFor func(int) int) int {
 
 func identity(n int) int { return n }
 
-type int8Codec struct {
+// byteCodec is a bucketed codec with layout [absmax fp32][one byte per value]
+// (int8, dyn8).
+type byteCodec struct {
 	base
 	bucket int
+	// enc writes a bucket's codes and returns the absmax to store.
+	enc func(out []byte, v []float32) float32
+	// dec writes or adds a bucket's values from its validated absmax.
+	dec func(dst []float32, codes []byte, absmax float32, add bool)
 }
 
 func buildInt8(p params, opts Options) (Codec, error) {
-	return &int8Codec{base{p.canonical(), ClassQuantized, opts.Layout.Len()}, p.int("bucket")}, nil
+	return &byteCodec{newBase(p.canonical(), ClassQuantized, opts.Layout.Len()), p.int("bucket"),
+		func(out []byte, v []float32) float32 { return quantRNE(out, v, absMax(v), 127) },
+		dequant127}, nil
 }
 
-func (c *int8Codec) MaxEncodedLen(n int) int { return bucketedLen(n, c.bucket, 4, identity) }
-func (c *int8Codec) Reset()                  {}
+func (c *byteCodec) MaxEncodedLen(n int) int { return bucketedLen(n, c.bucket, 4, identity) }
+func (c *byteCodec) Reset()                  {}
 
-func (c *int8Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
-	if err := checkRegion("compress: int8", pos, len(src), c.total); err != nil {
+func (c *byteCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
+	if err := checkRegion(c.name, pos, len(src), c.total); err != nil {
 		return dst, err
 	}
 	dst, out := grow(dst, c.MaxEncodedLen(len(src)))
 	for b := 0; b < len(src); b += c.bucket {
 		v := src[b:min(b+c.bucket, len(src))]
-		putF32(out, quantRNE(out[4:], v, absMax(v), 127))
+		putF32(out, c.enc(out[4:4+len(v)], v))
 		out = out[4+len(v):]
 	}
 	return dst, nil
 }
 
-func (c *int8Codec) Decode(dst []float32, src []byte) error { return c.decode(dst, src, false) }
-
-func (c *int8Codec) DecodeAdd(dst []float32, src []byte) error { return c.decode(dst, src, true) }
-
-func (c *int8Codec) decode(dst []float32, src []byte, add bool) error {
-	return decodeScaledBuckets("compress: int8", dst, src, c.bucket, 127, add)
+func (c *byteCodec) Decode(dst []float32, src []byte) error {
+	return decodeScaledBuckets(c.name, dst, src, c.bucket, c.dec, false)
 }
 
-// decodeScaledBuckets decodes the [absmax][int8 codes] bucket layout.
-func decodeScaledBuckets(name string, dst []float32, src []byte, bucket int, levels float32, add bool) error {
+func (c *byteCodec) DecodeAdd(dst []float32, src []byte) error {
+	return decodeScaledBuckets(c.name, dst, src, c.bucket, c.dec, true)
+}
+
+// decodeScaledBuckets decodes the [absmax][byte codes] bucket layout with dec.
+func decodeScaledBuckets(name string, dst []float32, src []byte, bucket int,
+	dec func(dst []float32, codes []byte, absmax float32, add bool), add bool) error {
 	if err := checkLen(name, len(src), bucketedLen(len(dst), bucket, 4, identity), len(dst)); err != nil {
 		return err
 	}
@@ -203,7 +212,7 @@ func decodeScaledBuckets(name string, dst []float32, src []byte, bucket int, lev
 		if !validScale(m) {
 			return corruptf(name, "bucket %d has absmax %g", b/bucket, m)
 		}
-		dequant(d, src[4:], m, levels, add)
+		dec(d, src[4:4+len(d)], m, add)
 		src = src[4+len(d):]
 	}
 	return nil
@@ -221,7 +230,7 @@ var _ SharedScaler = (*sint8Codec)(nil)
 func buildSInt8(p params, opts Options) (Codec, error) {
 	b := p.int("bucket")
 	return &sint8Codec{
-		base:   base{p.canonical(), ClassSharedScale, opts.Layout.Len()},
+		base:   newBase(p.canonical(), ClassSharedScale, opts.Layout.Len()),
 		bucket: b, seed: opts.Seed,
 	}, nil
 }
@@ -341,9 +350,13 @@ func (c *sint8Codec) DecodeScaled(dst []float32, src []byte, absmax []float32, p
 }
 
 func (c *sint8Codec) Decode(dst []float32, src []byte) error {
-	return decodeScaledBuckets("compress: sint8", dst, src, c.bucket, 127, false)
+	return decodeScaledBuckets("compress: sint8", dst, src, c.bucket, dequant127, false)
 }
 
 func (c *sint8Codec) DecodeAdd(dst []float32, src []byte) error {
-	return decodeScaledBuckets("compress: sint8", dst, src, c.bucket, 127, true)
+	return decodeScaledBuckets("compress: sint8", dst, src, c.bucket, dequant127, true)
+}
+
+func dequant127(dst []float32, codes []byte, absmax float32, add bool) {
+	dequant(dst, codes, absmax, 127, add)
 }

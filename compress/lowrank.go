@@ -71,7 +71,7 @@ func buildACPSGD(p params, opts Options) (Codec, error) {
 // more dimensions whatever its size (for tests on small matrices).
 func newLowRank(spec string, rank int, opts Options, acp, force bool) *lowRankCodec {
 	c := &lowRankCodec{
-		base: base{spec, ClassLowRank, opts.Layout.Len()},
+		base: newBase(spec, ClassLowRank, opts.Layout.Len()),
 		acp:  acp, rank: rank, seed: opts.SharedSeed,
 	}
 	r, off, maxF := c.rank, 0, 0
@@ -437,7 +437,7 @@ func (c *lowRankCodec) decode(dst []float32, src []byte, add bool) error {
 			c.spec, len(dst), c.total, ErrShape)
 	}
 	if len(src) != c.payloadLen() {
-		return corruptf("compress: "+c.spec, "payload of %d bytes, want %d", len(src), c.payloadLen())
+		return corruptf(c.name, "payload of %d bytes, want %d", len(src), c.payloadLen())
 	}
 	r := c.rank
 	for _, t := range c.tensors {

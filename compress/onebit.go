@@ -187,7 +187,7 @@ type oneBitCodec struct{ efCodec }
 
 func buildOneBit(p params, opts Options) (Codec, error) {
 	n := opts.Layout.Len()
-	return &oneBitCodec{efCodec{base{p.canonical(), ClassErrorFeedback, n}, p.int("bucket"), 8, residual{n: n}}}, nil
+	return &oneBitCodec{efCodec{newBase(p.canonical(), ClassErrorFeedback, n), p.int("bucket"), 8, residual{n: n}}}, nil
 }
 
 func (c *oneBitCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
@@ -247,7 +247,7 @@ type signCodec struct{ efCodec }
 
 func buildSign(p params, opts Options) (Codec, error) {
 	n := opts.Layout.Len()
-	return &signCodec{efCodec{base{p.canonical(), ClassErrorFeedback, n}, p.int("bucket"), 4, residual{n: n}}}, nil
+	return &signCodec{efCodec{newBase(p.canonical(), ClassErrorFeedback, n), p.int("bucket"), 4, residual{n: n}}}, nil
 }
 
 func (c *signCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {

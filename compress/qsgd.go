@@ -27,7 +27,7 @@ func buildQSGD(p params, opts Options) (Codec, error) {
 	bits, bucket := p.int("bits"), p.int("bucket")
 	sz := min(bucket, max(opts.Layout.Len(), 1))
 	c := &qsgdCodec{
-		base: base{p.canonical(), ClassQuantized, opts.Layout.Len()},
+		base: newBase(p.canonical(), ClassQuantized, opts.Layout.Len()),
 		bits: bits, bucket: bucket, levels: int32(1)<<(bits-1) - 1,
 		linf: p.vals["norm"] == "linf", seed: opts.Seed,
 		u: make([]float32, sz), scaled: make([]float32, sz), codes: make([]byte, sz),

@@ -30,7 +30,7 @@ type topKCodec struct {
 func buildTopK(p params, opts Options) (Codec, error) {
 	n := opts.Layout.Len()
 	return &topKCodec{
-		base:  base{p.canonical(), ClassSparse, n},
+		base:  newBase(p.canonical(), ClassSparse, n),
 		ratio: p.float("ratio"), dgc: p.bool("dgc"), momentum: float32(p.float("momentum")),
 		res: residual{n: n}, mom: residual{n: n},
 	}, nil
