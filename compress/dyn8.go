@@ -72,12 +72,8 @@ var dyn8 = sync.OnceValue(func() *dyn8Tables {
 // dyn8Encode writes the codes of v normalised by absmax and returns the scale to store.
 func dyn8Encode(t *dyn8Tables, out []byte, v []float32, absmax float32) float32 {
 	out = out[:len(v)]
-	if !isFinite(absmax) || absmax == 0 {
-		clear(out)
-		if absmax == 0 {
-			return 0
-		}
-		return canonicalNaN
+	if s, ok := degenerate(out, absmax); ok {
+		return s
 	}
 	inv := 1 / absmax
 	if !isFinite(inv) {

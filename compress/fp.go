@@ -74,6 +74,19 @@ func (c *linearCodec) decode(dst []float32, src []byte, add bool) error {
 	return nil
 }
 
+// put4 writes or adds four values.
+func put4(d []float32, a, b, c, e float32, add bool) {
+	d = d[:4:4]
+	if add {
+		d[0] += a
+		d[1] += b
+		d[2] += c
+		d[3] += e
+	} else {
+		d[0], d[1], d[2], d[3] = a, b, c, e
+	}
+}
+
 // encodeF32 writes src as little-endian fp32.
 func encodeF32(out []byte, src []float32) {
 	for len(src) >= 2 && len(out) >= 8 {
@@ -173,14 +186,7 @@ func decodeF16(dst []float32, src []byte, add bool) {
 		x := binary.LittleEndian.Uint64(src)
 		d := dst[:4:4]
 		a, b, c, e := t[uint16(x)], t[uint16(x>>16)], t[uint16(x>>32)], t[uint16(x>>48)]
-		if add {
-			d[0] += a
-			d[1] += b
-			d[2] += c
-			d[3] += e
-		} else {
-			d[0], d[1], d[2], d[3] = a, b, c, e
-		}
+		put4(d, a, b, c, e, add)
 		dst, src = dst[4:], src[8:]
 	}
 	for i := range dst {
@@ -225,14 +231,7 @@ func decodeBF16(dst []float32, src []byte, add bool) {
 		b := math.Float32frombits(uint32(x) &^ 0xffff)
 		c := math.Float32frombits(uint32(x>>32) << 16)
 		e := math.Float32frombits(uint32(x>>32) &^ 0xffff)
-		if add {
-			d[0] += a
-			d[1] += b
-			d[2] += c
-			d[3] += e
-		} else {
-			d[0], d[1], d[2], d[3] = a, b, c, e
-		}
+		put4(d, a, b, c, e, add)
 		dst, src = dst[4:], src[8:]
 	}
 	for i := range dst {

@@ -21,12 +21,8 @@ const roundMagic = 12582912 // 1.5·2^23
 // returns the scale to store: absmax, or NaN when absmax is not finite.
 func quantRNE(out []byte, v []float32, absmax, levels float32) float32 {
 	out = out[:len(v)]
-	if !isFinite(absmax) || absmax == 0 {
-		clear(out)
-		if absmax == 0 {
-			return 0
-		}
-		return canonicalNaN
+	if s, ok := degenerate(out, absmax); ok {
+		return s
 	}
 	scale := levels / absmax
 	if !isFinite(scale) { // absmax is tiny: keep precision in float64

@@ -75,6 +75,19 @@ func isFinite(f float32) bool { return absBits(f) < 0x7f800000 }
 
 func isNaN(f float32) bool { return absBits(f) > 0x7f800000 }
 
+// degenerate handles a bucket whose absmax is zero or not finite: it zeroes the
+// codes in out and returns the scale to store (0 or NaN) and true.
+func degenerate(out []byte, absmax float32) (float32, bool) {
+	if isFinite(absmax) && absmax != 0 {
+		return 0, false
+	}
+	clear(out)
+	if absmax == 0 {
+		return 0, true
+	}
+	return canonicalNaN, true
+}
+
 // validScale reports whether a stored non-negative scale is acceptable:
 // finite and >= 0, or NaN (the marker of a bucket with non-finite input).
 func validScale(s float32) bool { return isNaN(s) || (s >= 0 && isFinite(s)) }
