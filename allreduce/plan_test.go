@@ -1,0 +1,182 @@
+package allreduce
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+func uniform(n int, v float64) Matrix {
+	m := make(Matrix, n)
+	for i := range m {
+		m[i] = make([]float64, n)
+		for j := range m[i] {
+			m[i][j] = v
+		}
+	}
+	return m
+}
+
+// bruteBottleneck is the optimum by enumeration (n ≤ 8).
+func bruteBottleneck(m Matrix) float64 {
+	n := len(m)
+	best := 0.0
+	perm := make([]int, n)
+	for i := range perm {
+		perm[i] = i
+	}
+	var rec func(k int)
+	rec = func(k int) {
+		if k == n {
+			best = math.Max(best, Bottleneck(m, perm))
+			return
+		}
+		for i := k; i < n; i++ {
+			perm[k], perm[i] = perm[i], perm[k]
+			rec(k + 1)
+			perm[k], perm[i] = perm[i], perm[k]
+		}
+	}
+	rec(1)
+	return best
+}
+
+func TestRingOrderOptimalSmall(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for trial := 0; trial < 200; trial++ {
+		n := 2 + r.IntN(6)
+		m := uniform(n, 0)
+		for i := range m {
+			for j := range m {
+				m[i][j] = float64(1 + r.IntN(10))
+			}
+		}
+		o := RingOrder(m)
+		seen := map[int]bool{}
+		for _, p := range o {
+			seen[p] = true
+		}
+		if len(o) != n || len(seen) != n || o[0] != 0 {
+			t.Fatalf("bad order %v", o)
+		}
+		if got, want := Bottleneck(m, o), bruteBottleneck(m); got < want {
+			t.Errorf("trial %d n=%d: bottleneck %v < optimum %v (%v)", trial, n, got, want, o)
+		}
+		if o2 := RingOrder(m); !equalInts(o, o2) {
+			t.Fatalf("not deterministic: %v vs %v", o, o2)
+		}
+	}
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestRingOrderTwoRacks: peers 0-3 and 4-7 are in two racks joined by slow
+// links except one fast pair in each direction; the ring must cross once each way.
+func TestRingOrderTwoRacks(t *testing.T) {
+	m := uniform(64, 0)
+	rack := func(i int) int { return i % 2 }
+	for i := range m {
+		for j := range m {
+			if rack(i) == rack(j) {
+				m[i][j] = 10
+			} else {
+				m[i][j] = 1
+			}
+		}
+	}
+	m[2][5], m[7][4] = 10, 10
+	o := RingOrder(m)
+	if b := Bottleneck(m, o); b != 10 {
+		t.Fatalf("bottleneck %v, want 10: %v", b, o)
+	}
+}
+
+func TestShares(t *testing.T) {
+	// 1 slow + 3 fast (10×): the slow peer owns nothing, the others a third each.
+	w := Shares([]float64{1, 10, 10, 10})
+	if w[0] != 0 || math.Abs(w[1]-1.0/3) > 1e-9 {
+		t.Fatalf("shares %v", w)
+	}
+	// Equal rates: equal shares.
+	w = Shares([]float64{5, 5, 5, 5, 5})
+	for _, x := range w {
+		if math.Abs(x-0.2) > 1e-9 {
+			t.Fatalf("shares %v", w)
+		}
+	}
+	// Moderate spread: every positive-share peer finishes at the same time.
+	b := []float64{3, 4, 5, 6}
+	w = Shares(b)
+	sum, t0 := 0.0, -1.0
+	for i := range b {
+		sum += w[i]
+		if w[i] > 0 {
+			ti := (1 + 2*w[i]) / b[i]
+			if t0 >= 0 && math.Abs(ti-t0) > 1e-9 {
+				t.Fatalf("unequal times: shares %v", w)
+			}
+			t0 = ti
+		}
+	}
+	if math.Abs(sum-1) > 1e-9 {
+		t.Fatalf("shares sum %v", sum)
+	}
+}
+
+func TestChoose(t *testing.T) {
+	mbit := 1e6 / 8
+	m := uniform(4, 1000*mbit)
+	for j := range m {
+		m[0][j], m[j][0] = 100*mbit, 100*mbit
+	}
+	p := Choose(m, 64<<20)
+	if p.Schedule != ScheduleProportional || p.Shares[0] != 0 {
+		t.Fatalf("plan %+v", p)
+	}
+	if g := p.RingSeconds / p.ProportionalSeconds; g < 1.4 {
+		t.Fatalf("predicted gain %v", g)
+	}
+	if p := Choose(uniform(4, 1000*mbit), 64<<20); p.Schedule != ScheduleRing {
+		t.Fatalf("uniform: %+v", p)
+	}
+}
+
+func TestLinkSpec(t *testing.T) {
+	for _, tc := range []struct {
+		spec string
+		slow float64
+		want string
+	}{
+		{"none", 1, "none"}, {"none", 4, "fp16"},
+		{"qsgd:bits=8", 1, "qsgd:bits=8,bucket=512,norm=l2"},
+		{"qsgd:bits=8", 2, "qsgd:bits=4,bucket=512,norm=l2"},
+		{"qsgd:bits=8", 10, "qsgd:bits=2,bucket=512,norm=l2"},
+		{"qsgd:bits=4", 3, "qsgd:bits=2,bucket=512,norm=l2"},
+		{"topk:ratio=0.01", 10, "topk:ratio=0.001,dgc=false"},
+		{"onebit", 10, "onebit:bucket=2048"},
+	} {
+		got, err := LinkSpec(tc.spec, tc.slow)
+		if err != nil || got != tc.want {
+			t.Errorf("LinkSpec(%q, %v) = %q, %v; want %q", tc.spec, tc.slow, got, err, tc.want)
+		}
+	}
+	m := uniform(3, 100)
+	m[1][2] = 25
+	s, err := LinkSpecs("qsgd:bits=8", m, []int{0, 1, 2}, "")
+	if err != nil || s[0] != "qsgd:bits=8,bucket=512,norm=l2" || s[1] != "qsgd:bits=2,bucket=512,norm=l2" {
+		t.Fatalf("LinkSpecs = %v, %v", s, err)
+	}
+	if s, _ := LinkSpecs("qsgd", m, []int{0, 1, 2}, "int8"); s[1] != "int8:bucket=2048" {
+		t.Fatalf("override: %v", s)
+	}
+}
