@@ -18,7 +18,6 @@ type qsgdCodec struct {
 	linf         bool
 	seed         uint64
 	u, scaled    []float32 // scratch, one bucket each
-	codes        []byte    // scratch, one bucket
 	// signed[c] is the signed level of code c.
 	signed [256]float32
 }
@@ -30,7 +29,7 @@ func buildQSGD(p params, opts Options) (Codec, error) {
 		base: newBase(p.canonical(), ClassQuantized, opts.Layout.Len()),
 		bits: bits, bucket: bucket, levels: int32(1)<<(bits-1) - 1,
 		linf: p.vals["norm"] == "linf", seed: opts.Seed,
-		u: make([]float32, sz), scaled: make([]float32, sz), codes: make([]byte, sz),
+		u: make([]float32, sz), scaled: make([]float32, sz),
 	}
 	for code := range 1 << bits {
 		l := float32(code & (1<<(bits-1) - 1))
@@ -95,49 +94,52 @@ func (c *qsgdCodec) encodeBucket(out []byte, v, u []float32) []byte {
 		}
 		scale = 1
 	}
-	lv := codes
-	if c.bits != 8 {
-		lv = c.codes[:len(v)]
-	}
-	qsgdLevels(lv, x, u, scale, c.levels, c.bits)
-	switch c.bits {
-	case 4:
-		i := 0
-		for ; i+2 <= len(lv); i += 2 {
-			codes[i/2] = lv[i] | lv[i+1]<<4
-		}
-		if i < len(lv) {
-			codes[i/2] = lv[i]
-		}
-	case 2:
-		i := 0
-		for ; i+4 <= len(lv); i += 4 {
-			codes[i/4] = lv[i] | lv[i+1]<<2 | lv[i+2]<<4 | lv[i+3]<<6
-		}
-		if i < len(lv) {
-			var b byte
-			for j := i; j < len(lv); j++ {
-				b |= lv[j] << (2 * (j - i))
-			}
-			codes[i/4] = b
-		}
-	}
+	qsgdPack(codes, x, u, scale, c.levels, c.bits)
 	return out[4+pl:]
 }
 
-// qsgdLevels writes the code (sign<<(bits−1) | level) of each value of v: with
-// a = |v|·scale, level = floor(a) + 1 iff u < a − floor(a), at most s.
-func qsgdLevels(codes []byte, v, u []float32, scale float32, s int32, bits int) {
-	codes, u = codes[:len(v)], u[:len(v)]
-	for i, x := range v {
-		xb := math.Float32bits(x)
-		a := float32(math.Float32frombits(xb&0x7fffffff) * scale)
-		l := int32(a)
-		if u[i] < a-float32(l) {
-			l++
+// qsgdCode returns the code (sign<<(bits−1) | level) of x: with a = |x|·scale,
+// level = floor(a) + 1 iff u < a − floor(a), at most s; sh = bits − 1.
+func qsgdCode(x, u, scale float32, s int32, sh uint) uint32 {
+	xb := math.Float32bits(x)
+	a := float32(math.Float32frombits(xb&0x7fffffff) * scale)
+	l := int32(a)
+	if u < a-float32(l) {
+		l++
+	}
+	return uint32(min(l, s)) | xb>>31<<(sh&31)
+}
+
+// qsgdPack writes the codes of v (uniforms u) packed little-endian, bits per code.
+func qsgdPack(out []byte, v, u []float32, scale float32, s int32, bits int) {
+	u = u[:len(v)]
+	sh := uint(bits - 1)
+	i := 0
+	switch bits {
+	case 8:
+		out = out[:len(v)]
+		for i = range v {
+			out[i] = byte(qsgdCode(v[i], u[i], scale, s, sh))
 		}
-		l = min(l, s)
-		codes[i] = byte(uint32(l) | xb>>31<<(bits-1))
+		return
+	case 4:
+		for ; i+2 <= len(v); i += 2 {
+			out[i/2] = byte(qsgdCode(v[i], u[i], scale, s, sh) | qsgdCode(v[i+1], u[i+1], scale, s, sh)<<4)
+		}
+	case 2:
+		for ; i+4 <= len(v); i += 4 {
+			x, w := v[i:i+4:i+4], u[i:i+4:i+4]
+			out[i/4] = byte(qsgdCode(x[0], w[0], scale, s, sh) | qsgdCode(x[1], w[1], scale, s, sh)<<2 |
+				qsgdCode(x[2], w[2], scale, s, sh)<<4 | qsgdCode(x[3], w[3], scale, s, sh)<<6)
+		}
+	}
+	if i < len(v) { // the last, partial byte
+		per := 8 / bits
+		var b uint32
+		for j := i; j < len(v); j++ {
+			b |= qsgdCode(v[j], u[j], scale, s, sh) << (bits * (j - i) & 31)
+		}
+		out[i/per] = byte(b)
 	}
 }
 
