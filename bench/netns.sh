@@ -13,8 +13,10 @@
 #   --rate R           every host's link rate, tc units: 100mbit, 1gbit, 500kbit [1gbit]
 #   --rates R1,R2,...  one rate per host (host 1 first); sets --hosts when it is not given
 #   --delay D          one-way delay added to every packet a host sends: 1ms, 500us [none]
-#                      (so host-to-host latency is D and the round trip 2·D)
+#                      (so host-to-host latency is D and the round trip 2·D); needs
+#                      the kernel's netem qdisc (sch_netem)
 #   --loss P           loss probability for every packet a host sends: 0.1% [none]
+#                      (netem; without netem, a classic-BPF tc filter on the bridge port)
 #   --mtu M            MTU of every link [1500]; TCP goodput is 1448/1514 = 0.956 of the
 #                      shaped rate at 1500 (tc counts the Ethernet header), 0.993 at 9000
 #   --size S           all-reduced buffer size [64MiB]
@@ -43,7 +45,8 @@
 # traffic can leave them. A host's rate applies in both directions of its link: an
 # htb class on eth0 (what the host sends) and one on the bridge port (what it
 # receives), so a host's rate behaves like its NIC's; delay and loss (netem) sit
-# under the host-side class only, so every packet meets them once.
+# under the host-side class only, so every packet meets them once. Without root
+# or a working `ip netns`, --smoke prints SKIP and exits 0.
 #
 # The daemons: host 1 gets a persistent identity (`p2ptrain keygen --identity`) so
 # its multiaddr /ip4/10.77.0.11/tcp/4001/p2p/<id> is known before it starts; all
@@ -303,19 +306,37 @@ fi
 host_ip() { echo "$SUBNET.$((10 + $1))"; }
 nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
-# shape DEV in NS to RATE; with netem when a delay or loss is asked for
-# (host side only). htb's quantum is set explicitly: the default (rate/10)
-# is far too big for fast links and only earns a kernel warning.
+# netem_works says whether the kernel has the netem qdisc (sch_netem), tried
+# on the loopback device of the bridge namespace.
+netem_works() {
+	nsx "$BR_NS" tc qdisc add dev lo root handle 1: netem delay 0ms >/dev/null 2>&1 || return 1
+	nsx "$BR_NS" tc qdisc del dev lo root >/dev/null 2>&1 || true
+}
+
+# shape DEV in NS to RATE with an htb class; on the host side (with_netem=1)
+# delay and loss hang under it as a netem qdisc. htb's quantum is set
+# explicitly: the default (rate/10) is far too big for fast links and only
+# earns a kernel warning.
 shape() { # ns dev rate with_netem
 	local ns=$1 dev=$2 r=$3 netem=$4 args=()
-	ip -n "$ns" link set dev "$dev" txqueuelen 1000
 	nsx "$ns" tc qdisc add dev "$dev" root handle 1: htb default 1
 	nsx "$ns" tc class add dev "$dev" parent 1: classid 1:1 htb rate "$r" ceil "$r" quantum 65536
-	if [ "$netem" = 1 ] && { [ -n "$delay" ] || [ -n "$loss" ]; }; then
+	if [ "$netem" = 1 ] && [ "$use_netem" = 1 ]; then
 		[ -z "$delay" ] || args+=(delay "$delay")
 		[ -z "$loss" ] || args+=(loss "$loss")
 		nsx "$ns" tc qdisc add dev "$dev" parent 1:1 handle 10: netem "${args[@]}" limit 100000
 	fi
+}
+
+# drop_randomly drops the share --loss of the packets that enter the bridge
+# through port DEV (what its host sends), for kernels without netem: a classic
+# BPF classifier on the port's ingress, "A = random u32; A < threshold ? drop : pass".
+drop_randomly() { # dev
+	local thr
+	thr=$(awk -v p="${loss%\%}" 'BEGIN { printf "%.0f\n", p / 100 * 4294967296 }')
+	nsx "$BR_NS" tc qdisc add dev "$1" ingress
+	nsx "$BR_NS" tc filter add dev "$1" parent ffff: bpf da \
+		bytecode "4,32 0 0 4294963256,53 0 1 $thr,6 0 0 0,6 0 0 2"
 }
 
 # The namespaces have no route but 10.77.0.0/24 on eth0 and no IPv6, so no
@@ -327,6 +348,16 @@ build_network() {
 	ip netns add "$BR_NS"
 	no_ipv6 "$BR_NS"
 	ip -n "$BR_NS" link set lo up
+	use_netem=0
+	if [ -n "$delay" ] || [ -n "$loss" ]; then
+		if netem_works; then
+			use_netem=1
+		elif [ -n "$delay" ]; then
+			die "--delay needs the kernel's netem qdisc (sch_netem), which this kernel lacks"
+		else
+			say "no netem in this kernel: --loss $loss is applied by a BPF classifier on the bridge ports"
+		fi
+	fi
 	ip -n "$BR_NS" link add br0 mtu "$mtu" type bridge stp_state 0
 	ip -n "$BR_NS" link set br0 up
 	for ((i = 1; i <= hosts; i++)); do
@@ -340,11 +371,12 @@ build_network() {
 		ip -n "$ns" link set eth0 up
 		shape "$ns" eth0 "${rate_list[i - 1]}" 1
 		shape "$BR_NS" "h$i" "${rate_list[i - 1]}" 0
+		if [ -n "$loss" ] && [ "$use_netem" = 0 ]; then drop_randomly "h$i"; fi
 	done
 }
 
 say "$hosts hosts, rates ${rate_list[*]}, delay ${delay:-0}, loss ${loss:-0%}, mtu $mtu; logs in $work"
-build_network || die "could not build the network"
+build_network
 
 # --- check: measure every link with the netcheck probe ---------------------------
 
