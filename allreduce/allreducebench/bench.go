@@ -1,0 +1,263 @@
+// Package allreducebench is the in-process all-reduce benchmark behind
+// `p2ptrain bench allreduce`: N peers, each with its own Session, over
+// memtransport links shaped to per-peer bandwidth and latency.
+//
+// Run uses the real clock (simulated links pace with timers), so figures
+// include encode/decode CPU time of all peers sharing this machine. Inside a
+// testing/synctest bubble the same code measures the network model alone.
+package allreducebench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/p2ptrain/p2ptrain/allreduce"
+	"github.com/p2ptrain/p2ptrain/allreduce/memtransport"
+	"github.com/p2ptrain/p2ptrain/compress"
+)
+
+// Options configure a benchmark run.
+type Options struct {
+	// Peers is the number of peers (default 4).
+	Peers int
+	// SizeBytes is the fp32 buffer size in bytes (default 64 MiB).
+	SizeBytes int
+	// Codec is the codec spec (default "none").
+	Codec string
+	// Schedule: "" (class default), ring, direct, allgather, proportional
+	// (shares from the bandwidths), or "auto" (allreduce.Choose picks ring or
+	// proportional and the ring order).
+	Schedule string
+	// Rounds timed (default 5); one untimed warm-up round runs first.
+	Rounds int
+	// Bandwidth is each peer's interface rate in bytes/s, both directions
+	// (one value for all, or one per peer; 0 or empty: unlimited).
+	Bandwidth []float64
+	// Latency is added to every frame.
+	Latency time.Duration
+	// ChunkBytes overrides the pipeline chunk (0: default).
+	ChunkBytes int
+	// Buckets splits the buffer into this many fusion buckets (default 1).
+	Buckets int
+}
+
+// Result is one benchmark outcome (`--json` prints it).
+type Result struct {
+	SizeBytes int     `json:"size_bytes"`
+	Codec     string  `json:"codec"`
+	Schedule  string  `json:"schedule"`
+	Peers     int     `json:"peers"`
+	MedianS   float64 `json:"median_s"`
+	// AlgBWGbps is size / median time, in Gbit/s.
+	AlgBWGbps float64 `json:"algbw_gbps"`
+	// BusBWGbps is AlgBW · 2(W−1)/W (the nccl-tests convention), in Gbit/s.
+	BusBWGbps float64 `json:"busbw_gbps"`
+}
+
+// String formats r on one line.
+func (r Result) String() string {
+	return fmt.Sprintf("size %s  codec %s  schedule %s  peers %d  median %.4fs  algbw %.3f Gbit/s  busbw %.3f Gbit/s",
+		FormatBytes(r.SizeBytes), r.Codec, r.Schedule, r.Peers, r.MedianS, r.AlgBWGbps, r.BusBWGbps)
+}
+
+// FormatBytes writes n as B, KiB, MiB or GiB.
+func FormatBytes(n int) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+// NewResult fills a Result from the measured median.
+func NewResult(size int, codec, schedule string, peers int, median float64) Result {
+	r := Result{SizeBytes: size, Codec: codec, Schedule: schedule, Peers: peers, MedianS: median}
+	if median > 0 {
+		r.AlgBWGbps = float64(size) * 8 / median / 1e9
+		r.BusBWGbps = r.AlgBWGbps * 2 * float64(peers-1) / float64(peers)
+	}
+	return r
+}
+
+// Median returns the median of xs (0 for none).
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// Run performs the benchmark.
+func Run(ctx context.Context, o Options) (Result, error) {
+	if o.Peers <= 0 {
+		o.Peers = 4
+	}
+	if o.SizeBytes <= 0 {
+		o.SizeBytes = 64 << 20
+	}
+	if o.Codec == "" {
+		o.Codec = "none"
+	}
+	if o.Rounds <= 0 {
+		o.Rounds = 5
+	}
+	if o.Buckets <= 0 {
+		o.Buckets = 1
+	}
+	spec, err := compress.Canonical(o.Codec)
+	if err != nil {
+		return Result{}, err
+	}
+	w := o.Peers
+	rates := make([]float64, w)
+	for i := range rates {
+		switch {
+		case len(o.Bandwidth) == 1:
+			rates[i] = o.Bandwidth[0]
+		case len(o.Bandwidth) == w:
+			rates[i] = o.Bandwidth[i]
+		case len(o.Bandwidth) != 0:
+			return Result{}, fmt.Errorf("%w: %d bandwidths for %d peers", allreduce.ErrConfig, len(o.Bandwidth), w)
+		}
+	}
+	peers := make([]allreduce.PeerID, w)
+	for i := range peers {
+		peers[i] = allreduce.PeerID(fmt.Sprintf("peer-%d", i))
+	}
+	cfg := allreduce.Config{ChunkBytes: o.ChunkBytes, TimeoutFloor: time.Hour}
+	schedName := o.Schedule
+	switch o.Schedule {
+	case "auto", "proportional":
+		m := make(allreduce.Matrix, w)
+		for i := range m {
+			m[i] = make([]float64, w)
+			for j := range m[i] {
+				m[i][j] = min(bw(rates[i]), bw(rates[j]))
+			}
+		}
+		var order []int
+		var shares []float64
+		if o.Schedule == "auto" {
+			p := allreduce.Choose(m, o.SizeBytes)
+			order, shares = p.Order, p.Shares
+			cfg.Schedule = p.Schedule
+			schedName = "auto:" + string(p.Schedule)
+		} else {
+			order = allreduce.RingOrder(m)
+			r := make([]float64, w)
+			for k, i := range order {
+				r[k] = bw(rates[i])
+			}
+			shares = allreduce.Shares(r)
+			cfg.Schedule = allreduce.ScheduleProportional
+		}
+		cfg.Shares = shares
+		np := make([]allreduce.PeerID, w)
+		nr := make([]float64, w)
+		for k, i := range order {
+			np[k], nr[k] = peers[i], rates[i]
+		}
+		peers, rates = np, nr
+	default:
+		s, err := allreduce.ParseSchedule(o.Schedule)
+		if err != nil {
+			return Result{}, err
+		}
+		cfg.Schedule = s
+	}
+
+	net := memtransport.New(memtransport.Options{MaxFrame: cfg.MaxFrame()})
+	for i, p := range peers {
+		net.SetShape(p, memtransport.Shape{Up: rates[i], Down: rates[i], Latency: o.Latency})
+	}
+	n := o.SizeBytes / 4
+	sessions := make([]*allreduce.Session, w)
+	for i, p := range peers {
+		s, err := allreduce.NewSession(allreduce.Epoch{Number: 1, Peers: peers, Self: p}, net.Endpoint(p), cfg)
+		if err != nil {
+			return Result{}, err
+		}
+		defer s.Close()
+		sessions[i] = s
+	}
+	if schedName == "" {
+		cd, err := compress.New(spec, compress.Options{Layout: compress.FlatLayout(1)})
+		if err != nil {
+			return Result{}, err
+		}
+		schedName = string(sessions[0].ScheduleFor(cd.Class()))
+	}
+	// Buckets, data and codecs per peer.
+	bounds := make([]int, o.Buckets+1)
+	for b := range bounds {
+		bounds[b] = b * n / o.Buckets
+	}
+	data := make([][]float32, w)
+	out := make([][]float32, w)
+	codecs := make([][]compress.Codec, w)
+	for i := range data {
+		r := rand.New(rand.NewPCG(uint64(i), 99))
+		data[i] = make([]float32, n)
+		for k := range data[i] {
+			data[i][k] = float32(r.NormFloat64())
+		}
+		out[i] = make([]float32, n)
+		for b := 0; b < o.Buckets; b++ {
+			cd, err := compress.New(spec, compress.Options{Layout: compress.FlatLayout(bounds[b+1] - bounds[b]), Seed: uint64(i + 1), SharedSeed: 7})
+			if err != nil {
+				return Result{}, err
+			}
+			codecs[i] = append(codecs[i], cd)
+		}
+	}
+	var times []float64
+	for round := 0; round <= o.Rounds; round++ {
+		start := time.Now()
+		errs := make([]error, w)
+		var wg sync.WaitGroup
+		for i := 0; i < w; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rd := sessions[i].NewRound(ctx, uint64(round))
+				for b := o.Buckets - 1; b >= 0; b-- {
+					d := data[i][bounds[b]:bounds[b+1]]
+					if err := rd.Add(allreduce.Bucket{ID: uint32(b), Codec: codecs[i][b], Data: d, Out: out[i][bounds[b]:bounds[b+1]]}); err != nil {
+						break
+					}
+				}
+				errs[i] = rd.Wait()
+			}()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				return Result{}, err
+			}
+		}
+		if round > 0 {
+			times = append(times, time.Since(start).Seconds())
+		}
+	}
+	return NewResult(o.SizeBytes, spec, schedName, w, Median(times)), nil
+}
+
+func bw(x float64) float64 {
+	if x <= 0 {
+		return 1e15
+	}
+	return x
+}
