@@ -74,6 +74,10 @@ type Config struct {
 	Concurrency int
 	// FrameTimeout is the deadline for each awaited frame. 0 derives it per
 	// bucket: max(TimeoutFloor, DefaultTimeoutSlack · 2 · bucket bytes / Bandwidth).
+	// A peer that has already received part of the bucket waits up to one
+	// more FrameTimeout in proportion to its progress before blaming its
+	// upstream peer (so the stalled peer's direct neighbour reports first):
+	// a failure is reported within 2·FrameTimeout.
 	FrameTimeout time.Duration
 	// TimeoutFloor is the smallest derived deadline (default DefaultTimeoutFloor).
 	TimeoutFloor time.Duration
