@@ -73,3 +73,31 @@ func TestTargets(t *testing.T) {
 	prop := run(Options{Peers: 4, SizeBytes: size, Rounds: 1, Bandwidth: mixed, Schedule: "auto"})
 	t.Logf("1 slow + 3 fast: proportional %.2fx over ring", ring.MedianS/prop.MedianS)
 }
+
+// TestTargetsRealTime is TestTargets on the real clock: figures include the
+// encode/decode CPU time of all peers sharing this machine
+// (P2PTRAIN_BENCH_REAL=1; takes minutes).
+func TestTargetsRealTime(t *testing.T) {
+	if os.Getenv("P2PTRAIN_BENCH_REAL") == "" {
+		t.Skip("set P2PTRAIN_BENCH_REAL=1")
+	}
+	run := func(o Options) Result {
+		r, err := Run(context.Background(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Log(r)
+		return r
+	}
+	size := 64 << 20
+	slow := []float64{100 * mbit}
+	fp := run(Options{Peers: 4, SizeBytes: size, Rounds: 1, Bandwidth: slow})
+	for _, c := range []string{"int8", "sint8", "dyn8", "onebit", "sign", "qsgd:bits=4"} {
+		r := run(Options{Peers: 4, SizeBytes: size, Rounds: 1, Bandwidth: slow, Codec: c})
+		t.Logf("100Mbit %s: speedup %.2fx over fp32", c, fp.MedianS/r.MedianS)
+	}
+	mixed := []float64{100 * mbit, 1000 * mbit, 1000 * mbit, 1000 * mbit}
+	ring := run(Options{Peers: 4, SizeBytes: size, Rounds: 1, Bandwidth: mixed, Schedule: "ring"})
+	prop := run(Options{Peers: 4, SizeBytes: size, Rounds: 1, Bandwidth: mixed, Schedule: "auto"})
+	t.Logf("1 slow + 3 fast: proportional %.2fx over ring", ring.MedianS/prop.MedianS)
+}
