@@ -55,6 +55,9 @@ func grow(s []float32, n int) []float32 {
 	return s[:n]
 }
 
+// work is m·n·k, as a float64 so that it cannot overflow.
+func work(m, n, k int) float64 { return float64(m) * float64(n) * float64(k) }
+
 // split returns the block size for a dimension of length n split into
 // ceil(n/max) equal blocks rounded up to a multiple of unit, so that the last
 // block is not a sliver.
@@ -71,7 +74,7 @@ func split(n, max, unit int) int {
 // on the number of goroutines.
 func blocked(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	kern := microKernel
-	t := min(maxProcs(), m*n*k/minThreadWork)
+	t := int(min(float64(maxProcs()), work(m, n, k)/minThreadWork))
 	byRows := m >= n
 	if byRows {
 		t = min(t, (m+mr-1)/mr)

@@ -47,7 +47,7 @@ func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int
 	if m == 0 || n == 0 {
 		return
 	}
-	if k == 0 || m*n*k <= smallWork {
+	if k == 0 || work(m, n, k) <= smallWork {
 		reference(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 		return
 	}
