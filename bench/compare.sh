@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# bench/compare.sh — runs bench/netns.sh several times (codecs × schedules on
+# the same shaped test hosts) and prints the figures side by side, each as a
+# speed-up over the first combination: time(first) / time(this).
+#
+# Usage:
+#   bench/compare.sh [--preset NAME]... [common options] [-- extra p2ptrain flags]
+#   bench/compare.sh --hosts 4 --rate 100mbit --codec fp32 --codec int8 [--schedule ring]...
+#
+# Presets (the targets of issue 4; default: all three, in this order):
+#   gbit     4 hosts at 1gbit, fp32, ring: busbw over the link rate (target ≥ 0.95)
+#   codecs   4 hosts at 100mbit, ring: fp32 against int8, sint8, dyn8 (target ≥ 3.7),
+#            onebit, sign (≥ 20) and qsgd:bits=4 (≥ 7), as time(fp32)/time(codec)
+#   uneven   1 host at 100mbit + 3 at 1gbit, fp32: schedule ring against auto
+#            (bandwidth-proportional; target time(ring)/time(auto) ≥ 1.4)
+#
+# A custom comparison instead: --hosts, --rate or --rates, and one or more
+# --codec C and --schedule S (every codec with every schedule; the first codec
+# with the first schedule is the baseline). Codec specs may contain commas
+# (qsgd:bits=4,bucket=512), hence one flag per codec.
+#
+# Common options: --size [64MiB] --rounds [5] --delay --loss --mtu --timeout
+# --binary PATH (default: build bin/p2ptrain once) --out FILE (every host's JSON
+# line of every run, with "compare" naming the preset, appended as JSON Lines).
+#
+# Targets are printed next to the figures ("meets" / "below"); they are not
+# asserted: the exit status is 0 when every run produced its figures, 1 when
+# one failed (its row says FAILED and its logs are kept), 2 on bad usage.
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+
+presets=() codecs=() schedules=() hosts="" rate="" rates=""
+size=64MiB rounds=5 binary="" out="" common=() extra=()
+
+usage_err() { printf 'compare: %s (see --help)\n' "$*" >&2; exit 2; }
+need_arg() { if [ $# -lt 2 ] || [ -z "$2" ]; then usage_err "$1 needs a value"; fi; }
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--preset) need_arg "$@"; presets+=("$2"); shift 2 ;;
+	--codec) need_arg "$@"; codecs+=("$2"); shift 2 ;;
+	--schedule) need_arg "$@"; schedules+=("$2"); shift 2 ;;
+	--hosts) need_arg "$@"; hosts=$2; shift 2 ;;
+	--rate) need_arg "$@"; rate=$2; shift 2 ;;
+	--rates) need_arg "$@"; rates=$2; shift 2 ;;
+	--size) need_arg "$@"; size=$2; shift 2 ;;
+	--rounds) need_arg "$@"; rounds=$2; shift 2 ;;
+	--binary) need_arg "$@"; binary=$2; shift 2 ;;
+	--out) need_arg "$@"; out=$2; shift 2 ;;
+	--delay | --loss | --mtu | --timeout) need_arg "$@"; common+=("$1" "$2"); shift 2 ;;
+	-h | --help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
+	--) shift; extra=("$@"); break ;;
+	*) usage_err "unknown argument $1" ;;
+	esac
+done
+
+
+if [ ${#codecs[@]} -gt 0 ] || [ ${#schedules[@]} -gt 0 ] || [ -n "$hosts$rate$rates" ]; then
+	[ ${#presets[@]} = 0 ] || usage_err "give either --preset or a custom comparison, not both"
+	[ ${#codecs[@]} -gt 0 ] || codecs=(fp32)
+	[ ${#schedules[@]} -gt 0 ] || schedules=(ring)
+	presets=(custom)
+fi
+[ ${#presets[@]} -gt 0 ] || presets=(gbit codecs uneven)
+for p in "${presets[@]}"; do
+	case "$p" in gbit | codecs | uneven | custom) ;; *) usage_err "unknown preset $p (want gbit, codecs or uneven)" ;; esac
+done
+
+if [ -z "$binary" ]; then
+	echo "compare: building bin/p2ptrain" >&2
+	(cd "$ROOT" && timeout 600 go build -o bin/p2ptrain ./cmd/p2ptrain) || { echo "compare: go build failed" >&2; exit 1; }
+	binary=$ROOT/bin/p2ptrain
+fi
+
+work=$(mktemp -d /tmp/p2pt-compare.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+failed=0
+
+field() { # name file: the field of the file's first line
+	sed -nE "1s/.*\"$1\"[[:space:]]*:[[:space:]]*(\"([^\"]*)\"|([-0-9.eE+]+)).*/\2\3/p" "$2"
+}
+
+# target_of preset codec schedule: "<op> <value>" of the ratio column, or "".
+target_of() {
+	case "$1" in
+	codecs)
+		case "$2" in
+		int8 | sint8 | dyn8) echo 3.7 ;;
+		onebit | sign) echo 20 ;;
+		qsgd:bits=4*) echo 7 ;;
+		esac
+		;;
+	uneven) [ "$3" != auto ] || echo 1.4 ;;
+	esac
+}
+
+# run_table preset hosts-args...: runs every codec × schedule and prints the table.
+run_table() {
+	local preset=$1 base="" n=0 c s jl log med busbw algbw ratio tgt verdict linkrel min_bps
+	shift
+	local net=("$@")
+	printf '\n== %s: %s, size %s, %s rounds %s\n' "$preset" "${net[*]}" "$size" "$rounds" "${common[*]:-}"
+	printf '%-28s %-8s %10s %11s %11s %10s %10s  %s\n' codec schedule median_s algbw_gbps busbw_gbps \
+		busbw/link speedup target
+	min_bps=$(bench_min_bps "${net[@]}")
+	for c in "${codecs[@]}"; do
+		for s in "${schedules[@]}"; do
+			n=$((n + 1))
+			jl=$work/$preset-$n.jsonl
+			log=$work/$preset-$n.log
+			if ! "$HERE/netns.sh" "${net[@]}" --codec "$c" --schedule "$s" --size "$size" --rounds "$rounds" \
+				--binary "$binary" --out "$jl" "${common[@]}" -- "${extra[@]}" >"$log" 2>&1; then
+				printf '%-28s %-8s %10s   (see %s)\n' "$c" "$s" FAILED "$log"
+				grep -E 'error:' "$log" | tail -n 2 | sed 's/^/    /'
+				trap - EXIT
+				failed=1
+				continue
+			fi
+			med=$(field median_s "$jl")
+			busbw=$(field busbw_gbps "$jl")
+			algbw=$(field algbw_gbps "$jl")
+			[ -n "$base" ] || base=$med
+			ratio=$(awk -v a="$base" -v b="$med" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
+			linkrel=$(awk -v g="$busbw" -v b="$min_bps" 'BEGIN { printf "%.3f", g * 1e9 / b }')
+			tgt=$(target_of "$preset" "$c" "$s")
+			verdict=""
+			if [ -n "$tgt" ]; then
+				verdict="≥ $tgt: $(awk -v r="$ratio" -v t="$tgt" 'BEGIN { print (r >= t ? "meets" : "below") }')"
+			elif [ "$preset" = gbit ]; then
+				verdict="busbw/link ≥ 0.95: $(awk -v r="$linkrel" 'BEGIN { print (r >= 0.95 ? "meets" : "below") }')"
+			fi
+			printf '%-28s %-8s %10s %11s %11s %10s %10s  %s\n' "$c" "$s" "$med" "$algbw" "$busbw" \
+				"$linkrel" "$ratio" "$verdict"
+			if [ -n "$out" ]; then
+				sed -E "s/\\}[[:space:]]*\$/,\"compare\":\"$preset\"}/" "$jl" >>"$out"
+			fi
+		done
+	done
+}
+
+# bench_min_bps netns-args...: the slowest rate among --rate/--rates, in bit/s.
+bench_min_bps() {
+	local r="" list
+	while [ $# -gt 0 ]; do
+		case "$1" in --rate | --rates) r=$2; shift 2 ;; *) shift ;; esac
+	done
+	[ -n "$r" ] || r=1gbit
+	IFS=, read -r -a list <<<"$r"
+	printf '%s\n' "${list[@]}" | awk '{
+		if (!match($0, /^[0-9]+(\.[0-9]+)?/)) next
+		v = substr($0, 1, RLENGTH) + 0; u = tolower(substr($0, RLENGTH + 1))
+		m["bit"] = 1; m[""] = 1; m["kbit"] = 1e3; m["mbit"] = 1e6; m["gbit"] = 1e9; m["tbit"] = 1e12
+		b = v * m[u]; if (min == "" || b < min) min = b }
+		END { printf "%.0f\n", min }'
+}
+
+for p in "${presets[@]}"; do
+	case "$p" in
+	gbit)
+		codecs=(fp32) schedules=(ring)
+		run_table gbit --hosts 4 --rate 1gbit
+		;;
+	codecs)
+		codecs=(fp32 int8 sint8 dyn8 onebit sign qsgd:bits=4) schedules=(ring)
+		run_table codecs --hosts 4 --rate 100mbit
+		;;
+	uneven)
+		codecs=(fp32) schedules=(ring auto)
+		run_table uneven --rates 100mbit,1gbit,1gbit,1gbit
+		;;
+	custom)
+		net=()
+		[ -z "$hosts" ] || net+=(--hosts "$hosts")
+		[ -z "$rate" ] || net+=(--rate "$rate")
+		[ -z "$rates" ] || net+=(--rates "$rates")
+		run_table custom "${net[@]}"
+		;;
+	esac
+done
+if [ "$failed" = 1 ]; then
+	echo "compare: some runs failed; their logs are kept in $work" >&2
+	exit 1
+fi
+exit 0
