@@ -55,7 +55,6 @@ while [ $# -gt 0 ]; do
 	esac
 done
 
-
 if [ ${#codecs[@]} -gt 0 ] || [ ${#schedules[@]} -gt 0 ] || [ -n "$hosts$rate$rates" ]; then
 	[ ${#presets[@]} = 0 ] || usage_err "give either --preset or a custom comparison, not both"
 	[ ${#codecs[@]} -gt 0 ] || codecs=(fp32)

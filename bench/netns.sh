@@ -427,19 +427,30 @@ fi
 # --- the daemons -------------------------------------------------------------------
 
 "$binary" keygen --swarm-key "$work/swarm.key" 2>/dev/null || die "p2ptrain keygen --swarm-key failed"
+# Persistent identities make host 1's multiaddr known before it starts (and the
+# peer IDs, hence the coordinator, stable within a run). A binary without
+# --identity still works: host 1's address is then read from what it prints.
 ids=()
-for ((i = 1; i <= hosts; i++)); do
-	id=$("$binary" keygen --identity "$work/h$i.identity") || die "p2ptrain keygen --identity failed"
-	ids+=("$id")
-done
-boot="/ip4/$(host_ip 1)/tcp/$PORT/p2p/${ids[0]}"
+has_identity=0
+if grep -q -- "-identity" <<<"$help_out"; then
+	has_identity=1
+	for ((i = 1; i <= hosts; i++)); do
+		id=$("$binary" keygen --identity "$work/h$i.identity") || die "p2ptrain keygen --identity failed"
+		ids+=("$id")
+	done
+	boot="/ip4/$(host_ip 1)/tcp/$PORT/p2p/${ids[0]}"
+else
+	for ((i = 1; i <= hosts; i++)); do ids+=("?"); done
+	boot=""
+fi
 
 pids=()
 start_daemon() { # host
 	local i=$1 args
 	args=(bench allreduce --expect "$hosts" --size "$size" --codec "$codec" --schedule "$schedule"
 		--rounds "$rounds" --json --listen "/ip4/$(host_ip "$i")/tcp/$PORT" --swarm-key "$work/swarm.key"
-		--identity "$work/h$i.identity" --name "h$i" --cluster netns-bench --mdns=false)
+		--name "h$i" --cluster netns-bench --mdns=false)
+	[ "$has_identity" = 0 ] || args+=(--identity "$work/h$i.identity")
 	[ "$i" = 1 ] || args+=(--bootstrap "$boot")
 	args+=("${extra[@]}")
 	echo "ip netns exec $(host_ns "$i") $binary ${args[*]}" >"$work/h$i.cmd"
@@ -455,7 +466,6 @@ show_tail() { # host
 	tail -n 5 "$work/h$1.out" >&2 || true
 }
 
-say "timeout ${timeout_s}s; host 1 is $boot"
 start_daemon 1
 # Wait (bounded) until host 1 listens, so the others' first dial can succeed.
 ready=0
@@ -468,6 +478,21 @@ if [ "$ready" != 1 ]; then
 	show_tail 1
 	die "host 1 did not start listening on $(host_ip 1):$PORT"
 fi
+if [ -z "$boot" ]; then
+	# "dial this peer at:" and then lines like /ip4/10.77.0.11/tcp/4001/p2p/12D3KooW...
+	for ((t = 0; t < 100; t++)); do
+		boot=$(cat "$work/h1.out" "$work/h1.err" 2>/dev/null |
+			grep -oE "/ip4/$(host_ip 1)/tcp/$PORT/p2p/[1-9A-HJ-NP-Za-km-z]+" | head -n 1 || true)
+		[ -z "$boot" ] || break
+		sleep 0.2
+	done
+	if [ -z "$boot" ]; then
+		show_tail 1
+		die "host 1 printed no multiaddr /ip4/$(host_ip 1)/tcp/$PORT/p2p/<id>"
+	fi
+	ids[0]=${boot##*/}
+fi
+say "timeout ${timeout_s}s; host 1 is $boot"
 for ((i = 2; i <= hosts; i++)); do start_daemon "$i"; done
 
 # Wait for every daemon; when one fails, stop the others at once.
