@@ -220,3 +220,20 @@ func TestNoGoroutineLeakRealTime(t *testing.T) {
 	}
 	waitGoroutines(t, base)
 }
+
+// TestClosedSession: rounds on a closed session fail with ErrClosed and
+// write nothing; a round never waited for does not keep goroutines alive.
+func TestClosedSession(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, 2, 1, allreduce.Config{}, memOpts())
+		r0 := c.sessions[0].NewRound(context.Background(), 0) // never waited
+		_ = r0
+		c.close()
+		d := []float32{1, 2}
+		out := []float32{7, 7}
+		err := c.sessions[0].AllReduce(context.Background(), 1, allreduce.Bucket{ID: 0, Codec: fakeFP32{}, Data: d, Out: out})
+		if !errors.Is(err, allreduce.ErrClosed) || out[0] != 7 {
+			t.Fatalf("got %v, out %v", err, out)
+		}
+	})
+}

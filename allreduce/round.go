@@ -58,6 +58,7 @@ type job struct {
 	b       Bucket
 	scratch []float32
 	err     error
+	ran     bool
 }
 
 // NewRound starts the round of training step step. Canceling ctx aborts the
@@ -116,7 +117,11 @@ func (r *Round) dispatch() {
 			if closed {
 				return
 			}
-			<-r.ready
+			select {
+			case <-r.ready:
+			case <-r.s.done:
+				return // Wait reports the jobs that never ran
+			}
 			continue
 		}
 		j := r.queue[0]
@@ -125,9 +130,9 @@ func (r *Round) dispatch() {
 		select {
 		case r.s.sem <- struct{}{}:
 		case <-r.s.done:
-			j.err = r.s.errNow()
-			continue
+			return
 		}
+		j.ran = true
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
@@ -160,6 +165,12 @@ func (r *Round) Wait() error {
 	for _, j := range r.jobs {
 		if j.err != nil {
 			err = j.err
+			break
+		}
+		if !j.ran {
+			if err = r.s.errNow(); err == nil {
+				err = fmt.Errorf("%w: bucket %d did not run", ErrAborted, j.b.ID)
+			}
 			break
 		}
 	}
