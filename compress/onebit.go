@@ -32,10 +32,11 @@ func (c *efCodec) Reset() { c.res.Reset() }
 
 func bitBytes(n int) int { return (n + 7) / 8 }
 
-// encode runs the shared encode loop; header computes a bucket's header values
-// and the reconstruction of bit 0 and bit 1 (NaN for non-finite input).
+// encode runs the shared encode loop; header adds the gradient g into the
+// residual r when r is not nil (a = r, else a = g), writes the bucket's header
+// and returns the reconstruction of bit 0 and bit 1 (NaN for non-finite input).
 func (c *efCodec) encode(dst []byte, src []float32, pos Pos, name string,
-	header func(out []byte, a []float32) (vals [2]float32)) ([]byte, error) {
+	header func(out []byte, g, r []float32) (vals [2]float32)) ([]byte, error) {
 	if err := checkRegion(name, pos, len(src), c.total); err != nil {
 		return dst, err
 	}
@@ -49,10 +50,11 @@ func (c *efCodec) encode(dst []byte, src []float32, pos Pos, name string,
 		var r []float32
 		if res != nil {
 			r = res[b : b+len(a)]
-			addInto(r, a)
+		}
+		vals := header(out, a, r)
+		if r != nil {
 			a = r
 		}
-		vals := header(out, a)
 		bits := out[c.hdr : c.hdr+bitBytes(len(a))]
 		if isNaN(vals[0]) || isNaN(vals[1]) {
 			clear(bits)
@@ -194,14 +196,22 @@ func (c *oneBitCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error)
 	return c.encode(dst, src, pos, "compress: onebit", oneBitHeader)
 }
 
-// oneBitHeader writes the two group means of a.
-func oneBitHeader(out []byte, a []float32) [2]float32 {
+// oneBitHeader writes the two group means of a = g (+ r, stored into r).
+func oneBitHeader(out []byte, a, r []float32) [2]float32 {
+	if r != nil {
+		r = r[:len(a)]
+	}
 	// Two interleaved accumulators per sum, combined in a fixed order.
 	var pos0, pos1, all0, all1 float64
 	var cnt uint32
 	i := 0
 	for ; i+2 <= len(a); i += 2 {
 		x, y := a[i], a[i+1]
+		if r != nil {
+			x += r[i]
+			y += r[i+1]
+			r[i], r[i+1] = x, y
+		}
 		sx, sy := signBit(x), signBit(y)
 		cnt += sx + sy
 		all0 += float64(x)
@@ -211,6 +221,10 @@ func oneBitHeader(out []byte, a []float32) [2]float32 {
 	}
 	if i < len(a) {
 		x := a[i]
+		if r != nil {
+			x += r[i]
+			r[i] = x
+		}
 		sx := signBit(x)
 		cnt += sx
 		all0 += float64(x)
@@ -254,9 +268,9 @@ func (c *signCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
 	return c.encode(dst, src, pos, "compress: sign", signHeader)
 }
 
-// signHeader writes ‖a‖₁/len(a).
-func signHeader(out []byte, a []float32) [2]float32 {
-	s := float32(sumAbs(a) / float64(len(a)))
+// signHeader writes ‖a‖₁/len(a) of a = g (+ r, stored into r).
+func signHeader(out []byte, a, r []float32) [2]float32 {
+	s := float32(sumAbs(a, r) / float64(len(a)))
 	if !isFinite(s) {
 		s = canonicalNaN
 	}

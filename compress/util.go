@@ -114,18 +114,34 @@ func sumSq(src []float32) float64 {
 	return (s0 + s1) + (s2 + s3)
 }
 
-// sumAbs returns the sum of |src[i]| in float64, in a fixed order.
-func sumAbs(src []float32) float64 {
+// sumAbs returns the sum of |a[i]| in float64, in a fixed order, where
+// a = src, or, when r is not nil, a = r + src (stored into r).
+func sumAbs(src, r []float32) float64 {
+	if r != nil {
+		r = r[:len(src)]
+	}
 	var s0, s1, s2, s3 float64
 	i := 0
 	for ; i+4 <= len(src); i += 4 {
-		s0 += float64(math.Float32frombits(absBits(src[i])))
-		s1 += float64(math.Float32frombits(absBits(src[i+1])))
-		s2 += float64(math.Float32frombits(absBits(src[i+2])))
-		s3 += float64(math.Float32frombits(absBits(src[i+3])))
+		x := src[i : i+4 : i+4]
+		a, b, c, d := x[0], x[1], x[2], x[3]
+		if r != nil {
+			y := r[i : i+4 : i+4]
+			a, b, c, d = a+y[0], b+y[1], c+y[2], d+y[3]
+			y[0], y[1], y[2], y[3] = a, b, c, d
+		}
+		s0 += float64(math.Float32frombits(absBits(a)))
+		s1 += float64(math.Float32frombits(absBits(b)))
+		s2 += float64(math.Float32frombits(absBits(c)))
+		s3 += float64(math.Float32frombits(absBits(d)))
 	}
 	for ; i < len(src); i++ {
-		s0 += float64(math.Float32frombits(absBits(src[i])))
+		a := src[i]
+		if r != nil {
+			a += r[i]
+			r[i] = a
+		}
+		s0 += float64(math.Float32frombits(absBits(a)))
 	}
 	return (s0 + s1) + (s2 + s3)
 }
