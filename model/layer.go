@@ -423,8 +423,8 @@ func (p *MaxPool2d) Free() { p.y.free(); p.am.free(); p.dx.free() }
 
 // Flatten reshapes samples to vectors; NHWC order is kept, so it moves no data.
 type Flatten struct {
-	out []int
-	in  []int
+	out, in  []int
+	fwd, bwd []int // cached batch shapes, so steady-state steps allocate nothing
 }
 
 // NewFlatten returns a Flatten layer.
@@ -448,15 +448,21 @@ func (f *Flatten) Setup(_ gpu.Device, _ int, in []int, _ bool) error {
 // Bind implements Layer.
 func (f *Flatten) Bind(_, _ []gpu.Buffer) {}
 
-func reshape(t Tensor, sample []int) Tensor {
-	return Tensor{Buf: t.Buf, Shape: append([]int{t.Batch()}, sample...)}
+// reshape returns t with sample shape sample, reusing *cache when it fits.
+func reshape(t Tensor, sample []int, cache *[]int) Tensor {
+	c := *cache
+	if len(c) == 0 || c[0] != t.Batch() {
+		c = append([]int{t.Batch()}, sample...)
+		*cache = c
+	}
+	return Tensor{Buf: t.Buf, Shape: c}
 }
 
 // Forward implements Layer.
-func (f *Flatten) Forward(x Tensor, train bool) Tensor { return reshape(x, f.out) }
+func (f *Flatten) Forward(x Tensor, train bool) Tensor { return reshape(x, f.out, &f.fwd) }
 
 // Backward implements Layer.
-func (f *Flatten) Backward(dy Tensor) Tensor { return reshape(dy, f.in) }
+func (f *Flatten) Backward(dy Tensor) Tensor { return reshape(dy, f.in, &f.bwd) }
 
 // Free implements Layer.
 func (f *Flatten) Free() {}
