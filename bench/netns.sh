@@ -119,6 +119,7 @@ fi
 skip_or_die() {
 	if [ "$smoke" = 1 ]; then
 		echo "netns: SKIP: $* (the namespace benchmark needs root and ip netns)"
+		status=0
 		exit 0
 	fi
 	die "$*"
@@ -136,7 +137,7 @@ BR_NS=$PREFIX-br
 
 # our_namespaces lists the namespaces this script creates (also leftovers).
 our_namespaces() {
-	ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$PREFIX-(h[0-9]+|br)\$" || true
+	ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$PREFIX-(h[0-9]+|br|probe)\$" || true
 }
 
 # kill_ns_pids ends every process still running inside namespace $1: they can
@@ -279,6 +280,13 @@ if [ -n "$leftover" ]; then
 	say "removing leftovers of an earlier run: $leftover"
 	teardown
 fi
+
+# Can this machine make network namespaces at all (a container without
+# CAP_SYS_ADMIN cannot, even as root)?
+if ! why=$(ip netns add "$PREFIX-probe" 2>&1); then
+	skip_or_die "cannot create a network namespace: $why"
+fi
+ip netns del "$PREFIX-probe"
 
 gobuild() { # output package
 	command -v go >/dev/null 2>&1 || die "go is not on PATH (needed to build $2)"
