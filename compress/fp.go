@@ -129,27 +129,26 @@ func f32ToF16(f float32) uint16 {
 
 // encodeF16 writes src as little-endian IEEE binary16 with round-to-nearest-even:
 // values from 65520 up overflow to Inf, small values become subnormal or zero,
-// NaN stays a quiet NaN, the sign is kept (also of zero). The FPU does the
-// rounding (M. Maratyszcza's FP16 method): scaling by 2^112·2^-110 maps the
-// value's exponent, and adding a power of two aligned to the half's precision
-// rounds the mantissa to nearest even. The conversion is written out in the loop
-// so that it is inlined.
+// NaN stays a quiet NaN keeping the top payload bits (as x86's VCVTPS2PH does),
+// the sign is kept (also of zero). The conversion is written out in the loop so
+// that it is inlined (F. Giesen's float_to_half_fast3_rtne, branch-free).
 func encodeF16(out []byte, src []float32) {
-	const toInf = 0x1p112
-	const toZero = 0x1p-110
 	out = out[:2*len(src)]
 	for i, f := range src {
-		w := math.Float32bits(f)
-		base := float32(float32(math.Float32frombits(w&0x7fffffff)*toInf) * toZero)
-		w2 := w + w
-		bias := max(w2&0xff000000, 0x71000000)
-		base = math.Float32frombits(bias>>1+0x07800000) + base
-		b := math.Float32bits(base)
-		h := b>>13&0x7c00 + b&0x0fff
-		if w2 > 0xff000000 {
-			h = 0x7e00
+		x := math.Float32bits(f)
+		a := x & 0x7fffffff
+		// Normal half: rebias the exponent and round the 13 dropped bits to even.
+		h := (a - 112<<23 + 0xfff + (a >> 13 & 1)) >> 13
+		// Subnormal half: adding 0.5 makes the FPU round |f|·2^24 to an integer (to even).
+		d := math.Float32bits(math.Float32frombits(a)+0.5) - 0x3f000000
+		if a < 113<<23 {
+			h = d
 		}
-		h |= w >> 16 & 0x8000
+		if a >= 143<<23 {
+			// Inf (or overflow); for NaN (a > 0x7f800000) a quiet NaN with the top payload bits.
+			h = 0x7c00 | (0x200|a>>13&0x3ff)&-((0x7f800000-a)>>31)
+		}
+		h |= x >> 16 & 0x8000
 		o := out[2*i : 2*i+2 : 2*i+2]
 		o[0], o[1] = byte(h), byte(h>>8)
 	}
