@@ -82,7 +82,21 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 		if err := checkFrame(min(ce, max(n, 1))); err != nil {
 			return err
 		}
-		return run(o, sch, &l, &codecOps{bucketCtx: bc}, 0)
+		ops := &codecOps{bucketCtx: bc}
+		if lk := b.Links; lk != nil && sch == ScheduleRing && s.w > 1 {
+			if lk.Final != nil {
+				bc.codec = lk.Final
+				o.id = CodecID(lk.Final.Spec())
+			}
+			ops.sendC, ops.recvC = lk.Send, lk.Recv
+			o.sendID, o.recvID = CodecID(lk.Send.Spec()), CodecID(lk.Recv.Spec())
+			for _, cd := range []compress.Codec{lk.Send, lk.Recv} {
+				if cd.Class() != compress.ClassLinear && cd.Class() != compress.ClassQuantized {
+					return o.failLocal(fmt.Errorf("%w: bucket %d: link codec %s of class %v", ErrConfig, b.ID, cd.Spec(), cd.Class()))
+				}
+			}
+		}
+		return run(o, sch, &l, ops, 0)
 
 	case compress.ClassErrorFeedback, compress.ClassSparse:
 		l := makeLayout(n, s.w, 1, ce, shares)

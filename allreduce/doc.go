@@ -52,7 +52,10 @@
 // Shares (water-filling on the peers' rates) so a slow peer owns little or
 // nothing; Choose picks it over the ring from a bandwidth Matrix, and
 // RingOrder orders the ring to maximise its slowest edge. LinkSpec and
-// LinkSpecs pick stronger codecs of the same family for slower links.
+// LinkSpecs pick stronger codecs of the same family for slower links;
+// Bucket.Links hands them to the ring schedule of linear and quantized
+// codecs (each reduce-scatter hop uses its edge's codec, the owner's bytes
+// use the slowest edge's codec).
 //
 // # Frames
 //

@@ -53,32 +53,61 @@ func divide(x []float32, w int) {
 // codecOps carry linear, quantized, error-feedback and sparse codecs.
 // feedback: the local encode applies error feedback (and the owner then uses
 // the decoded local encoding as this peer's contribution).
+//
+// With per-link codecs (ring schedule only) sendC encodes reduce-scatter
+// frames to the next peer, recvC decodes those from the previous peer, and
+// codec (the final codec) encodes the owner's bytes and decodes the all-gather.
 type codecOps struct {
 	*bucketCtx
-	feedback bool
+	feedback     bool
+	sendC, recvC compress.Codec
 }
 
-func (x *codecOps) maxLen(n int) int { return x.codec.MaxEncodedLen(n) }
+func (x *codecOps) maxLen(n int) int {
+	m := x.codec.MaxEncodedLen(n)
+	if x.sendC != nil {
+		m = max(m, x.sendC.MaxEncodedLen(n))
+	}
+	return m
+}
+
+func (x *codecOps) send() compress.Codec {
+	if x.sendC != nil {
+		return x.sendC
+	}
+	return x.codec
+}
+
+func (x *codecOps) recv() compress.Codec {
+	if x.recvC != nil {
+		return x.recvC
+	}
+	return x.codec
+}
 
 func (x *codecOps) local(dst []byte, c chunk) ([]byte, error) {
+	return x.send().Encode(dst, x.data[c.off:c.off+c.n], x.pos(c, streamLocal, x.feedback))
+}
+
+func (x *codecOps) contrib(dst []byte, c chunk) ([]byte, error) {
 	return x.codec.Encode(dst, x.data[c.off:c.off+c.n], x.pos(c, streamLocal, x.feedback))
 }
 
-func (x *codecOps) contrib(dst []byte, c chunk) ([]byte, error) { return x.local(dst, c) }
-
 func (x *codecOps) combine(dst []byte, c chunk, recv []byte, hop int, last bool) ([]byte, error) {
 	t := x.scratch(c.n)
-	if err := x.codec.Decode(t, recv); err != nil {
+	if err := x.recv().Decode(t, recv); err != nil {
 		return nil, corrupt(-1, err)
 	}
 	d := x.data[c.off : c.off+c.n]
 	for i := range t {
 		t[i] += d[i]
 	}
+	enc := x.send()
 	if last {
 		divide(t, x.w)
+		enc = x.codec
 	}
-	return x.codec.Encode(dst, t, x.pos(c, uint32(hop), false))
+	return enc.Encode(dst, t, x.pos(c, uint32(hop), false))
 }
 
 func (x *codecOps) reduce(dst []byte, c chunk, contribs [][]byte) ([]byte, error) {

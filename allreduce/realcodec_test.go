@@ -98,3 +98,69 @@ func runReal(t *testing.T, spec string, sched allreduce.Schedule, tol float64, w
 		}
 	}
 }
+
+// TestPerLinkCodecs: a ring with one slow edge encodes that hop with a
+// stronger codec of the family; results stay bit-identical and accurate.
+func TestPerLinkCodecs(t *testing.T) {
+	for _, tc := range []struct {
+		spec string
+		tol  float64
+	}{{"none", 2e-3}, {"qsgd:bits=8", 3}} {
+		synctest.Test(t, func(t *testing.T) {
+			w, n := 4, 5003
+			m := make(allreduce.Matrix, w)
+			for i := range m {
+				m[i] = []float64{100, 100, 100, 100}
+			}
+			m[1][2] = 50
+			order := []int{0, 1, 2, 3}
+			specs, err := allreduce.LinkSpecs(tc.spec, m, order, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			final := specs[0]
+			for _, s := range specs {
+				if s != specs[0] {
+					final = s // the slow edge's spec
+				}
+			}
+			c := newCluster(t, w, 1, allreduce.Config{ChunkBytes: 4096, Schedule: allreduce.ScheduleRing}, memOpts())
+			defer c.close()
+			d := randData(5, w, n)
+			mk := func(spec string, i int) compress.Codec {
+				cd, err := compress.New(spec, compress.Options{Layout: compress.FlatLayout(n), Seed: uint64(i + 1)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return cd
+			}
+			outs := make([][]float32, w)
+			errs := make([]error, w)
+			done := make(chan int)
+			for i := 0; i < w; i++ {
+				go func() {
+					outs[i] = make([]float32, n)
+					b := allreduce.Bucket{ID: 0, Codec: mk(final, i), Data: d[i], Out: outs[i],
+						Links: &allreduce.LinkCodecs{Send: mk(specs[i], i), Recv: mk(specs[(i+w-1)%w], i), Final: mk(final, i)}}
+					errs[i] = c.sessions[i].AllReduce(t.Context(), 0, b)
+					done <- i
+				}()
+			}
+			for range w {
+				<-done
+			}
+			for i := 0; i < w; i++ {
+				if errs[i] != nil {
+					t.Fatalf("%s: peer %d: %v", tc.spec, i, errs[i])
+				}
+				if !bitsEqual(outs[0], outs[i]) {
+					t.Fatalf("%s: peer %d differs", tc.spec, i)
+				}
+			}
+			if e := relRMS(outs[0], average(d)); e > tc.tol {
+				t.Fatalf("%s (%v): relative error %g", tc.spec, specs, e)
+			}
+			t.Logf("%s: edges %v, error %.2g", tc.spec, specs, relRMS(outs[0], average(d)))
+		})
+	}
+}

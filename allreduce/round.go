@@ -24,6 +24,24 @@ type Bucket struct {
 	// Out receives the average over all peers, identical bit for bit on
 	// every peer, and only when the whole round succeeds. It may alias Data.
 	Out []float32
+	// Links optionally gives per-link codecs (see LinkSpecs). They are used
+	// by the ring schedule of ClassLinear and ClassQuantized codecs and
+	// ignored otherwise.
+	Links *LinkCodecs
+}
+
+// LinkCodecs are a bucket's codecs for this peer's ring links, all of the
+// Codec's family and class. Every peer must build them from the same
+// LinkSpecs so that neighbours agree: this peer's Send spec is the next
+// peer's Recv spec, and Final is the same everywhere.
+type LinkCodecs struct {
+	// Send encodes reduce-scatter frames to the next peer (spec of edge self → next).
+	Send compress.Codec
+	// Recv decodes reduce-scatter frames from the previous peer (edge prev → self).
+	Recv compress.Codec
+	// Final encodes the owner's bytes and decodes the all-gather: the spec of
+	// the slowest edge, identical on every peer. Nil means Bucket.Codec.
+	Final compress.Codec
 }
 
 // Round is the all-reduce of one training step's buckets. The caller Adds
@@ -76,6 +94,8 @@ func (r *Round) Add(b Bucket) error {
 	switch {
 	case b.Codec == nil:
 		err = fmt.Errorf("%w: bucket %d: nil codec", ErrConfig, b.ID)
+	case b.Links != nil && (b.Links.Send == nil || b.Links.Recv == nil):
+		err = fmt.Errorf("%w: bucket %d: link codecs need Send and Recv", ErrConfig, b.ID)
 	case len(b.Out) != len(b.Data):
 		err = fmt.Errorf("%w: bucket %d: len(Out) %d != len(Data) %d", ErrConfig, b.ID, len(b.Out), len(b.Data))
 	}

@@ -339,6 +339,9 @@ type op struct {
 	bucket  uint32
 	timeout time.Duration
 	id      uint32
+	// sendID and recvID override id for reduce-scatter frames sent to the
+	// next peer and received from the previous one (per-link codecs).
+	sendID, recvID uint32
 	// recvd and expect measure the progress of the current schedule: a
 	// peer that is further along waits longer past the deadline before
 	// blaming its upstream peer, so the peer next to a stalled one fires
@@ -359,7 +362,11 @@ func (o *op) seal(f []byte, ph Phase, chunk int) error {
 	if len(f) > o.s.max {
 		return o.failLocal(fmt.Errorf("%w: encoded chunk %d is %d bytes > max frame %d", ErrFrameTooLarge, chunk, len(f), o.s.max))
 	}
-	PutHeader(f, Header{Phase: ph, Codec: o.id, Epoch: o.s.ep.Number, Step: o.step, Bucket: o.bucket,
+	id := o.id
+	if ph.Kind() == PhaseReduce && o.sendID != 0 {
+		id = o.sendID
+	}
+	PutHeader(f, Header{Phase: ph, Codec: id, Epoch: o.s.ep.Number, Step: o.step, Bucket: o.bucket,
 		Chunk: uint32(chunk), Length: uint32(len(f) - HeaderSize)})
 	return nil
 }
@@ -396,8 +403,12 @@ func (o *op) recv(from int, ph Phase, chunk int) (raw, payload []byte, err error
 			mb.q[0] = frameMsg{}
 			mb.q = mb.q[1:]
 			s.mu.Unlock()
-			if m.h.Codec != o.id {
-				return nil, nil, o.failPeer(from, fmt.Errorf("%w: codec id %#x, want %#x", ErrCodecMismatch, m.h.Codec, o.id))
+			want := o.id
+			if ph.Kind() == PhaseReduce && o.recvID != 0 {
+				want = o.recvID
+			}
+			if m.h.Codec != want {
+				return nil, nil, o.failPeer(from, fmt.Errorf("%w: codec id %#x, want %#x", ErrCodecMismatch, m.h.Codec, want))
 			}
 			if m.h.Chunk != uint32(chunk) {
 				return nil, nil, o.failPeer(from, fmt.Errorf("%w: phase %#x chunk %d, want %d", ErrBadFrame, ph, m.h.Chunk, chunk))
