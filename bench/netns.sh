@@ -398,7 +398,7 @@ check_links() {
 		[ "$bps" -ge "$exp_bps" ] || exp_bps=$bps
 		bytes=$(awk -v b="$exp_bps" 'BEGIN { x = b / 8 * 1.5; if (x < 262144) x = 262144; printf "%d\n", x }')
 		timeout 40 ip netns exec "$(host_ns "$j")" "$work/netcheck" serve \
-			--listen "$(host_ip "$j"):5201" --timeout 30s 2>/dev/null &
+			--listen "$(host_ip "$j"):5201" --timeout 30s 2>/dev/null 9>&- &
 		local srv=$!
 		res=$(timeout 35 ip netns exec "$(host_ns "$i")" "$work/netcheck" send \
 			--to "$(host_ip "$j"):5201" --bytes "$bytes" --timeout 30s) || {
@@ -463,7 +463,7 @@ start_daemon() { # host
 	args+=("${extra[@]}")
 	echo "ip netns exec $(host_ns "$i") $binary ${args[*]}" >"$work/h$i.cmd"
 	timeout -k 5 "$timeout_s" ip netns exec "$(host_ns "$i")" "$binary" "${args[@]}" \
-		>"$work/h$i.out" 2>"$work/h$i.err" </dev/null &
+		>"$work/h$i.out" 2>"$work/h$i.err" </dev/null 9>&- &
 	pids[i]=$!
 }
 
