@@ -101,3 +101,22 @@ func TestTargetsRealTime(t *testing.T) {
 	prop := run(Options{Peers: 4, SizeBytes: size, Rounds: 1, Bandwidth: mixed, Schedule: "auto"})
 	t.Logf("1 slow + 3 fast: proportional %.2fx over ring", ring.MedianS/prop.MedianS)
 }
+
+// TestBucketSizes prints fp32 all-reduce times of 64 MiB split into
+// buckets of different sizes on 100 Mbit/s links with 5 ms latency, under
+// the network model (P2PTRAIN_BENCH=1).
+func TestBucketSizes(t *testing.T) {
+	if os.Getenv("P2PTRAIN_BENCH") == "" {
+		t.Skip("set P2PTRAIN_BENCH=1")
+	}
+	for _, nb := range []int{1, 3, 16, 64} {
+		synctest.Test(t, func(t *testing.T) {
+			r, err := Run(context.Background(), Options{Peers: 4, SizeBytes: 64 << 20, Rounds: 1, Buckets: nb,
+				Bandwidth: []float64{100 * mbit}, Latency: 5e6})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d buckets of %s: %s", nb, FormatBytes((64<<20)/nb), r)
+		})
+	}
+}
