@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -12,6 +13,9 @@ import (
 
 // abortTimeout bounds the best-effort delivery of abort notices.
 const abortTimeout = 2 * time.Second
+
+// flushTimeout bounds how long Close waits for queued frames to be sent.
+const flushTimeout = 10 * time.Second
 
 // sendFailGrace is how long a failed Send waits for the peer's reader to
 // report the failure (with the culprit an abort notice names) before
@@ -44,6 +48,8 @@ type Session struct {
 
 	mu    sync.Mutex
 	boxes map[boxKey]*mailbox
+	// ended marks peers (by rank) that closed the epoch cleanly.
+	ended map[int]bool
 	err   error
 	done  chan struct{}
 	out   []*outQueue
@@ -71,7 +77,14 @@ type outQueue struct {
 	mu    sync.Mutex
 	q     [][]byte
 	ready chan struct{}
+	// busy is set while the writer sends a frame it took from q.
+	busy bool
+	// idle is signalled (under mu) whenever q is empty and nothing is in flight.
+	idle *sync.Cond
 }
+
+// drained reports whether every queued frame was handed to the Transport. Callers hold q.mu.
+func (q *outQueue) drained() bool { return len(q.q) == 0 && !q.busy }
 
 // NewSession starts a session for epoch ep over transport t.
 func NewSession(ep Epoch, t Transport, cfg Config) (*Session, error) {
@@ -103,6 +116,7 @@ func NewSession(ep Epoch, t Transport, cfg Config) (*Session, error) {
 		cancel: cancel,
 		sem:    make(chan struct{}, cfg.Concurrency),
 		boxes:  make(map[boxKey]*mailbox),
+		ended:  make(map[int]bool),
 		done:   make(chan struct{}),
 		out:    make([]*outQueue, len(ep.Peers)),
 	}
@@ -110,7 +124,9 @@ func NewSession(ep Epoch, t Transport, cfg Config) (*Session, error) {
 		if i == s.rank {
 			continue
 		}
-		s.out[i] = &outQueue{ready: make(chan struct{}, 1)}
+		q := &outQueue{ready: make(chan struct{}, 1)}
+		q.idle = sync.NewCond(&q.mu)
+		s.out[i] = q
 		s.wg.Add(2)
 		go s.readLoop(i)
 		go s.writeLoop(i)
@@ -132,6 +148,7 @@ func (s *Session) Err() error {
 // flight fail with ErrClosed (or the session's earlier failure). Close does
 // not reset the Transport unless the session had failed; it is idempotent.
 func (s *Session) Close() error {
+	s.flush()
 	s.mu.Lock()
 	if s.err == nil {
 		s.err = fmt.Errorf("%w (epoch %d)", ErrClosed, s.ep.Number)
@@ -141,6 +158,49 @@ func (s *Session) Close() error {
 	s.cancel()
 	s.wg.Wait()
 	return nil
+}
+
+// flush waits (at most flushTimeout) until every frame queued by finished
+// rounds was handed to the Transport, so that closing a healthy session never
+// drops the last frames a neighbour still needs. A failed session is not flushed.
+func (s *Session) flush() {
+	if s.errNow() != nil {
+		return
+	}
+	deadline := time.AfterFunc(flushTimeout, func() {
+		for _, q := range s.out {
+			if q == nil {
+				continue
+			}
+			q.mu.Lock()
+			q.busy, q.q = false, nil // give up: wake the waiters below
+			q.idle.Broadcast()
+			q.mu.Unlock()
+		}
+	})
+	defer deadline.Stop()
+	for _, q := range s.out {
+		if q == nil {
+			continue
+		}
+		q.mu.Lock()
+		for !q.drained() && s.errNow() == nil {
+			q.idle.Wait()
+		}
+		q.mu.Unlock()
+	}
+}
+
+// wakeFlush wakes a flush waiting on the send queues (the session failed).
+func (s *Session) wakeFlush() {
+	for _, q := range s.out {
+		if q == nil {
+			continue
+		}
+		q.mu.Lock()
+		q.idle.Broadcast()
+		q.mu.Unlock()
+	}
 }
 
 // fail records the session's first failure and returns it (or the earlier one).
@@ -155,6 +215,7 @@ func (s *Session) fail(err error) error {
 	close(s.done)
 	s.wg.Add(1)
 	s.mu.Unlock()
+	s.wakeFlush()
 	s.log.Warn("all-reduce failed, aborting epoch", zap.Error(err))
 	go s.abort(err)
 	return err
@@ -214,6 +275,26 @@ func (s *Session) readLoop(from int) {
 		b, err := s.t.Recv(s.ctx, peer)
 		if err != nil {
 			if s.ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, io.EOF) {
+				// The peer closed the epoch cleanly (it finished its rounds).
+				// Only a round still waiting for its frames fails.
+				s.mu.Lock()
+				s.ended[from] = true
+				var wake []*mailbox
+				for k, mb := range s.boxes {
+					if k.from == from {
+						wake = append(wake, mb)
+					}
+				}
+				s.mu.Unlock()
+				for _, mb := range wake {
+					select {
+					case mb.ready <- struct{}{}:
+					default:
+					}
+				}
 				return
 			}
 			if errors.Is(err, ErrFrameTooLarge) {
@@ -297,13 +378,22 @@ func (s *Session) writeLoop(to int) {
 		f := q.q[0]
 		q.q[0] = nil
 		q.q = q.q[1:]
+		q.busy = true
 		q.mu.Unlock()
 		select {
 		case <-s.done:
+			s.wakeFlush()
 			return
 		default:
 		}
-		if err := s.t.Send(s.ctx, peer, f); err != nil {
+		err := s.t.Send(s.ctx, peer, f)
+		q.mu.Lock()
+		q.busy = false
+		if q.drained() {
+			q.idle.Broadcast()
+		}
+		q.mu.Unlock()
+		if err != nil {
 			// The reader of the same peer usually knows more (an abort
 			// notice queued before the reset): give it a moment first.
 			t := time.NewTimer(sendFailGrace)
@@ -416,7 +506,11 @@ func (o *op) recv(from int, ph Phase, chunk int) (raw, payload []byte, err error
 			o.recvd++
 			return m.raw, m.payload, nil
 		}
+		ended := s.ended[from]
 		s.mu.Unlock()
+		if ended {
+			return nil, nil, o.failPeer(from, fmt.Errorf("%w: peer closed the epoch before sending phase %#x chunk %d", ErrPeerFailed, ph, chunk))
+		}
 		if timer == nil {
 			timer = time.NewTimer(o.timeout)
 		}
