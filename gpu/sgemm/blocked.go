@@ -109,9 +109,11 @@ func blocked(transA, transB bool, m, n, k int, alpha float32, a []float32, lda i
 			wg.Go(func() { rect(kern, transA, transB, hi-lo, n, k, alpha, ra, lda, b, ldb, beta, rc, ldc) })
 		} else {
 			hi := min(lo+band, n)
-			rb := b[lo:]
+			var rb []float32
 			if transB {
 				rb = b[lo*ldb:]
+			} else {
+				rb = b[lo:]
 			}
 			rc := c[lo:]
 			if hi == n {

@@ -424,6 +424,10 @@ func TestSgemmThreads(t *testing.T) {
 					{transA: true, m: 37, n: 517, k: 300, pad: 2, alpha: -1, beta: 0.5},
 					{transB: true, m: 200, n: 200, k: 130, alpha: 1, beta: 1},
 					{transA: true, transB: true, m: 96, n: 95, k: 600, pad: 3, alpha: 0.5, beta: 2},
+					// k < the band offsets: slicing a band must respect how A and B are stored.
+					{transA: true, m: 900, n: 100, k: 40, pad: 1, alpha: 1, beta: 0},
+					{transB: true, m: 40, n: 2000, k: 40, pad: 2, alpha: 1, beta: 0},
+					{transA: true, transB: true, m: 40, n: 2000, k: 40, alpha: 1, beta: 1},
 				} {
 					a, b, c := s.operands(rnd, false)
 					one := c.clone()
