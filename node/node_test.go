@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -45,7 +46,12 @@ func testConfig(bootstrap ...string) Config {
 func startNode(t *testing.T, cfg Config, log *zap.Logger) *Node {
 	t.Helper()
 	if log == nil {
-		log = zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel))
+		// P2PTRAIN_TEST_LOG=debug|info shows more of what the peers do.
+		level := zapcore.WarnLevel
+		if l, err := zapcore.ParseLevel(os.Getenv("P2PTRAIN_TEST_LOG")); err == nil {
+			level = l
+		}
+		log = zaptest.NewLogger(t, zaptest.Level(level)).Named(fmt.Sprint(len(cfg.Node.Bootstrap)))
 	}
 	n, err := New(context.Background(), cfg, log)
 	if err != nil {

@@ -530,8 +530,19 @@ func (t *Trainer) finish(ctx context.Context) (Result, error) {
 	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.m.ParamHash()}
 	t.n.updateTrain(func(ti *trainInfo) { ti.paramHash = res.ParamHash })
 	deadline := time.Now().Add(2 * t.n.cfg.Gossip.FailureTimeout.D())
+	self := t.n.ID().String()
 	for time.Now().Before(deadline) {
 		members, ep := t.n.gsp.Snapshot()
+		// Keep answering new epochs: a peer that joins now syncs to the final state.
+		t.n.mu.Lock()
+		stale := slices.Contains(ep.Order, self) && (t.n.train.ready == nil || t.n.train.ready.Epoch != ep.Number)
+		if stale {
+			t.n.train.ready = &gossip.Ready{Epoch: ep.Number, Step: t.step}
+		}
+		t.n.mu.Unlock()
+		if stale {
+			t.n.gsp.Beat()
+		}
 		done := true
 		for _, m := range members {
 			if slices.Contains(ep.Order, m.PeerID) && m.Step < t.step {

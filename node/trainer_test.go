@@ -1,0 +1,283 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/p2ptrain/p2ptrain/gossip"
+	"github.com/p2ptrain/p2ptrain/model"
+)
+
+// These tests train a small mlp on a slice of Fashion-MNIST (Debian's
+// dataset-fashion-mnist, installed by scripts/setup.sh) with in-process peers.
+
+func requireDataset(t *testing.T) {
+	t.Helper()
+	if _, err := model.FindFashionMNIST(); err != nil {
+		t.Fatalf("%v (run scripts/setup.sh)", err)
+	}
+}
+
+// trainConfig is a fast training setup: a small mlp, small batches, a slice of the data.
+func trainConfig(steps, minPeers int, bootstrap ...string) Config {
+	cfg := testConfig(bootstrap...)
+	cfg.Train.Steps = steps
+	cfg.Train.MinPeers = minPeers
+	cfg.Train.Hidden = []int{64}
+	cfg.Train.BatchSize = 16
+	cfg.Train.TrainSamples = 4096
+	cfg.Train.EvalSamples = 500
+	cfg.Train.EvalEvery = 0
+	cfg.Train.CheckEvery = 5
+	cfg.Train.WarmupSteps = 5
+	cfg.Train.LR = 0.1
+	cfg.Allreduce.ChunkBytes = 16 << 10
+	cfg.Allreduce.BucketBytes = 64 << 10
+	return cfg
+}
+
+type trainPeer struct {
+	n      *Node
+	cancel context.CancelFunc
+	done   chan struct{}
+	res    Result
+	err    error
+
+	mu       sync.Mutex
+	progress []Progress
+}
+
+func startTrainer(t *testing.T, cfg Config, onProgress func(*trainPeer, Progress)) *trainPeer {
+	t.Helper()
+	p := &trainPeer{n: startNode(t, cfg, nil), done: make(chan struct{})}
+	tr, err := NewTrainer(p.n, func(pr Progress) {
+		p.mu.Lock()
+		p.progress = append(p.progress, pr)
+		p.mu.Unlock()
+		if onProgress != nil {
+			onProgress(p, pr)
+		}
+	})
+	if err != nil {
+		t.Fatalf("trainer: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	go func() {
+		defer close(p.done)
+		defer tr.Close()
+		p.res, p.err = tr.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-p.done
+	})
+	return p
+}
+
+func (p *trainPeer) wait(t *testing.T, within time.Duration) {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(within):
+		t.Fatalf("peer %s did not finish within %s", p.n.ID(), within)
+	}
+}
+
+// sameResult checks that every peer finished at steps with one parameter hash.
+func sameResult(t *testing.T, peers []*trainPeer, steps uint64) Result {
+	t.Helper()
+	for _, p := range peers {
+		if p.err != nil {
+			t.Fatalf("peer %s: %v", p.n.ID(), p.err)
+		}
+		if p.res.Step != steps || p.res.ParamHash != peers[0].res.ParamHash {
+			t.Fatalf("peer %s ended at step %d with hash %s; peer %s at %d with %s", p.n.ID(), p.res.Step, p.res.ParamHash,
+				peers[0].n.ID(), peers[0].res.Step, peers[0].res.ParamHash)
+		}
+	}
+	return peers[0].res
+}
+
+func meanLoss(ps []Progress) float64 {
+	s := 0.0
+	for _, p := range ps {
+		s += p.Loss
+	}
+	return s / float64(len(ps))
+}
+
+func TestTrainIdenticalReplicas(t *testing.T) {
+	requireDataset(t)
+	for _, tc := range []struct {
+		peers int
+		codec string
+	}{{2, "none"}, {4, "sint8"}} {
+		t.Run(fmt.Sprintf("%d peers %s", tc.peers, tc.codec), func(t *testing.T) {
+			const steps = 40
+			var peers []*trainPeer
+			for i := 0; i < tc.peers; i++ {
+				var boot []string
+				if i > 0 {
+					boot = []string{peers[0].n.AddrStrings()[0]}
+				}
+				cfg := trainConfig(steps, tc.peers, boot...)
+				cfg.Allreduce.Codec = tc.codec
+				peers = append(peers, startTrainer(t, cfg, nil))
+			}
+			for _, p := range peers {
+				p.wait(t, 60*time.Second)
+			}
+			res := sameResult(t, peers, steps)
+			pr := peers[0].progress
+			first, last := meanLoss(pr[:8]), meanLoss(pr[len(pr)-8:])
+			if !(last < 0.8*first) {
+				t.Fatalf("training loss did not fall: first steps %.3f, last steps %.3f", first, last)
+			}
+			t.Logf("%d peers, %s: loss %.3f → %.3f, test accuracy %.3f, hash %s", tc.peers, tc.codec, first, last, res.Accuracy, res.ParamHash[:16])
+		})
+	}
+}
+
+func TestTrainSurvivesKilledPeer(t *testing.T) {
+	requireDataset(t)
+	const steps = 40
+	var peers []*trainPeer
+	var killOnce sync.Once
+	for i := 0; i < 3; i++ {
+		var boot []string
+		if i > 0 {
+			boot = []string{peers[0].n.AddrStrings()[0]}
+		}
+		var hook func(*trainPeer, Progress)
+		if i == 2 {
+			hook = func(p *trainPeer, pr Progress) {
+				if pr.Step == 10 {
+					killOnce.Do(func() {
+						go func() { // crash: no departure announced
+							p.cancel()
+							p.n.Kill()
+						}()
+					})
+				}
+			}
+		}
+		peers = append(peers, startTrainer(t, trainConfig(steps, 3, boot...), hook))
+	}
+	for _, p := range peers[:2] {
+		p.wait(t, 60*time.Second)
+	}
+	res := sameResult(t, peers[:2], steps)
+	t.Logf("2 survivors finished with hash %s", res.ParamHash[:16])
+}
+
+func TestTrainLateJoinerSyncs(t *testing.T) {
+	requireDataset(t)
+	const steps = 60
+	first := startTrainer(t, trainConfig(steps, 2), nil)
+	boot := first.n.AddrStrings()[0]
+	var joiner *trainPeer
+	joined := make(chan struct{})
+	var once sync.Once
+	// At step 15 the second peer starts the joiner and holds its training until
+	// the joiner is a member, so the joiner arrives mid-run however fast steps are.
+	second := startTrainer(t, trainConfig(steps, 2, boot), func(p *trainPeer, pr Progress) {
+		if pr.Step != 15 {
+			return
+		}
+		once.Do(func() {
+			joiner = startTrainer(t, trainConfig(steps, 1, boot), nil)
+			close(joined)
+			eventually(t, 20*time.Second, "joiner is a member", func() error {
+				if st := stateOn(p.n, joiner.n.ID()); st != gossip.Alive {
+					return fmt.Errorf("joiner is %v", st)
+				}
+				return nil
+			})
+		})
+	})
+	<-joined
+	for _, p := range []*trainPeer{first, second, joiner} {
+		p.wait(t, 60*time.Second)
+	}
+	sameResult(t, []*trainPeer{first, second, joiner}, steps)
+	joiner.mu.Lock()
+	firstStep := joiner.progress[0].Step
+	joiner.mu.Unlock()
+	if firstStep <= 15 {
+		t.Fatalf("joiner's first step was %d: it did not take over the cluster's state", firstStep)
+	}
+	t.Logf("joiner entered at step %d and finished with the others' hash", firstStep)
+}
+
+func TestTrainCheckpointRestart(t *testing.T) {
+	requireDataset(t)
+	const steps = 20
+	dir := t.TempDir()
+	ids := []string{filepath.Join(dir, "a.key"), filepath.Join(dir, "b.key")}
+	for _, p := range ids {
+		if _, err := WriteIdentity(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(ckpt string, stopAt uint64) []*trainPeer {
+		var peers []*trainPeer
+		stopped := make(chan struct{})
+		var once sync.Once
+		for i, id := range ids {
+			var boot []string
+			if i > 0 {
+				boot = []string{peers[0].n.AddrStrings()[0]}
+			}
+			cfg := trainConfig(steps, 2, boot...)
+			cfg.Node.Identity = id
+			if ckpt != "" {
+				cfg.Train.CheckpointDir = filepath.Join(ckpt, fmt.Sprint(i))
+				cfg.Train.CheckpointEvery = 10
+			}
+			var hook func(*trainPeer, Progress)
+			if stopAt > 0 {
+				hook = func(_ *trainPeer, pr Progress) {
+					if pr.Step == stopAt {
+						once.Do(func() { close(stopped) })
+					}
+				}
+			}
+			peers = append(peers, startTrainer(t, cfg, hook))
+		}
+		if stopAt > 0 {
+			<-stopped
+			for _, p := range peers {
+				p.cancel()
+				<-p.done
+				p.n.Close()
+			}
+		} else {
+			for _, p := range peers {
+				p.wait(t, 60*time.Second)
+			}
+		}
+		return peers
+	}
+	ref := sameResult(t, run("", 0), steps)
+	ckpt := t.TempDir()
+	for _, p := range run(ckpt, 13) {
+		if !errors.Is(p.err, context.Canceled) {
+			t.Fatalf("interrupted run: %v", p.err)
+		}
+	}
+	resumed := run(ckpt, 0)
+	got := sameResult(t, resumed, steps)
+	if got.ParamHash != ref.ParamHash {
+		t.Fatalf("resumed run ended with %s, uninterrupted run with %s", got.ParamHash, ref.ParamHash)
+	}
+	if s := resumed[0].progress[0].Step; s != 11 {
+		t.Fatalf("resumed run's first step was %d, want 11 (after the step-10 checkpoint)", s)
+	}
+	t.Logf("checkpoint at step 10 → restart → step %d with the uninterrupted run's hash %s", steps, got.ParamHash[:16])
+}
