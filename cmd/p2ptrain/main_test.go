@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pelletier/go-toml/v2"
+
 	"github.com/p2ptrain/p2ptrain/node"
 )
 
@@ -127,5 +129,29 @@ func TestShippedConfigIsDefaults(t *testing.T) {
 	def := node.DefaultConfig()
 	if !reflect.DeepEqual(cfg, def) {
 		t.Fatalf("config.toml differs from the defaults:\nfile:     %+v\ndefaults: %+v", cfg, def)
+	}
+	// Every key of the configuration is written out in config.toml.
+	want, err := toml.Marshal(def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wantKeys, gotKeys map[string]any
+	if err := toml.Unmarshal(want, &wantKeys); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile("../../config.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := toml.Unmarshal(data, &gotKeys); err != nil {
+		t.Fatal(err)
+	}
+	for section, keys := range wantKeys {
+		got, _ := gotKeys[section].(map[string]any)
+		for key := range keys.(map[string]any) {
+			if _, ok := got[key]; !ok {
+				t.Errorf("config.toml does not document %s.%s", section, key)
+			}
+		}
 	}
 }
