@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# The p2ptrain demo: installs what is missing, builds the binary, starts a local
-# cluster of peers on loopback and shows them agreeing on a ring.
-#   PEERS=3 scripts/demo.sh
+# The p2ptrain demo: installs what is missing (Debian's dataset-fashion-mnist,
+# iproute2), builds the binary, and starts a local cluster of peers on loopback
+# that trains the mlp on Fashion-MNIST data-parallel with a compressed codec.
+# It shows progress while they train, then every peer's final accuracy and
+# parameter hash, which agree bit for bit.
+#
+#   PEERS=4 STEPS=500 CODEC=sint8 MODEL=mlp scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-peers="${PEERS:-3}"
+peers="${PEERS:-4}"
+steps="${STEPS:-500}"
+codec="${CODEC:-sint8}"
+model="${MODEL:-mlp}"
 
 scripts/setup.sh
 echo "== building p2ptrain"
@@ -20,42 +27,57 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-# start_peer I [FLAGS...]: runs peer I in the background; its stdout goes to $work/I.out.
+# start_peer I [FLAGS...]: runs peer I in the background; stdout in $work/I.out, logs in $work/I.log.
 start_peer() {
   local i="$1"; shift
   bin/p2ptrain join --name "peer$i" --cluster demo --listen /ip4/127.0.0.1/tcp/0 \
-    --api 127.0.0.1:0 --mdns=false "$@" >"$work/$i.out" 2>"$work/$i.log" &
+    --api 127.0.0.1:0 --mdns=false --log-format json \
+    --model "$model" --codec "$codec" --steps "$steps" --min-peers "$peers" \
+    "$@" >"$work/$i.out" 2>"$work/$i.log" &
   pids+=("$!")
   for _ in $(seq 100); do
     grep -q '^local API' "$work/$i.out" 2>/dev/null && return
+    kill -0 "${pids[-1]}" 2>/dev/null || break
     sleep 0.1
   done
   echo "peer$i did not start:" >&2; cat "$work/$i.log" >&2; exit 1
 }
 api_of() { sed -n 's|^local API: http://\(.*\)/status|\1|p' "$work/$1.out"; }
 
-echo "== starting $peers peers on loopback"
+echo "== starting $peers peers on loopback: $model, codec $codec, $steps steps"
 start_peer 0
 boot="$(grep -m1 '/p2p/' "$work/0.out" | tr -d ' ')"
 echo "bootstrap address: $boot"
 for i in $(seq 1 $((peers - 1))); do start_peer "$i" --bootstrap "$boot"; done
 
-echo "== waiting for every peer to show the same ring"
-for _ in $(seq 100); do
-  rings=""
-  for i in $(seq 0 $((peers - 1))); do
-    rings+="$(bin/p2ptrain status --api "$(api_of "$i")" --json | tr -d ' \n' | sed -n 's/.*"ring":{\([^}]*\)}.*/\1/p')"$'\n'
-  done
-  if [ "$(printf '%s' "$rings" | sort -u | wc -l)" -eq 1 ] && grep -q "\"order\":\[\(\"[^\"]*\",\)\{$((peers - 1))\}\"" <<<"$rings"; then
-    break
+# Progress: peer0's view, redrawn in place on a terminal, one line every 5 s otherwise.
+tty=false; [ -t 1 ] && tty=true
+last=0
+while true; do
+  running=0
+  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && running=$((running + 1)); done
+  [ "$running" -eq "$peers" ] || break
+  line="$(bin/p2ptrain status --api "$(api_of 0)" 2>/dev/null | grep '^train' || true)"
+  ring="$(bin/p2ptrain status --api "$(api_of 0)" 2>/dev/null | sed -n 's/^ring *//p' || true)"
+  if $tty; then
+    printf '\r\033[K%s | %s' "${line#train    }" "${ring%%, coordinator*}"
+  elif [ $((SECONDS - last)) -ge 5 ]; then
+    echo "${line#train    } | ${ring%%, coordinator*}"
+    last=$SECONDS
   fi
-  sleep 0.2
+  sleep 0.5
 done
+$tty && printf '\r\033[K'
+
+status=0
+for i in "${!pids[@]}"; do wait "${pids[$i]}" || status=$?; done
+echo "== results"
 for i in $(seq 0 $((peers - 1))); do
-  echo "--- peer$i"
-  bin/p2ptrain status --api "$(api_of "$i")"
+  printf 'peer%d: %s\n' "$i" "$(grep '^done' "$work/$i.out" || echo "no result; log: $(tail -3 "$work/$i.log")")"
 done
-if [ "$(printf '%s' "$rings" | sort -u | wc -l)" -ne 1 ]; then
-  echo "demo: peers did not agree on a ring" >&2; exit 1
+hashes="$(grep -h '^done' "$work"/*.out | sed 's/.*param_hash=//' | sort -u | wc -l)"
+if [ "$status" -ne 0 ] || [ "$hashes" -ne 1 ] || [ "$(grep -l '^done' "$work"/*.out | wc -l)" -ne "$peers" ]; then
+  echo "demo: the peers did not all finish with one parameter hash" >&2
+  exit 1
 fi
-echo "== all $peers peers agree on the ring above; stopping them (each announces its departure)"
+echo "== all $peers peers finished with identical parameters"

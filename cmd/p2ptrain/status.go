@@ -61,6 +61,9 @@ func printStatus(w io.Writer, st node.Status) {
 		}
 		fmt.Fprintf(w, "order    %s\n", strings.Join(order, " → "))
 	}
+	if st.Codec != "" {
+		fmt.Fprintln(w, trainLine(st))
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nPEER\tNAME\tSTATE\tLAST SEEN\tSTEP")
 	for _, m := range st.Members {
@@ -76,4 +79,24 @@ func short(id string) string {
 		return id
 	}
 	return "…" + id[len(id)-8:]
+}
+
+// trainLine summarises a training peer's figures on one line.
+func trainLine(st node.Status) string {
+	f := func(p *float64, format string, scale float64) string {
+		if p == nil {
+			return "-"
+		}
+		return fmt.Sprintf(format, *p*scale)
+	}
+	bytes := "-"
+	if st.BytesPerStep != nil {
+		bytes = humanBytes(*st.BytesPerStep)
+	}
+	hash := st.ParamHash
+	if len(hash) > 16 {
+		hash = hash[:16]
+	}
+	return fmt.Sprintf("train    step %d  loss %s  accuracy %s  %s samples/s  codec %s  %s/step sent  params %s",
+		st.Step, f(st.Loss, "%.4f", 1), f(st.Accuracy, "%.2f%%", 100), f(st.SamplesPerS, "%.0f", 1), st.Codec, bytes, hash)
 }
