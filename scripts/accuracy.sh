@@ -17,6 +17,6 @@ for codec in $codecs; do
     echo "$codec: run failed" >&2; echo "$out" | tail -20 >&2; exit 1; }
   acc="$(echo "$out" | sed -n 's/^peer0: done .*accuracy=\([0-9.]*\).*/\1/p')"
   [ -n "$base" ] || base="$acc"
-  printf '%-18s %-6s %6s %8.2f%% %+7.2f %d\n' "$codec" "$model" "$steps" \
-    "$(echo "$acc*100" | bc -l)" "$(echo "($acc-$base)*100" | bc -l)" $((SECONDS - start))
+  awk -v c="$codec" -v m="$model" -v s="$steps" -v a="$acc" -v b="$base" -v t=$((SECONDS - start)) \
+    'BEGIN { printf "%-18s %-6s %6s %8.2f%% %+7.2f %d\n", c, m, s, 100*a, 100*(a-b), t }'
 done
