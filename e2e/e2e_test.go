@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -46,14 +47,23 @@ type proc struct {
 	done  chan struct{}
 	err   error
 	stder *strings.Builder
+
+	mu       sync.Mutex
+	doneLine string // the final "done ..." line of a training run
 }
 
 func startPeer(t *testing.T, args ...string) *proc {
 	t.Helper()
+	return startPeerConfig(t, "", args...)
+}
+
+// startPeerConfig is startPeer with extra TOML appended to the peer's config file.
+func startPeerConfig(t *testing.T, extra string, args ...string) *proc {
+	t.Helper()
 	base := []string{"join", "--listen", "/ip4/127.0.0.1/tcp/0", "--api", "127.0.0.1:0", "--mdns=false", "--cluster", "e2e", "--log-format", "json"}
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "p2ptrain.toml")
-	if err := os.WriteFile(cfg, []byte("[gossip]\nheartbeat = \"250ms\"\nfailure_timeout = \"1500ms\"\n"), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte("[gossip]\nheartbeat = \"250ms\"\nfailure_timeout = \"1500ms\"\n"+extra), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(binary, append(append(base, "--config", cfg), args...)...)
@@ -66,7 +76,10 @@ func startPeer(t *testing.T, args ...string) *proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	readDone := make(chan struct{})
+	started := make(chan struct{})
 	go func() {
+		<-readDone // Wait closes stdout: read it to the end first
 		p.err = cmd.Wait()
 		close(p.done)
 	}()
@@ -77,37 +90,39 @@ func startPeer(t *testing.T, args ...string) *proc {
 			t.Logf("peer %s stderr:\n%s", p.addr, p.stder.String())
 		}
 	})
-	lines := make(chan string)
+	// One reader owns stdout: it records the addresses, then the final line.
 	go func() {
+		defer close(readDone)
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-		io.Copy(io.Discard, stdout)
-	}()
-	deadline := time.After(20 * time.Second)
-	for p.addr == "" || p.api == "" {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				t.Fatalf("peer exited before printing its addresses: %s", p.stder.String())
-			}
-			l = strings.TrimSpace(l)
+			l := strings.TrimSpace(sc.Text())
+			p.mu.Lock()
 			if strings.HasPrefix(l, "/ip4/") && p.addr == "" {
 				p.addr = l
 			}
 			if a, ok := strings.CutPrefix(l, "local API: http://"); ok {
 				p.api = strings.TrimSuffix(a, "/status")
+				close(started)
 			}
-		case <-deadline:
-			t.Fatal("peer did not print its addresses within 20s")
+			if strings.HasPrefix(l, "done ") {
+				p.doneLine = l
+			}
+			p.mu.Unlock()
 		}
-	}
-	go func() {
-		for range lines {
-		}
+		io.Copy(io.Discard, stdout)
 	}()
+	select {
+	case <-started:
+	case <-p.done:
+		t.Fatalf("peer exited before printing its addresses: %s", p.stder.String())
+	case <-time.After(20 * time.Second):
+		t.Fatal("peer did not print its addresses within 20s")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.addr == "" {
+		t.Fatal("peer printed no dialable address")
+	}
 	return p
 }
 
@@ -222,4 +237,39 @@ func TestProcessesAgreeOnRing(t *testing.T) {
 		}
 		return fmt.Errorf("no member shown as left")
 	})
+}
+
+// TestProcessesTrain runs two `p2ptrain join --steps` processes on a slice of
+// Fashion-MNIST: both print a final "done" line with the same parameter hash
+// and exit 0.
+func TestProcessesTrain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process suite: skipped with -short")
+	}
+	train := []string{"--steps", "30", "--min-peers", "2", "--codec", "sint8", "--model", "mlp"}
+	cfgExtra := "[train]\nhidden = [64]\nbatch_size = 16\ntrain_samples = 4096\neval_samples = 500\n"
+	first := startPeerConfig(t, cfgExtra, append([]string{"--name", "t0"}, train...)...)
+	second := startPeerConfig(t, cfgExtra, append([]string{"--name", "t1", "--bootstrap", first.addr}, train...)...)
+	var lines []string
+	for _, p := range []*proc{first, second} {
+		select {
+		case <-p.done:
+		case <-time.After(2 * time.Minute):
+			t.Fatal("training did not finish within 2 minutes")
+		}
+		if p.err != nil {
+			t.Fatalf("peer exited with %v", p.err)
+		}
+		p.mu.Lock()
+		done := p.doneLine
+		p.mu.Unlock()
+		if !strings.HasPrefix(done, "done step=30 ") || !strings.Contains(done, "param_hash=") {
+			t.Fatalf("final line %q", done)
+		}
+		lines = append(lines, done)
+	}
+	if lines[0] != lines[1] {
+		t.Fatalf("peers disagree:\n%s\n%s", lines[0], lines[1])
+	}
+	t.Logf("both processes: %s", lines[0])
 }
