@@ -113,7 +113,7 @@ func ReadFrame(r io.Reader, max int, buf []byte) ([]byte, error) {
 		return nil, err
 	}
 	n := binary.LittleEndian.Uint32(p[:])
-	if uint64(n) > uint64(max) {
+	if max < 0 || uint64(n) > uint64(max) {
 		return nil, fmt.Errorf("%w: length %d > max %d", ErrFrameTooLarge, n, max)
 	}
 	if cap(buf) < int(n) {
