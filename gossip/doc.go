@@ -18,6 +18,13 @@
 // Ring epochs: the coordinator is the alive (or suspect) member with the lowest
 // peer ID. Whenever that set differs from the current epoch's members, the
 // coordinator proposes a new epoch numbered one above every epoch it has seen.
+// A Planner (Config.Planner; package node supplies one built on measured
+// bandwidth) lays the epoch out: the ring order, and optionally the schedule
+// and owner shares every member uses; without one the order is by peer ID.
+// With Config.ReplanEvery the coordinator also proposes an epoch of unchanged
+// members when the planner judges a new layout materially better, at most
+// once per that interval. Heartbeats carry each member's link measurements
+// (Heartbeat.Links), which is what the planner reads.
 // Every member adopts the highest epoch it hears of (ties: the lower proposer);
 // heartbeats repeat the sender's epoch, so a peer that missed a proposal, or a
 // newcomer, catches up within one heartbeat.

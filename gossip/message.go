@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -22,6 +24,12 @@ const (
 	maxDevices   = 64
 	maxMembers   = 1024
 	maxStringLen = 256
+	// MaxLinks bounds the link figures of one heartbeat.
+	MaxLinks = 64
+	// maxScheduleLen bounds an epoch's schedule name.
+	maxScheduleLen = 32
+	// sharesTolerance is how far an epoch's shares may sum from 1.
+	sharesTolerance = 1e-6
 )
 
 // Message types.
@@ -71,7 +79,44 @@ type Heartbeat struct {
 	WantEpoch uint64 `json:"want_epoch,omitempty"`
 	// Check is the sender's parameter hash after a given step.
 	Check *ParamCheck `json:"check,omitempty"`
+	// Links are the sender's latest measurements of its links to other
+	// members (at most MaxLinks, one per peer).
+	Links []LinkFigure `json:"links,omitempty"`
 }
+
+// LinkFigure is one measured link, from the heartbeat's sender to Peer.
+type LinkFigure struct {
+	Peer string `json:"peer"`
+	// MbitS is the measured throughput in Mbit/s (10^6 bits per second).
+	MbitS float64 `json:"mbit_s"`
+	// RTTMs is the measured round-trip time in milliseconds.
+	RTTMs float64 `json:"rtt_ms"`
+}
+
+// checkLinks validates a heartbeat's link figures.
+func checkLinks(links []LinkFigure) error {
+	if len(links) > MaxLinks {
+		return fmt.Errorf("%w: %d links (max %d)", ErrMalformed, len(links), MaxLinks)
+	}
+	seen := make(map[string]bool, len(links))
+	for _, l := range links {
+		if err := checkString("link peer", l.Peer, true); err != nil {
+			return err
+		}
+		if seen[l.Peer] {
+			return fmt.Errorf("%w: link to %s listed twice", ErrMalformed, l.Peer)
+		}
+		seen[l.Peer] = true
+		for _, v := range []float64{l.MbitS, l.RTTMs} {
+			if !finiteNonNegative(v) {
+				return fmt.Errorf("%w: link to %s has figure %v", ErrMalformed, l.Peer, v)
+			}
+		}
+	}
+	return nil
+}
+
+func finiteNonNegative(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
 
 // Ready is a member's training position at the start of an epoch.
 type Ready struct {
@@ -97,19 +142,20 @@ type Epoch struct {
 	Order       []string `json:"order"`
 	StartStep   uint64   `json:"start_step"`
 	Coordinator string   `json:"coordinator"`
+	// Schedule, when set, is the all-reduce schedule every member uses in
+	// this epoch (the coordinator's choice, a name such as "auto", "ring" or
+	// "proportional"); empty leaves it to each member's configuration.
+	Schedule string `json:"schedule,omitempty"`
+	// Shares are the owner shares of the proportional schedule per rank
+	// (Shares[k] belongs to Order[k]; non-negative, summing to 1); nil means
+	// equal shares.
+	Shares []float64 `json:"shares,omitempty"`
 }
 
 // Equal reports whether two epochs are the same configuration.
 func (e Epoch) Equal(o Epoch) bool {
-	if e.Number != o.Number || e.StartStep != o.StartStep || e.Coordinator != o.Coordinator || len(e.Order) != len(o.Order) {
-		return false
-	}
-	for i := range e.Order {
-		if e.Order[i] != o.Order[i] {
-			return false
-		}
-	}
-	return true
+	return e.Number == o.Number && e.StartStep == o.StartStep && e.Coordinator == o.Coordinator &&
+		e.Schedule == o.Schedule && slices.Equal(e.Order, o.Order) && slices.Equal(e.Shares, o.Shares)
 }
 
 // newer reports whether e should replace cur: a higher number, or the same number
@@ -124,7 +170,7 @@ func (e Epoch) newer(cur Epoch) bool {
 // validate checks an epoch's fields. The zero epoch (Number 0) is valid and empty.
 func (e Epoch) validate() error {
 	if e.Number == 0 {
-		if len(e.Order) != 0 || e.Coordinator != "" {
+		if len(e.Order) != 0 || e.Coordinator != "" || e.Schedule != "" || e.Shares != nil {
 			return fmt.Errorf("%w: epoch 0 must be empty", ErrMalformed)
 		}
 		return nil
@@ -146,6 +192,32 @@ func (e Epoch) validate() error {
 	}
 	if !hasCoord {
 		return fmt.Errorf("%w: epoch %d coordinator %q is not a member", ErrMalformed, e.Number, e.Coordinator)
+	}
+	return e.validatePlan()
+}
+
+// validatePlan checks an epoch's schedule and shares.
+func (e Epoch) validatePlan() error {
+	if len(e.Schedule) > maxScheduleLen || strings.ContainsFunc(e.Schedule, func(r rune) bool {
+		return (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' && r != '_'
+	}) {
+		return fmt.Errorf("%w: epoch %d schedule %q is not a short lower-case name", ErrMalformed, e.Number, e.Schedule)
+	}
+	if e.Shares == nil {
+		return nil
+	}
+	if len(e.Shares) != len(e.Order) {
+		return fmt.Errorf("%w: epoch %d has %d shares for %d members", ErrMalformed, e.Number, len(e.Shares), len(e.Order))
+	}
+	sum := 0.0
+	for i, w := range e.Shares {
+		if !finiteNonNegative(w) {
+			return fmt.Errorf("%w: epoch %d share %d is %v", ErrMalformed, e.Number, i, w)
+		}
+		sum += w
+	}
+	if math.Abs(sum-1) > sharesTolerance {
+		return fmt.Errorf("%w: epoch %d shares sum to %v, want 1", ErrMalformed, e.Number, sum)
 	}
 	return nil
 }
@@ -243,6 +315,7 @@ func (e *Envelope) validate(author string) error {
 			checkStrings("devices", h.Devices, maxDevices),
 			h.Epoch.validate(),
 			h.Check.validate(),
+			checkLinks(h.Links),
 		} {
 			if err != nil {
 				return err

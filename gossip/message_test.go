@@ -2,6 +2,9 @@ package gossip
 
 import (
 	"errors"
+	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -24,6 +27,50 @@ func TestDecodeRoundTrip(t *testing.T) {
 	}
 	if env.Heartbeat.Name != "one" || env.Heartbeat.Epoch.Number != 2 {
 		t.Fatalf("decoded %+v", env.Heartbeat)
+	}
+}
+
+// TestDecodeLinksAndPlan checks that link figures and an epoch's schedule and
+// shares survive the wire exactly, and that Equal compares them.
+func TestDecodeLinksAndPlan(t *testing.T) {
+	e := validHeartbeat()
+	h := e.Heartbeat
+	h.Links = []LinkFigure{{Peer: "p0", MbitS: 941.25, RTTMs: 0.081}, {Peer: "p2", MbitS: 0, RTTMs: 0}}
+	third := 1.0 / 3
+	h.Epoch = Epoch{Number: 4, Order: []string{"p0", "p1", "p2"}, Coordinator: "p0",
+		Schedule: "proportional", Shares: []float64{third, third, 1 - 2*third}}
+	b, err := Encode(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := Decode(b, "lab", "p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := env.Heartbeat
+	if !slices.Equal(got.Links, h.Links) {
+		t.Fatalf("links %+v, want %+v", got.Links, h.Links)
+	}
+	if !got.Epoch.Equal(h.Epoch) {
+		t.Fatalf("epoch %+v, want %+v", got.Epoch, h.Epoch)
+	}
+	other := cloneEpoch(h.Epoch)
+	other.Shares[0] = math.Nextafter(other.Shares[0], 1)
+	if other.Equal(h.Epoch) {
+		t.Fatal("Equal ignores the shares")
+	}
+	other = cloneEpoch(h.Epoch)
+	other.Schedule = "auto"
+	if other.Equal(h.Epoch) {
+		t.Fatal("Equal ignores the schedule")
+	}
+	// A full heartbeat of links fits a gossip message.
+	h.Links = nil
+	for i := range MaxLinks {
+		h.Links = append(h.Links, LinkFigure{Peer: strings.Repeat("x", 52) + fmt.Sprint(i), MbitS: math.MaxFloat64, RTTMs: math.SmallestNonzeroFloat64})
+	}
+	if _, err := Encode(e); err != nil {
+		t.Fatalf("heartbeat with %d links: %v", MaxLinks, err)
 	}
 }
 
@@ -66,6 +113,26 @@ func TestDecodeRejects(t *testing.T) {
 			e.Type, e.Heartbeat = TypeEpoch, nil
 			e.Epoch = &Epoch{Coordinator: "p1"}
 		}), "p1", ErrMalformed},
+		{"too many links", mutate(func(e *Envelope) {
+			for i := range MaxLinks + 1 {
+				e.Heartbeat.Links = append(e.Heartbeat.Links, LinkFigure{Peer: fmt.Sprint("q", i), MbitS: 1})
+			}
+		}), "p1", ErrMalformed},
+		{"link without peer", mutate(func(e *Envelope) { e.Heartbeat.Links = []LinkFigure{{MbitS: 1}} }), "p1", ErrMalformed},
+		{"link listed twice", mutate(func(e *Envelope) {
+			e.Heartbeat.Links = []LinkFigure{{Peer: "p0", MbitS: 1}, {Peer: "p0", MbitS: 2}}
+		}), "p1", ErrMalformed},
+		{"negative throughput", mutate(func(e *Envelope) { e.Heartbeat.Links = []LinkFigure{{Peer: "p0", MbitS: -1}} }), "p1", ErrMalformed},
+		{"negative rtt", mutate(func(e *Envelope) { e.Heartbeat.Links = []LinkFigure{{Peer: "p0", RTTMs: -0.5}} }), "p1", ErrMalformed},
+		{"infinite throughput", []byte(`{"v":1,"cluster":"lab","type":"heartbeat","heartbeat":{"peer_id":"p1","version":"1",` +
+			`"addrs":[],"devices":[],"seq":1,"step":0,"name":"","epoch":{"number":0,"order":null,"start_step":0,"coordinator":""},` +
+			`"links":[{"peer":"p0","mbit_s":1e999,"rtt_ms":1}]}}`), "p1", ErrMalformed},
+		{"shares of another length", mutate(func(e *Envelope) { e.Heartbeat.Epoch.Shares = []float64{1} }), "p1", ErrMalformed},
+		{"negative share", mutate(func(e *Envelope) { e.Heartbeat.Epoch.Shares = []float64{1.5, -0.5} }), "p1", ErrMalformed},
+		{"shares not summing to 1", mutate(func(e *Envelope) { e.Heartbeat.Epoch.Shares = []float64{0.5, 0.4} }), "p1", ErrMalformed},
+		{"schedule not a name", mutate(func(e *Envelope) { e.Heartbeat.Epoch.Schedule = "Ring; drop" }), "p1", ErrMalformed},
+		{"schedule too long", mutate(func(e *Envelope) { e.Heartbeat.Epoch.Schedule = strings.Repeat("a", maxScheduleLen+1) }), "p1", ErrMalformed},
+		{"epoch 0 with a schedule", mutate(func(e *Envelope) { e.Heartbeat.Epoch = Epoch{Schedule: "ring"} }), "p1", ErrMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -29,6 +29,14 @@ type Config struct {
 	// version, step, devices). PeerID, Seq and Epoch are filled in by the Service.
 	// It is called from the Service's goroutine and must not block.
 	Self func() Heartbeat
+	// Planner lays out the epochs this peer proposes as coordinator; nil
+	// orders them by peer ID.
+	Planner Planner
+	// ReplanEvery is the least time between two epochs proposed for an
+	// unchanged membership because the Planner found a materially better
+	// layout (checked once per heartbeat interval); 0 re-plans only when
+	// membership changes or a member asks for a new epoch.
+	ReplanEvery time.Duration
 }
 
 // DefaultTiming derives failure-detection timing from a heartbeat interval and
@@ -112,6 +120,7 @@ func New(ctx context.Context, h host.Host, cfg Config, log *zap.Logger) (*Servic
 	}
 	now := time.Now()
 	s.view = NewView(s.selfHeartbeat(now), cfg.Timing, now)
+	s.view.SetPlanner(cfg.Planner, cfg.ReplanEvery)
 
 	s.beat = make(chan struct{}, 1)
 	msgs := make(chan *Envelope, 64)
@@ -201,17 +210,17 @@ func (s *Service) run(ctx context.Context, msgs <-chan *Envelope) {
 			}
 			s.mu.Unlock()
 			s.emit(evs)
-			s.propose(ctx)
+			s.propose(ctx, false)
 		case <-s.beat:
 			s.heartbeat(ctx)
-			s.propose(ctx)
+			s.propose(ctx, false)
 		case <-timer.C:
 			timer.Reset(s.cfg.Interval)
 			s.mu.Lock()
 			evs := s.view.Tick(time.Now())
 			s.mu.Unlock()
 			s.emit(evs)
-			s.propose(ctx)
+			s.propose(ctx, true)
 			s.heartbeat(ctx)
 		}
 	}
@@ -227,8 +236,9 @@ func (s *Service) heartbeat(ctx context.Context) {
 }
 
 // propose publishes a new epoch if the local peer is the coordinator and the
-// live membership changed.
-func (s *Service) propose(ctx context.Context) {
+// live membership changed or, with replan, the planner found a materially
+// better layout of the same members.
+func (s *Service) propose(ctx context.Context, replan bool) {
 	now := time.Now()
 	s.mu.Lock()
 	if now.Sub(s.lastProposal) < s.cfg.Interval {
@@ -237,6 +247,9 @@ func (s *Service) propose(ctx context.Context) {
 	}
 	step := s.view.members[s.view.self].Step
 	e, ok := s.view.Proposal(step)
+	if !ok && replan {
+		e, ok = s.view.Replan(step, now)
+	}
 	var evs []Event
 	if ok {
 		s.lastProposal = now
@@ -246,7 +259,8 @@ func (s *Service) propose(ctx context.Context) {
 	if !ok {
 		return
 	}
-	s.log.Info("proposing ring epoch", zap.Uint64("epoch", e.Number), zap.Strings("order", e.Order))
+	s.log.Info("proposing ring epoch", zap.Uint64("epoch", e.Number), zap.Strings("order", e.Order),
+		zap.String("schedule", e.Schedule), zap.Float64s("shares", e.Shares))
 	s.emit(evs)
 	s.publish(ctx, &Envelope{Type: TypeEpoch, Epoch: &e})
 }

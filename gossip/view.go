@@ -67,6 +67,31 @@ type Timing struct {
 	ForgetAfter time.Duration
 }
 
+// EpochPlan is a Planner's layout of a ring epoch.
+type EpochPlan struct {
+	// Order is the ring order: a permutation of the live members.
+	Order []string
+	// Schedule and Shares become the epoch's fields of the same names.
+	Schedule string
+	Shares   []float64
+}
+
+// Planner lays out the ring epochs the local peer proposes as coordinator
+// (for example from measured link bandwidth). The View calls it while
+// Service holds its lock: implementations must be deterministic, quick and
+// must not block or call back into the Service. A plan that does not make a
+// valid epoch is replaced by the peer-ID order without schedule or shares.
+type Planner interface {
+	// Plan lays out an epoch of the live members (sorted by peer ID).
+	// members are every known member, sorted by peer ID; the local member
+	// carries the latest heartbeat from Config.Self.
+	Plan(live []string, members []Member) EpochPlan
+	// Replan reports whether plan, laid out for the members of cur, is
+	// materially better than cur and worth a new epoch although membership
+	// did not change.
+	Replan(cur Epoch, plan EpochPlan, members []Member) bool
+}
+
 // View is the membership and ring-epoch state machine. It is not safe for
 // concurrent use; Service serialises access.
 type View struct {
@@ -78,6 +103,11 @@ type View struct {
 	maxEpoch uint64
 	// leftSeq remembers the Seq of departures so late heartbeats are ignored.
 	leftSeq map[string]uint64
+	// planner lays out proposals (nil: peer-ID order); replanEvery spaces
+	// re-plans of an unchanged membership (0: none); lastReplan is the last.
+	planner     Planner
+	replanEvery time.Duration
+	lastReplan  time.Time
 }
 
 // NewView returns a view whose only member is self, alive at now.
@@ -90,6 +120,13 @@ func NewView(self Heartbeat, timing Timing, now time.Time) *View {
 	}
 	v.members[self.PeerID] = &Member{Heartbeat: self, State: Alive, LastSeen: now}
 	return v
+}
+
+// SetPlanner installs the planner of proposed epochs (nil: peer-ID order,
+// no schedule) and the least time between two epochs that Replan proposes
+// for an unchanged membership (0: Replan never proposes).
+func (v *View) SetPlanner(p Planner, replanEvery time.Duration) {
+	v.planner, v.replanEvery = p, replanEvery
 }
 
 // Self returns the local peer ID.
@@ -265,12 +302,69 @@ func (v *View) Proposal(startStep uint64) (Epoch, bool) {
 	if v.epoch.Number != 0 && slices.Equal(cur, live) && !v.wantsNewEpoch(live) {
 		return Epoch{}, false
 	}
+	return v.next(v.plan(live), startStep), true
+}
+
+// Replan returns the epoch the local peer should propose now, if it is the
+// coordinator, the planner lays out the current members differently and
+// judges that materially better, and the last re-plan is at least the
+// replan interval before now. It never proposes a membership change (that is
+// Proposal's job) and proposes nothing without a planner.
+func (v *View) Replan(startStep uint64, now time.Time) (Epoch, bool) {
+	if v.planner == nil || v.replanEvery <= 0 || v.epoch.Number == 0 {
+		return Epoch{}, false
+	}
+	if !v.lastReplan.IsZero() && now.Sub(v.lastReplan) < v.replanEvery {
+		return Epoch{}, false
+	}
+	live := v.Live()
+	if len(live) == 0 || live[0] != v.self {
+		return Epoch{}, false
+	}
+	cur := slices.Clone(v.epoch.Order)
+	slices.Sort(cur)
+	if !slices.Equal(cur, live) {
+		return Epoch{}, false // a membership change: Proposal's job
+	}
+	p := v.plan(live)
+	if slices.Equal(p.Order, v.epoch.Order) && p.Schedule == v.epoch.Schedule && slices.Equal(p.Shares, v.epoch.Shares) {
+		return Epoch{}, false
+	}
+	if !v.planner.Replan(cloneEpoch(v.epoch), p, v.Members()) {
+		return Epoch{}, false
+	}
+	v.lastReplan = now
+	return v.next(p, startStep), true
+}
+
+// next returns the epoch after every one seen, laid out by p.
+func (v *View) next(p EpochPlan, startStep uint64) Epoch {
 	return Epoch{
 		Number:      max(v.maxEpoch, v.epoch.Number) + 1,
-		Order:       live,
+		Order:       p.Order,
 		StartStep:   startStep,
 		Coordinator: v.self,
-	}, true
+		Schedule:    p.Schedule,
+		Shares:      p.Shares,
+	}
+}
+
+// plan lays out an epoch of live (sorted) with the planner, falling back to
+// the peer-ID order when there is none or its plan is not a valid epoch.
+func (v *View) plan(live []string) EpochPlan {
+	fallback := EpochPlan{Order: live}
+	if v.planner == nil {
+		return fallback
+	}
+	p := v.planner.Plan(slices.Clone(live), v.Members())
+	p.Order, p.Shares = slices.Clone(p.Order), slices.Clone(p.Shares)
+	sorted := slices.Clone(p.Order)
+	slices.Sort(sorted)
+	e := Epoch{Number: 1, Order: p.Order, Coordinator: v.self, Schedule: p.Schedule, Shares: p.Shares}
+	if !slices.Equal(sorted, live) || e.validate() != nil {
+		return fallback
+	}
+	return p
 }
 
 // wantsNewEpoch reports whether a live member asked for an epoch above the current one.
@@ -289,5 +383,6 @@ func (v *View) change(m *Member, from State) Event {
 
 func cloneEpoch(e Epoch) Epoch {
 	e.Order = slices.Clone(e.Order)
+	e.Shares = slices.Clone(e.Shares)
 	return e
 }

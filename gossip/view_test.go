@@ -259,3 +259,145 @@ func TestViewWantEpochForcesNewEpoch(t *testing.T) {
 		t.Fatal("the satisfied request keeps forcing epochs")
 	}
 }
+
+// fakePlanner orders members by descending peer ID (any order other than the
+// default will do) with a fixed schedule and shares; its Replan answer is set
+// by the test.
+type fakePlanner struct {
+	schedule string
+	shares   func(n int) []float64
+	// drop, when set, leaves this member out of the plan (an invalid plan).
+	drop    string
+	replan  bool
+	plans   int
+	replans int
+}
+
+func (p *fakePlanner) Plan(live []string, members []Member) EpochPlan {
+	p.plans++
+	var order []string
+	for _, id := range slices.Backward(live) {
+		if id != p.drop {
+			order = append(order, id)
+		}
+	}
+	var sh []float64
+	if p.shares != nil {
+		sh = p.shares(len(order))
+	}
+	return EpochPlan{Order: order, Schedule: p.schedule, Shares: sh}
+}
+
+func (p *fakePlanner) Replan(cur Epoch, plan EpochPlan, members []Member) bool {
+	p.replans++
+	return p.replan
+}
+
+func equalShares(n int) []float64 {
+	sh := make([]float64, n)
+	for i := range sh {
+		sh[i] = 1 / float64(n)
+	}
+	sh[n-1] = 1 - float64(n-1)/float64(n)
+	return sh
+}
+
+func TestViewPlannerOrdersProposals(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	p := &fakePlanner{schedule: "proportional", shares: equalShares}
+	c.views["a"].SetPlanner(p, 0)
+	c.round(time.Second)
+	e := c.agree(t, []string{"c", "b", "a"})
+	if e.Coordinator != "a" || e.Schedule != "proportional" || len(e.Shares) != 3 {
+		t.Fatalf("epoch %+v: want coordinator a with the planner's schedule and 3 shares", e)
+	}
+	// Stable membership and no replan interval: no new epochs.
+	for i := 0; i < 3; i++ {
+		c.round(time.Second)
+	}
+	if got := c.agree(t, []string{"c", "b", "a"}); got.Number != e.Number {
+		t.Fatalf("epoch moved from %d to %d without a membership change", e.Number, got.Number)
+	}
+	// Membership change: the planner lays out the new members too.
+	c.down["c"] = true
+	c.round(6 * time.Second)
+	c.agree(t, []string{"b", "a"})
+}
+
+func TestViewInvalidPlanFallsBackToPeerIDOrder(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		p    *fakePlanner
+	}{
+		{"member missing", &fakePlanner{drop: "b"}},
+		{"shares of another length", &fakePlanner{shares: func(int) []float64 { return []float64{1} }}},
+		{"bad schedule name", &fakePlanner{schedule: "Ring!"}},
+		{"shares not summing to 1", &fakePlanner{shares: func(n int) []float64 { return make([]float64, n) }}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster("a", "b", "c")
+			c.views["a"].SetPlanner(tt.p, 0)
+			c.round(time.Second)
+			e := c.agree(t, []string{"a", "b", "c"})
+			if e.Schedule != "" || e.Shares != nil || tt.p.plans == 0 {
+				t.Fatalf("epoch %+v after %d plans: want the plain peer-ID order", e, tt.p.plans)
+			}
+		})
+	}
+}
+
+func TestViewReplan(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	p := &fakePlanner{}
+	v := c.views["a"]
+	c.round(time.Second)
+	first := c.agree(t, []string{"a", "b", "c"})
+	// No planner: never.
+	if e, ok := v.Replan(0, c.now); ok {
+		t.Fatalf("replanned %+v without a planner", e)
+	}
+	v.SetPlanner(p, time.Minute)
+	// The planner finds nothing worth an epoch.
+	if e, ok := v.Replan(0, c.now); ok || p.replans != 1 {
+		t.Fatalf("replanned %+v (ok=%v) although the planner declined (asked %d times)", e, ok, p.replans)
+	}
+	// Only the coordinator replans.
+	c.views["b"].SetPlanner(&fakePlanner{replan: true}, time.Minute)
+	if e, ok := c.views["b"].Replan(0, c.now); ok {
+		t.Fatalf("non-coordinator b replanned %+v", e)
+	}
+	p.replan = true
+	e, ok := v.Replan(5, c.now)
+	if !ok || e.Number != first.Number+1 || !slices.Equal(e.Order, []string{"c", "b", "a"}) || e.StartStep != 5 {
+		t.Fatalf("replan %+v ok=%v: want epoch %d ordered c b a from step 5", e, ok, first.Number+1)
+	}
+	for _, w := range c.views {
+		w.Offer(e, c.now)
+	}
+	c.agree(t, []string{"c", "b", "a"})
+	// The adopted layout is what the planner wants: nothing to do, and the
+	// planner is not even asked.
+	asked := p.replans
+	c.now = c.now.Add(2 * time.Minute)
+	if _, ok := v.Replan(6, c.now); ok || p.replans != asked {
+		t.Fatalf("replanned an identical layout (ok=%v, asked %d more times)", ok, p.replans-asked)
+	}
+	// A different layout is judged better, but only once per interval.
+	p.schedule = "proportional"
+	if e, ok := v.Replan(6, c.now); !ok || e.Schedule != "proportional" {
+		t.Fatalf("replan %+v ok=%v: want the new schedule", e, ok)
+	}
+	p.schedule = "ring"
+	if e, ok := v.Replan(7, c.now.Add(30*time.Second)); ok {
+		t.Fatalf("replanned %+v within the interval", e)
+	}
+	if _, ok := v.Replan(7, c.now.Add(time.Minute)); !ok {
+		t.Fatal("no replan once the interval passed")
+	}
+	// A membership change is Proposal's business, not Replan's.
+	c.down["c"] = true
+	c.round(6 * time.Second)
+	if _, ok := v.Replan(8, c.now.Add(time.Hour)); ok {
+		t.Fatal("Replan proposed with a settled membership and an identical plan")
+	}
+}
