@@ -5,7 +5,7 @@
 # It shows progress while they train, then every peer's final accuracy and
 # parameter hash, which agree bit for bit.
 #
-#   PEERS=4 STEPS=500 CODEC=sint8 MODEL=mlp scripts/demo.sh
+#   PEERS=4 STEPS=500 CODEC=sint8 MODEL=mlp [BINARY=path] scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 peers="${PEERS:-4}"
@@ -14,9 +14,14 @@ codec="${CODEC:-sint8}"
 model="${MODEL:-mlp}"
 
 scripts/setup.sh
-echo "== building p2ptrain"
-mkdir -p bin
-go build -o bin/p2ptrain ./cmd/p2ptrain
+if [ -n "${BINARY:-}" ]; then
+  bin="$BINARY" # a prebuilt binary (scripts/accuracy.sh builds one for all its runs)
+else
+  echo "== building p2ptrain"
+  mkdir -p bin
+  go build -o bin/p2ptrain ./cmd/p2ptrain
+  bin=bin/p2ptrain
+fi
 
 work="$(mktemp -d)"
 pids=()
@@ -30,7 +35,7 @@ trap cleanup EXIT INT TERM
 # start_peer I [FLAGS...]: runs peer I in the background; stdout in $work/I.out, logs in $work/I.log.
 start_peer() {
   local i="$1"; shift
-  bin/p2ptrain join --name "peer$i" --cluster demo --listen /ip4/127.0.0.1/tcp/0 \
+  "$bin" join --name "peer$i" --cluster demo --listen /ip4/127.0.0.1/tcp/0 \
     --api 127.0.0.1:0 --mdns=false --log-format json \
     --model "$model" --codec "$codec" --steps "$steps" --min-peers "$peers" \
     "$@" >"$work/$i.out" 2>"$work/$i.log" &
@@ -57,8 +62,8 @@ while true; do
   running=0
   for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && running=$((running + 1)); done
   [ "$running" -eq "$peers" ] || break
-  line="$(bin/p2ptrain status --api "$(api_of 0)" 2>/dev/null | grep '^train' || true)"
-  ring="$(bin/p2ptrain status --api "$(api_of 0)" 2>/dev/null | sed -n 's/^ring *//p' || true)"
+  line="$("$bin" status --api "$(api_of 0)" 2>/dev/null | grep '^train' || true)"
+  ring="$("$bin" status --api "$(api_of 0)" 2>/dev/null | sed -n 's/^ring *//p' || true)"
   if $tty; then
     printf '\r\033[K%s | %s' "${line#train    }" "${ring%%, coordinator*}"
   elif [ $((SECONDS - last)) -ge 5 ]; then
