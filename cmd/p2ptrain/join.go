@@ -138,14 +138,7 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "p2ptrain %s peer %s (cluster %q)\n", version(), n.ID(), cfg.Node.Cluster)
-	fmt.Fprintln(stdout, "dial this peer at:")
-	for _, a := range n.AddrStrings() {
-		fmt.Fprintln(stdout, " ", a)
-	}
-	if a := n.APIAddr(); a != "" {
-		fmt.Fprintf(stdout, "local API: http://%s/status\n", a)
-	}
+	announcePeer(stdout, n, cfg)
 	defer func() {
 		log.Info("leaving the cluster")
 		if err := n.Close(); err != nil {
@@ -171,6 +164,19 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	clearProgress(stderr)
 	fmt.Fprintln(stdout, res)
 	return nil
+}
+
+// announcePeer prints the peer's ID and the addresses to dial it at (scripts
+// parse the lines after "dial this peer at:").
+func announcePeer(stdout io.Writer, n *node.Node, cfg node.Config) {
+	fmt.Fprintf(stdout, "p2ptrain %s peer %s (cluster %q)\n", version(), n.ID(), cfg.Node.Cluster)
+	fmt.Fprintln(stdout, "dial this peer at:")
+	for _, a := range n.AddrStrings() {
+		fmt.Fprintln(stdout, " ", a)
+	}
+	if a := n.APIAddr(); a != "" {
+		fmt.Fprintf(stdout, "local API: http://%s/status\n", a)
+	}
 }
 
 func version() string { return node.Version }

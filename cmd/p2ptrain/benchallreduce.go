@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/p2ptrain/p2ptrain/allreduce"
+	"github.com/p2ptrain/p2ptrain/allreduce/allreducebench"
+	"github.com/p2ptrain/p2ptrain/compress"
+)
+
+// benchAllreduceFlags are the flags of `p2ptrain bench allreduce`: the
+// measurement, the in-process network (--inproc), and, for a cluster member,
+// every flag of `join` plus --expect and --timeout.
+type benchAllreduceFlags struct {
+	fs   *flag.FlagSet
+	peer *peerFlags // --codec is one of them; it serves both modes
+
+	size     sizeFlag
+	schedule string
+	rounds   int
+	json     bool
+	chunk    sizeFlag
+	buckets  int
+
+	inproc    bool
+	peers     int
+	bandwidth rateFlag
+	latency   time.Duration
+
+	expect  int
+	timeout time.Duration
+}
+
+// inprocOnly and clusterOnly name the flags of one mode.
+var (
+	inprocOnly  = []string{"peers", "bandwidth", "latency"}
+	clusterOnly = []string{"expect", "timeout"}
+)
+
+func addBenchAllreduceFlags(fs *flag.FlagSet) *benchAllreduceFlags {
+	f := &benchAllreduceFlags{fs: fs, size: sizeFlag{n: 64 << 20, bytes: true}, chunk: sizeFlag{bytes: true}}
+	f.peer = addPeerFlags(fs)
+	fs.Var(&f.size, "size", "fp32 buffer `BYTES` all-reduced each round (e.g. 4MiB, 64MiB, 1GiB; default 64MiB)")
+	fs.StringVar(&f.schedule, "schedule", "", "`SCHEDULE`: ring, direct, allgather, proportional (bandwidth shares) or auto "+
+		"(allreduce.Choose picks ring or proportional and the order); default: the codec's own "+
+		"(a cluster member: [allreduce] schedule of --config, where auto means the codec's own)")
+	fs.IntVar(&f.rounds, "rounds", 5, "timed `ROUNDS` after one warm-up round (the median counts)")
+	fs.BoolVar(&f.json, "json", false, "print one JSON object {size_bytes, codec, schedule, peers, median_s, algbw_gbps, busbw_gbps}")
+	fs.Var(&f.chunk, "chunk", "pipeline chunk `BYTES` of fp32 per frame (default 256KiB; a cluster member: [allreduce] chunk_bytes)")
+	fs.IntVar(&f.buckets, "buckets", 1, "split the buffer into `N` fusion buckets, handed over in backward order")
+	fs.BoolVar(&f.inproc, "inproc", false, "run every peer in this process over simulated links (--peers, --bandwidth, --latency)")
+	fs.IntVar(&f.peers, "peers", 4, "with --inproc: number of simulated `PEERS`")
+	fs.Var(&f.bandwidth, "bandwidth", "with --inproc: each peer's link `RATE`, both directions: one for all or a comma list "+
+		"per peer (e.g. 1gbit or 100mbit,1gbit,1gbit,1gbit; default unlimited)")
+	fs.DurationVar(&f.latency, "latency", 0, "with --inproc: one-way `DELAY` added to every frame (e.g. 1ms)")
+	fs.IntVar(&f.expect, "expect", 0, "cluster member: wait until the ring has `N` peers, then measure with them (required without --inproc)")
+	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "cluster member: how long to wait for --expect peers")
+	return f
+}
+
+// cmdBenchAllreduce runs `p2ptrain bench allreduce`, in-process or as a
+// member of a real cluster.
+func cmdBenchAllreduce(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("bench allreduce", stderr)
+	f := addBenchAllreduceFlags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := f.validate(); err != nil {
+		return err
+	}
+	if f.inproc {
+		return f.runInproc(ctx, stdout)
+	}
+	return f.runCluster(ctx, stdout, stderr)
+}
+
+// validate checks the flags of both modes; every error names its flag.
+func (f *benchAllreduceFlags) validate() error {
+	const cmd = "bench allreduce"
+	set := setFlags(f.fs)
+	switch {
+	case f.size.n <= 0 || f.size.n%4 != 0:
+		return usagef("%s: --size must be a positive multiple of 4 bytes (fp32), got %d", cmd, f.size.n)
+	case f.rounds <= 0:
+		return usagef("%s: --rounds must be positive, got %d", cmd, f.rounds)
+	case f.chunk.n < 0 || f.chunk.n%4 != 0 || set["chunk"] && f.chunk.n == 0:
+		return usagef("%s: --chunk must be a positive multiple of 4 bytes, got %d", cmd, f.chunk.n)
+	case f.buckets <= 0 || f.buckets > f.size.n/4:
+		return usagef("%s: --buckets must be between 1 and the number of values (%d), got %d", cmd, f.size.n/4, f.buckets)
+	}
+	if _, err := allreduce.ParseSchedule(f.schedule); err != nil {
+		return usagef("%s: --schedule: %v", cmd, err)
+	}
+	if set["codec"] {
+		if _, err := compress.Canonical(f.peer.codec); err != nil {
+			return usagef("%s: --codec: %v", cmd, err)
+		}
+	}
+	if f.inproc {
+		for _, name := range clusterOnly {
+			if set[name] {
+				return usagef("%s: --%s is for a cluster member; --inproc simulates every peer (use --peers)", cmd, name)
+			}
+		}
+		var stray string
+		f.peer.fs.VisitAll(func(fl *flag.Flag) {
+			if stray == "" && set[fl.Name] && fl.Name != "codec" && isPeerFlag(fl.Name) {
+				stray = fl.Name
+			}
+		})
+		if stray != "" {
+			return usagef("%s: --%s starts a real peer; it does not apply with --inproc", cmd, stray)
+		}
+		switch {
+		case f.peers <= 0:
+			return usagef("%s: --peers must be positive, got %d", cmd, f.peers)
+		case len(f.bandwidth.rates) > 1 && len(f.bandwidth.rates) != f.peers:
+			return usagef("%s: --bandwidth has %d rates for %d peers (give one, or one per peer)", cmd, len(f.bandwidth.rates), f.peers)
+		case f.latency < 0:
+			return usagef("%s: --latency must not be negative, got %v", cmd, f.latency)
+		}
+		return nil
+	}
+	for _, name := range inprocOnly {
+		if set[name] {
+			return usagef("%s: --%s needs --inproc (a cluster member measures the real network with --expect peers)", cmd, name)
+		}
+	}
+	switch {
+	case f.expect <= 0:
+		return usagef("%s: --expect N (the number of peers to wait for) is required without --inproc, got %d", cmd, f.expect)
+	case f.timeout <= 0:
+		return usagef("%s: --timeout must be positive, got %v", cmd, f.timeout)
+	case f.peer.steps != 0:
+		return usagef("%s: --steps: a benchmarking peer does not train", cmd)
+	}
+	return nil
+}
+
+// isPeerFlag reports whether name is one of the flags addPeerFlags defines.
+func isPeerFlag(name string) bool {
+	probe := flag.NewFlagSet("", flag.ContinueOnError)
+	addPeerFlags(probe)
+	return probe.Lookup(name) != nil
+}
+
+// codecSpec returns the canonical spec of --codec ("none" when absent).
+func (f *benchAllreduceFlags) codecSpec() (string, error) {
+	spec := "none"
+	if setFlags(f.fs)["codec"] {
+		spec = f.peer.codec
+	}
+	return compress.Canonical(spec)
+}
+
+// runInproc runs every peer in this process over shaped in-memory links.
+func (f *benchAllreduceFlags) runInproc(ctx context.Context, stdout io.Writer) error {
+	spec, err := f.codecSpec()
+	if err != nil {
+		return usagef("bench allreduce: --codec: %v", err)
+	}
+	res, err := allreducebench.Run(ctx, allreducebench.Options{
+		Peers:      f.peers,
+		SizeBytes:  f.size.n,
+		Codec:      spec,
+		Schedule:   f.schedule,
+		Rounds:     f.rounds,
+		Bandwidth:  f.bandwidth.rates,
+		Latency:    f.latency,
+		ChunkBytes: f.chunk.n,
+		Buckets:    f.buckets,
+	})
+	if err != nil {
+		return fmt.Errorf("bench allreduce: %w", err)
+	}
+	return printBenchResult(stdout, res, f.json)
+}
+
+// printBenchResult prints one result: a line, or one JSON object on one line.
+func printBenchResult(w io.Writer, r allreducebench.Result, asJSON bool) error {
+	if !asJSON {
+		_, err := fmt.Fprintln(w, r.String())
+		return err
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}

@@ -1,0 +1,492 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/p2ptrain/p2ptrain/allreduce"
+	"github.com/p2ptrain/p2ptrain/allreduce/allreducebench"
+	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/gossip"
+	"github.com/p2ptrain/p2ptrain/node"
+)
+
+// A cluster member's benchmark, in the order every peer runs it:
+//
+//  1. Start a node exactly as `join` does and wait until the adopted ring
+//     epoch E has --expect members.
+//  2. Control all-reduce on transport epoch E (fp32): every peer contributes a
+//     fingerprint of its settings, so peers started with different --size,
+//     --codec, ... fail at once with a clear error instead of hanging; rank 0
+//     contributes the plan (ring order, schedule, shares) for --schedule
+//     auto|proportional, so every peer uses the same one even if their views of
+//     the link bandwidths differ.
+//  3. The measurement session on transport epoch E|measureEpochBit (its own
+//     streams, never mixed with the control epoch's): one warm-up round, then
+//     --rounds timed rounds, each after a barrier (a tiny fp32 all-reduce) so
+//     that every peer starts it together.
+//  4. A last all-reduce averages every peer's round times, so every peer prints
+//     the same figures (nccl-tests also averages over ranks).
+//
+// The ring epoch is watched throughout: if it changes before step 4 (a peer
+// left, died or joined) the benchmark fails on every peer. Step 4 itself is
+// not watched: a peer that finished it may leave while others still read
+// their last bytes.
+
+// measureEpochBit marks the transport epoch number of the measurement session.
+const measureEpochBit = 1 << 62
+
+// barrierLen is the length of the barrier all-reduce.
+const barrierLen = 1
+
+// pollInterval is how often membership is polled while waiting and watching.
+const pollInterval = 50 * time.Millisecond
+
+// runCluster starts a peer like join, waits for --expect peers, runs the
+// benchmark with them, prints the result and leaves.
+func (f *benchAllreduceFlags) runCluster(ctx context.Context, stdout, stderr io.Writer) error {
+	cfg, err := f.peer.resolve()
+	if err != nil {
+		return err
+	}
+	set := setFlags(f.fs)
+	if set["chunk"] {
+		cfg.Allreduce.ChunkBytes = f.chunk.n
+	}
+	schedule := f.schedule
+	if !set["schedule"] && cfg.Allreduce.Schedule != "auto" {
+		schedule = cfg.Allreduce.Schedule // [allreduce] schedule: auto there means the codec's own
+	}
+	spec, err := compress.Canonical(cfg.Allreduce.Codec)
+	if err != nil {
+		return usagef("bench allreduce: --codec: %v", err)
+	}
+	log, err := newLogger(cfg.Log, stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck // stderr sync errors are not actionable
+	n, err := node.New(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	announcePeer(stdout, n, cfg)
+	defer func() {
+		log.Info("leaving the cluster")
+		if err := n.Close(); err != nil {
+			log.Warn("shutdown", zap.Error(err))
+		}
+	}()
+	ep, err := waitForRing(ctx, n, f.expect, f.timeout)
+	if err != nil {
+		return err
+	}
+	log.Info("benchmarking the all-reduce", zap.Uint64("epoch", ep.Number), zap.Strings("order", ep.Order),
+		zap.Int("size_bytes", f.size.n), zap.String("codec", spec))
+	b := &clusterBench{
+		n:        n,
+		log:      log,
+		ep:       ep,
+		cfg:      cfg.Allreduce.Session(log.Named("allreduce")),
+		spec:     spec,
+		schedule: schedule,
+		size:     f.size.n,
+		rounds:   f.rounds,
+		buckets:  f.buckets,
+	}
+	res, err := b.run(ctx)
+	if err != nil {
+		return err
+	}
+	return printBenchResult(stdout, res, f.json)
+}
+
+// waitForRing waits until the adopted ring epoch has want members.
+func waitForRing(ctx context.Context, n *node.Node, want int, timeout time.Duration) (gossip.Epoch, error) {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	for {
+		_, ep := n.Gossip().Snapshot()
+		switch {
+		case len(ep.Order) == want && slices.Contains(ep.Order, n.ID().String()):
+			return ep, nil
+		case len(ep.Order) > want:
+			return ep, fmt.Errorf("bench allreduce: ring epoch %d has %d peers, more than --expect %d", ep.Number, len(ep.Order), want)
+		}
+		select {
+		case <-ctx.Done():
+			return ep, fmt.Errorf("bench allreduce: interrupted while waiting for %d peers: %w", want, ctx.Err())
+		case <-deadline.C:
+			return ep, fmt.Errorf("bench allreduce: --timeout %v passed waiting for a ring of --expect %d peers: "+
+				"the ring (epoch %d) has %d (%v); check --bootstrap, --cluster and --swarm-key on every peer",
+				timeout, want, ep.Number, len(ep.Order), ep.Order)
+		case <-tick.C:
+		}
+	}
+}
+
+// clusterBench is one cluster member's benchmark run.
+type clusterBench struct {
+	n        *node.Node
+	log      *zap.Logger
+	ep       gossip.Epoch
+	cfg      allreduce.Config
+	spec     string
+	schedule string // "", ring, direct, allgather, proportional or auto
+	size     int
+	rounds   int
+	buckets  int
+
+	self  allreduce.PeerID
+	rank  int // in ep.Order
+	step  uint64
+	armed atomic.Bool // the epoch watch fails the run
+}
+
+// errEpochChanged reports that the ring changed during the benchmark.
+var errEpochChanged = errors.New("the ring epoch changed mid-benchmark (a peer left, died or joined)")
+
+// run performs steps 2–4 of the benchmark and returns the averaged result.
+func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
+	b.self = allreduce.PeerID(b.n.ID().String())
+	b.rank = slices.Index(b.ep.Order, string(b.self))
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	b.armed.Store(true)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Go(func() { b.watch(stop, cancel) })
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+
+	plan, err := b.agree(ctx)
+	if err != nil {
+		return allreducebench.Result{}, b.explain(ctx, "agreeing on the settings", err)
+	}
+	peers := make([]allreduce.PeerID, len(plan.order))
+	for k, i := range plan.order {
+		peers[k] = allreduce.PeerID(b.ep.Order[i])
+	}
+	mep := allreduce.Epoch{Number: b.ep.Number | measureEpochBit, Peers: peers, Self: b.self}
+	cfg := b.cfg
+	cfg.Schedule, cfg.Shares = plan.schedule, plan.shares
+	tr := b.n.OpenTransport(mep)
+	s, err := allreduce.NewSession(mep, tr, cfg)
+	if err != nil {
+		tr.Reset(err)
+		return allreducebench.Result{}, fmt.Errorf("bench allreduce: %w", err)
+	}
+	times, err := b.measure(ctx, s, mep.Rank(b.self))
+	if err != nil {
+		s.Close()
+		tr.Reset(err)
+		return allreducebench.Result{}, err
+	}
+	s.Close()
+	if err := tr.Close(); err != nil {
+		b.log.Debug("closing the measurement transport", zap.Error(err))
+	}
+	name := plan.name
+	if name == "" {
+		cd, err := compress.New(b.spec, compress.Options{Layout: compress.FlatLayout(1)})
+		if err != nil {
+			return allreducebench.Result{}, err
+		}
+		name = string(s.ScheduleFor(cd.Class()))
+	}
+	return allreducebench.NewResult(b.size, b.spec, name, len(peers), allreducebench.Median(times)), nil
+}
+
+// watch fails the run (through cancel) when the adopted ring epoch changes
+// while armed; it returns when stop is closed.
+func (b *clusterBench) watch(stop <-chan struct{}, cancel context.CancelCauseFunc) {
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		_, ep := b.n.Gossip().Snapshot()
+		if ep.Number != b.ep.Number && b.armed.Load() {
+			cancel(fmt.Errorf("bench allreduce: %w: epoch %d %v became epoch %d %v",
+				errEpochChanged, b.ep.Number, b.ep.Order, ep.Number, ep.Order))
+			return
+		}
+	}
+}
+
+// explain turns a failed collective into the error to report: the epoch
+// change if that is what stopped it, else the collective's error.
+func (b *clusterBench) explain(ctx context.Context, what string, err error) error {
+	if cause := context.Cause(ctx); errors.Is(cause, errEpochChanged) {
+		return fmt.Errorf("%w (while %s: %v)", cause, what, err)
+	}
+	return fmt.Errorf("bench allreduce: %s failed in ring epoch %d: %w", what, b.ep.Number, err)
+}
+
+// benchPlan is what every peer must agree on before measuring.
+type benchPlan struct {
+	order    []int // measurement ring: indices into ep.Order
+	schedule allreduce.Schedule
+	shares   []float64 // per rank of order; nil: equal
+	name     string    // schedule as reported ("" until the session resolves it)
+}
+
+// localPlan computes this peer's plan from the link figures it knows.
+func (b *clusterBench) localPlan() (benchPlan, error) {
+	w := len(b.ep.Order)
+	p := benchPlan{order: make([]int, w), name: b.schedule}
+	for i := range p.order {
+		p.order[i] = i
+	}
+	switch b.schedule {
+	case "auto", "proportional":
+		m := linkMatrix(b.n, b.ep.Order)
+		if b.schedule == "auto" {
+			c := allreduce.Choose(m, b.size)
+			p.order, p.schedule, p.shares = c.Order, c.Schedule, c.Shares
+			p.name = "auto:" + string(c.Schedule)
+		} else {
+			p.order = allreduce.RingOrder(m)
+			rates := allreduce.PeerRates(m)
+			ordered := make([]float64, w)
+			for k, i := range p.order {
+				ordered[k] = rates[i]
+			}
+			p.schedule, p.shares = allreduce.ScheduleProportional, allreduce.Shares(ordered)
+		}
+	default:
+		s, err := allreduce.ParseSchedule(b.schedule)
+		if err != nil {
+			return p, err
+		}
+		p.schedule = s
+	}
+	return p, nil
+}
+
+// linkMatrix returns the measured throughput between the ring's peers in
+// bytes/s (m[i][j] from order[i] to order[j]).
+//
+// HOOK(link bandwidths): node does not expose measured link bandwidths yet.
+// When it does (e.g. Node.LinkMatrix), fill the matrix from it here; peers
+// whose views differ still agree, because rank 0's plan is the one used.
+// Until then every link counts the same, which gives the plain ring for
+// auto and equal shares for proportional.
+func linkMatrix(_ *node.Node, order []string) allreduce.Matrix {
+	m := make(allreduce.Matrix, len(order))
+	for i := range m {
+		m[i] = make([]float64, len(order))
+		for j := range m[i] {
+			if i != j {
+				m[i][j] = 1
+			}
+		}
+	}
+	return m
+}
+
+// fingerprint returns the settings every peer must share, as 8 bytes.
+func (b *clusterBench) fingerprint() [8]byte {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d|%s|%s|%d|%d|%d", b.size, b.spec, b.schedule, b.rounds, b.buckets, b.cfg.ChunkBytes)
+	var fp [8]byte
+	copy(fp[:], h.Sum(nil))
+	return fp
+}
+
+// agree runs the control all-reduce on transport epoch E (step 2) and
+// returns rank 0's plan.
+//
+// The vector holds the 8 fingerprint bytes b_k of every peer, their squares,
+// and rank 0's plan (schedule code, order, shares; zeros elsewhere). All
+// integers stay below 2^24 after summing, so fp32 carries them exactly; the
+// peers' settings agree iff W·Σb_k² = (Σb_k)² for every k.
+func (b *clusterBench) agree(ctx context.Context) (benchPlan, error) {
+	w := len(b.ep.Order)
+	local, err := b.localPlan()
+	if err != nil {
+		return local, err
+	}
+	codes := []allreduce.Schedule{allreduce.ScheduleAuto, allreduce.ScheduleRing, allreduce.ScheduleDirect,
+		allreduce.ScheduleAllGather, allreduce.ScheduleProportional}
+	const fpLen = 8
+	vec := make([]float32, 2*fpLen+1+2*w)
+	fp := b.fingerprint()
+	for k, x := range fp {
+		vec[k], vec[fpLen+k] = float32(x), float32(int(x)*int(x))
+	}
+	plan := vec[2*fpLen:]
+	if b.rank == 0 {
+		plan[0] = float32(slices.Index(codes, local.schedule))
+		for k, i := range local.order {
+			plan[1+k] = float32(i)
+		}
+		for k, s := range local.shares {
+			plan[1+w+k] = float32(s)
+		}
+	}
+	ep := allreduce.Epoch{Number: b.ep.Number, Self: b.self}
+	for _, p := range b.ep.Order {
+		ep.Peers = append(ep.Peers, allreduce.PeerID(p))
+	}
+	cfg := allreduce.Config{FrameTimeout: max(b.cfg.FrameTimeout, 30*time.Second), Logger: b.cfg.Logger}
+	tr := b.n.OpenTransport(ep)
+	s, err := allreduce.NewSession(ep, tr, cfg)
+	if err != nil {
+		tr.Reset(err)
+		return local, err
+	}
+	out, err := b.allReduce(ctx, s, vec)
+	s.Close()
+	if err != nil {
+		tr.Reset(err)
+		return local, err
+	}
+	if err := tr.Close(); err != nil {
+		b.log.Debug("closing the control transport", zap.Error(err))
+	}
+	sum := func(i int) int64 { return int64(math.Round(float64(out[i]) * float64(w))) }
+	for k := range fpLen {
+		if s, sq := sum(k), sum(fpLen+k); int64(w)*sq != s*s {
+			return local, fmt.Errorf("the peers were started with different benchmark settings " +
+				"(--size, --codec, --schedule, --rounds, --buckets or --chunk): give every peer the same")
+		}
+	}
+	got := benchPlan{order: make([]int, w), name: b.schedule}
+	code := sum(2 * fpLen)
+	if code < 0 || int(code) >= len(codes) {
+		return local, fmt.Errorf("rank 0 sent schedule code %d", code)
+	}
+	got.schedule = codes[code]
+	seen := make([]bool, w)
+	for k := range got.order {
+		i := sum(2*fpLen + 1 + k)
+		if i < 0 || int(i) >= w || seen[i] {
+			return local, fmt.Errorf("rank 0 sent an invalid ring order")
+		}
+		seen[i] = true
+		got.order[k] = int(i)
+	}
+	if got.schedule == allreduce.ScheduleProportional {
+		got.shares = make([]float64, w)
+		total := 0.0
+		for k := range got.shares {
+			got.shares[k] = max(0, float64(out[2*fpLen+1+w+k])*float64(w))
+			total += got.shares[k]
+		}
+		if !(total > 0) {
+			return local, fmt.Errorf("rank 0 sent shares that sum to %v", total)
+		}
+		for k := range got.shares {
+			got.shares[k] /= total // the same bits on every peer, so the same shares
+		}
+	}
+	if b.schedule == "auto" {
+		got.name = "auto:" + string(got.schedule)
+	}
+	if !slices.Equal(got.order, local.order) || got.schedule != local.schedule {
+		b.log.Info("using rank 0's plan", zap.Ints("order", got.order), zap.String("schedule", string(got.schedule)),
+			zap.Ints("local_order", local.order), zap.String("local_schedule", string(local.schedule)))
+	}
+	return got, nil
+}
+
+// allReduce averages data over the session's peers as one fp32 bucket and
+// returns the result.
+func (b *clusterBench) allReduce(ctx context.Context, s *allreduce.Session, data []float32) ([]float32, error) {
+	c, err := compress.New("none", compress.Options{Layout: compress.FlatLayout(len(data))})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, len(data))
+	b.step++
+	if err := s.AllReduce(ctx, b.step, allreduce.Bucket{ID: 0, Codec: c, Data: data, Out: out}); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// measure runs the warm-up and timed rounds (step 3) and the averaging of
+// the times (step 4) on the measurement session; it returns the averaged
+// time of each timed round in seconds.
+func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, rank int) ([]float64, error) {
+	n := b.size / 4
+	bounds := make([]int, b.buckets+1)
+	for i := range bounds {
+		bounds[i] = i * n / b.buckets
+	}
+	r := rand.New(rand.NewPCG(uint64(rank), 99))
+	data := make([]float32, n)
+	for i := range data {
+		data[i] = float32(r.NormFloat64())
+	}
+	out := make([]float32, n)
+	codecs := make([]compress.Codec, b.buckets)
+	for i := range codecs {
+		c, err := compress.New(b.spec, compress.Options{Layout: compress.FlatLayout(bounds[i+1] - bounds[i]),
+			Seed: uint64(rank + 1), SharedSeed: 7})
+		if err != nil {
+			return nil, fmt.Errorf("bench allreduce: --codec: %w", err)
+		}
+		codecs[i] = c
+	}
+	barrier := make([]float32, barrierLen)
+	times := make([]float32, b.rounds)
+	for round := -1; round < b.rounds; round++ {
+		what := "the warm-up round"
+		if round >= 0 {
+			what = fmt.Sprintf("timed round %d of %d", round+1, b.rounds)
+		}
+		if _, err := b.allReduce(ctx, s, barrier); err != nil {
+			return nil, b.explain(ctx, "the barrier before "+what, err)
+		}
+		b.step++
+		start := time.Now()
+		rd := s.NewRound(ctx, b.step)
+		for i := b.buckets - 1; i >= 0; i-- {
+			lo, hi := bounds[i], bounds[i+1]
+			if err := rd.Add(allreduce.Bucket{ID: uint32(i), Codec: codecs[i], Data: data[lo:hi], Out: out[lo:hi]}); err != nil {
+				break // Wait reports it
+			}
+		}
+		if err := rd.Wait(); err != nil {
+			return nil, b.explain(ctx, what, err)
+		}
+		if round >= 0 {
+			times[round] = float32(time.Since(start).Seconds())
+		}
+	}
+	// Others may finish step 4 and leave while this peer still reads its
+	// last bytes: the epoch change that follows is no failure.
+	b.armed.Store(false)
+	if err := context.Cause(ctx); errors.Is(err, errEpochChanged) {
+		return nil, err
+	}
+	avg, err := b.allReduce(ctx, s, times)
+	if err != nil {
+		return nil, b.explain(ctx, "averaging the round times", err)
+	}
+	res := make([]float64, len(avg))
+	for i, t := range avg {
+		res[i] = float64(t)
+	}
+	return res, nil
+}
