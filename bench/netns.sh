@@ -20,7 +20,8 @@
 #   --mtu M            MTU of every link [1500]; TCP goodput is 1448/1514 = 0.956 of the
 #                      shaped rate at 1500 (tc counts the Ethernet header), 0.993 at 9000
 #   --size S           all-reduced buffer size [64MiB]
-#   --codec C          codec spec, e.g. fp32, int8, qsgd:bits=4 [fp32]
+#   --codec C          codec spec, e.g. fp32, int8, qsgd:bits=4 [fp32]; fp32 is passed
+#                      to p2ptrain as its name for plain float32, "none"
 #   --schedule S       ring | direct | auto [ring]
 #   --rounds N         timed rounds [5]
 #   --binary PATH      p2ptrain binary to run; without it bin/p2ptrain is (re)built
@@ -452,10 +453,14 @@ else
 	boot=""
 fi
 
+# "fp32" (plain float32, what the issue calls it) is compress's codec "none".
+p2p_codec=$codec
+[ "$codec" != fp32 ] || p2p_codec=none
+
 pids=()
 start_daemon() { # host
 	local i=$1 args
-	args=(bench allreduce --expect "$hosts" --size "$size" --codec "$codec" --schedule "$schedule"
+	args=(bench allreduce --expect "$hosts" --size "$size" --codec "$p2p_codec" --schedule "$schedule"
 		--rounds "$rounds" --json --listen "/ip4/$(host_ip "$i")/tcp/$PORT" --swarm-key "$work/swarm.key"
 		--name "h$i" --cluster netns-bench --mdns=false)
 	[ "$has_identity" = 0 ] || args+=(--identity "$work/h$i.identity")
