@@ -50,6 +50,8 @@ type Progress struct {
 	BytesPerStep float64 // all-reduce bytes this peer sent for the step
 	Peers        int
 	Epoch        uint64
+	// Skipped: the averaged gradient was not finite, so no peer applied it.
+	Skipped bool
 }
 
 // Result is the outcome of a finished training run.
@@ -82,6 +84,9 @@ type Trainer struct {
 	idx      []int
 	cfgHash  [32]byte
 	lastEval float64
+
+	// gradHook, when set (tests), sees every local gradient bucket before it is sent.
+	gradHook func(step uint64, bucket int, g []float32)
 
 	// mu guards the parameters, optimizer state and step against the state server.
 	mu        sync.Mutex
@@ -408,6 +413,9 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, rank, wo
 	var addErr error
 	stats, cerr := t.m.ComputeGradients(t.batches, model.NoiseSeed(t.cfg.Seed, int64(step), rank), func(b int) {
 		g := t.m.BucketGrads(b)
+		if t.gradHook != nil {
+			t.gradHook(step, b, g)
+		}
 		if model.HasNonFinite(g) {
 			t.log.Error("non-finite local gradient: contributing zeros for this bucket", zap.Uint64("step", step), zap.Int("bucket", b))
 			clear(g)
@@ -442,7 +450,7 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, rank, wo
 	t.afterStep()
 	if t.progress != nil {
 		t.progress(Progress{Step: t.step, Steps: uint64(t.cfg.Steps), Loss: stats.Loss, Accuracy: t.lastEval,
-			SamplesPerS: samples / elapsed, BytesPerStep: sent, Peers: world, Epoch: epoch})
+			SamplesPerS: samples / elapsed, BytesPerStep: sent, Peers: world, Epoch: epoch, Skipped: skip})
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -54,6 +55,12 @@ type trainPeer struct {
 
 func startTrainer(t *testing.T, cfg Config, onProgress func(*trainPeer, Progress)) *trainPeer {
 	t.Helper()
+	return startTrainerHook(t, cfg, onProgress, nil)
+}
+
+// startTrainerHook is startTrainer with a hook on every local gradient bucket.
+func startTrainerHook(t *testing.T, cfg Config, onProgress func(*trainPeer, Progress), gradHook func(uint64, int, []float32)) *trainPeer {
+	t.Helper()
 	p := &trainPeer{n: startNode(t, cfg, nil), done: make(chan struct{})}
 	tr, err := NewTrainer(p.n, func(pr Progress) {
 		p.mu.Lock()
@@ -66,6 +73,7 @@ func startTrainer(t *testing.T, cfg Config, onProgress func(*trainPeer, Progress
 	if err != nil {
 		t.Fatalf("trainer: %v", err)
 	}
+	tr.gradHook = gradHook
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	go func() {
@@ -115,10 +123,11 @@ func meanLoss(ps []Progress) float64 {
 func TestTrainIdenticalReplicas(t *testing.T) {
 	requireDataset(t)
 	for _, tc := range []struct {
-		peers int
-		codec string
-	}{{2, "none"}, {4, "sint8"}} {
-		t.Run(fmt.Sprintf("%d peers %s", tc.peers, tc.codec), func(t *testing.T) {
+		peers   int
+		codec   string
+		devices []string
+	}{{2, "none", nil}, {4, "sint8", nil}, {2, "qsgd:bits=4", []string{"cpu:0", "cpu:1"}}, {3, "powersgd:rank=4", nil}} {
+		t.Run(fmt.Sprintf("%d peers %s %d devices", tc.peers, tc.codec, max(1, len(tc.devices))), func(t *testing.T) {
 			const steps = 40
 			var peers []*trainPeer
 			for i := 0; i < tc.peers; i++ {
@@ -128,6 +137,9 @@ func TestTrainIdenticalReplicas(t *testing.T) {
 				}
 				cfg := trainConfig(steps, tc.peers, boot...)
 				cfg.Allreduce.Codec = tc.codec
+				if tc.devices != nil {
+					cfg.Train.Devices = tc.devices
+				}
 				peers = append(peers, startTrainer(t, cfg, nil))
 			}
 			for _, p := range peers {
@@ -280,4 +292,45 @@ func TestTrainCheckpointRestart(t *testing.T) {
 		t.Fatalf("resumed run's first step was %d, want 11 (after the step-10 checkpoint)", s)
 	}
 	t.Logf("checkpoint at step 10 → restart → step %d with the uninterrupted run's hash %s", steps, got.ParamHash[:16])
+}
+
+// TestTrainNonFiniteGradients: a peer whose local gradient holds NaN sends
+// zeros instead; an averaged gradient that overflows to Inf is skipped by
+// every peer alike. Replicas stay identical either way.
+func TestTrainNonFiniteGradients(t *testing.T) {
+	requireDataset(t)
+	const steps = 20
+	var peers []*trainPeer
+	for i := 0; i < 2; i++ {
+		var boot []string
+		if i > 0 {
+			boot = []string{peers[0].n.AddrStrings()[0]}
+		}
+		hook := func(step uint64, bucket int, g []float32) {
+			switch {
+			case step == 5 && i == 1:
+				g[0] = float32(math.NaN()) // local NaN on one peer
+			case step == 9 && bucket == 0:
+				g[0] = math.MaxFloat32 // both peers: the sum overflows to +Inf
+			}
+		}
+		peers = append(peers, startTrainerHook(t, trainConfig(steps, 2, boot...), nil, hook))
+	}
+	for _, p := range peers {
+		p.wait(t, time.Minute)
+	}
+	sameResult(t, peers, steps)
+	for _, p := range peers {
+		p.mu.Lock()
+		var skipped []uint64
+		for _, pr := range p.progress {
+			if pr.Skipped {
+				skipped = append(skipped, pr.Step)
+			}
+		}
+		p.mu.Unlock()
+		if len(skipped) != 1 || skipped[0] != 10 {
+			t.Fatalf("peer %s skipped steps %v, want only the step ending at 10", p.n.ID(), skipped)
+		}
+	}
 }
