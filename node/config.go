@@ -43,7 +43,25 @@ type Config struct {
 	Gossip    GossipConfig    `toml:"gossip"`
 	Allreduce AllreduceConfig `toml:"allreduce"`
 	Train     TrainConfig     `toml:"train"`
+	Probe     ProbeConfig     `toml:"probe"`
 	Log       LogConfig       `toml:"log"`
+}
+
+// ProbeConfig is the [probe] section: background link measurements and the
+// ring layout built on them.
+type ProbeConfig struct {
+	// Enabled turns this peer's probing on (it always answers others' probes).
+	Enabled bool `toml:"enabled"`
+	// Interval is the least time between two probes of the same peer.
+	Interval Duration `toml:"interval"`
+	// MaxBytes bounds one probe upload (sizes adapt so a probe takes ~100 ms).
+	MaxBytes int `toml:"max_bytes"`
+	// DutyCycle is the largest share of time this peer spends probing.
+	DutyCycle float64 `toml:"duty_cycle"`
+	// ReplanInterval is the least time between two ring epochs the coordinator
+	// proposes for unchanged members because measurements make a materially
+	// faster layout possible; 0 re-plans only on membership changes.
+	ReplanInterval Duration `toml:"replan_interval"`
 }
 
 // TrainConfig is the [train] section: what the cluster trains and how.
@@ -198,6 +216,13 @@ func DefaultConfig() Config {
 			CheckEvery:  50,
 			MinPeers:    1,
 		},
+		Probe: ProbeConfig{
+			Enabled:        true,
+			Interval:       Duration(30 * time.Second),
+			MaxBytes:       4 << 20,
+			DutyCycle:      0.02,
+			ReplanInterval: Duration(time.Minute),
+		},
 		Log: LogConfig{Level: "info", Format: "console"},
 	}
 }
@@ -273,6 +298,18 @@ func (c *Config) Validate() error {
 		bad("allreduce.frame_timeout", "must not be negative, got %s", c.Allreduce.FrameTimeout.D())
 	}
 	c.Train.validate(bad)
+	if iv := c.Probe.Interval.D(); iv < time.Second || iv > 24*time.Hour {
+		bad("probe.interval", "%s is outside 1s..24h", iv)
+	}
+	if c.Probe.MaxBytes < probeMinBytes || c.Probe.MaxBytes > MaxProbeBytes {
+		bad("probe.max_bytes", "%d is outside %d..%d", c.Probe.MaxBytes, probeMinBytes, MaxProbeBytes)
+	}
+	if !(c.Probe.DutyCycle > 0 && c.Probe.DutyCycle <= 0.5) {
+		bad("probe.duty_cycle", "%g must be in (0, 0.5]", c.Probe.DutyCycle)
+	}
+	if c.Probe.ReplanInterval < 0 {
+		bad("probe.replan_interval", "must not be negative, got %s", c.Probe.ReplanInterval.D())
+	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:

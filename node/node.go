@@ -46,6 +46,8 @@ type Node struct {
 	mdns interface{ Close() error }
 	api  *apiServer
 	ring *ringNet
+	// probe measures links to the members (probe.go).
+	probe *prober
 
 	mu        sync.Mutex
 	step      uint64
@@ -95,6 +97,7 @@ func New(ctx context.Context, cfg Config, log *zap.Logger) (*Node, error) {
 		return nil, err
 	}
 	n.ring = newRingNet(n.host, cfg.Allreduce.Session(nil).MaxFrame(), log.Named("allreduce"))
+	n.probe = newProber(n.host, cfg.Probe, log.Named("probe"))
 	// The node lives until Close, not until the caller's context ends: Close
 	// still needs gossip to announce the departure.
 	ctx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -103,6 +106,9 @@ func New(ctx context.Context, cfg Config, log *zap.Logger) (*Node, error) {
 		Interval: cfg.Gossip.Heartbeat.D(),
 		Timing:   gossip.DefaultTiming(cfg.Gossip.Heartbeat.D(), cfg.Gossip.FailureTimeout.D()),
 		Self:     n.selfHeartbeat,
+
+		Planner:     newRingPlanner(cfg.Allreduce),
+		ReplanEvery: cfg.Probe.ReplanInterval.D(),
 	}, log.Named("gossip"))
 	if err != nil {
 		n.cancel()
@@ -124,6 +130,13 @@ func New(ctx context.Context, cfg Config, log *zap.Logger) (*Node, error) {
 		defer unsubscribe()
 		n.watch(ctx, events)
 	}()
+	if cfg.Probe.Enabled {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			n.probe.run(ctx, n.probeTargets)
+		}()
+	}
 	for _, s := range cfg.Node.Bootstrap {
 		a, _ := ParseBootstrapAddr(s) // validated above
 		info, err := peer.AddrInfoFromP2pAddr(a)
@@ -232,6 +245,7 @@ func (n *Node) selfHeartbeat() gossip.Heartbeat {
 		Ready:     n.train.ready,
 		WantEpoch: n.train.wantEpoch,
 		Check:     n.train.check,
+		Links:     n.probe.figures(),
 	}
 }
 

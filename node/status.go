@@ -16,6 +16,8 @@ type Status struct {
 	Step    uint64         `json:"step"`
 	Members []MemberStatus `json:"members"`
 	Ring    RingStatus     `json:"ring"`
+	// Links are this peer's latest link measurements, sorted by peer ID.
+	Links []gossip.LinkFigure `json:"links"`
 	// Training figures (absent when this peer does not train).
 	Loss         *float64 `json:"loss"`
 	Accuracy     *float64 `json:"accuracy"`
@@ -41,6 +43,10 @@ type RingStatus struct {
 	Order       []string `json:"order"`
 	Coordinator string   `json:"coordinator"`
 	StartStep   uint64   `json:"start_step"`
+	// Schedule and Shares are the epoch's all-reduce schedule and owner
+	// shares, when the coordinator set them.
+	Schedule string    `json:"schedule,omitempty"`
+	Shares   []float64 `json:"shares,omitempty"`
 }
 
 // Status returns the peer's current status.
@@ -63,7 +69,13 @@ func (n *Node) Status() Status {
 			Order:       epoch.Order,
 			Coordinator: epoch.Coordinator,
 			StartStep:   epoch.StartStep,
+			Schedule:    epoch.Schedule,
+			Shares:      epoch.Shares,
 		},
+		Links: n.probe.figures(),
+	}
+	if st.Links == nil {
+		st.Links = []gossip.LinkFigure{}
 	}
 	if ti.active {
 		ptr := func(v float64) *float64 { return &v }

@@ -351,7 +351,7 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) {
 	}
 	rank := aep.Rank(aep.Self)
 	tr := t.n.OpenTransport(aep)
-	sess, err := allreduce.NewSession(aep, tr, t.arCfg.Session(t.log.Named("allreduce")))
+	sess, err := allreduce.NewSession(aep, tr, t.n.epochSession(t.arCfg.Session(t.log.Named("allreduce")), ep))
 	if err != nil {
 		tr.Reset(err)
 		t.log.Error("cannot start all-reduce session", zap.Error(err))

@@ -1,0 +1,267 @@
+package node
+
+import (
+	"math"
+	"slices"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"go.uber.org/zap"
+
+	"github.com/p2ptrain/p2ptrain/allreduce"
+	"github.com/p2ptrain/p2ptrain/gossip"
+)
+
+// replanGain is how much faster (predicted) a new layout of unchanged members
+// must be before the coordinator proposes it.
+const replanGain = 1.25
+
+// planStep quantises bandwidths for planning to powers of this factor: the
+// plan ignores measurement noise below it, and the ring search stays fast
+// (few distinct edge values).
+const planStep = 1.25
+
+// Links returns this peer's latest measurements of its links to the other
+// members, sorted by peer ID.
+func (n *Node) Links() []LinkStatus { return n.probe.statuses() }
+
+// LinkMatrix returns the measured throughput in bytes/s between the peers of
+// order (allreduce.Matrix: m[i][j] from order[i] to order[j], 0 when
+// unknown), from this peer's own measurements and the figures the other
+// members gossip. A missing direction takes the other direction's figure.
+func (n *Node) LinkMatrix(order []string) allreduce.Matrix {
+	members, _ := n.gsp.Snapshot()
+	rows := linkRows(members)
+	self := n.host.ID().String()
+	rows[self] = nil
+	for _, l := range n.probe.statuses() {
+		rows[self] = append(rows[self], gossip.LinkFigure{Peer: l.Peer, MbitS: l.MbitS, RTTMs: l.RTTMs})
+	}
+	m, _ := linkMatrix(order, rows)
+	return m
+}
+
+// linkRows indexes the members' gossiped link figures by peer ID.
+func linkRows(members []gossip.Member) map[string][]gossip.LinkFigure {
+	rows := make(map[string][]gossip.LinkFigure, len(members))
+	for _, m := range members {
+		rows[m.PeerID] = m.Links
+	}
+	return rows
+}
+
+// linkMatrix builds the bytes/s matrix of order from the figures each peer
+// reports (rows[id]); a direction nobody measured takes the reverse figure.
+// known counts the ordered pairs with a figure.
+func linkMatrix(order []string, rows map[string][]gossip.LinkFigure) (m allreduce.Matrix, known int) {
+	idx := make(map[string]int, len(order))
+	for i, id := range order {
+		idx[id] = i
+	}
+	m = make(allreduce.Matrix, len(order))
+	for i := range m {
+		m[i] = make([]float64, len(order))
+	}
+	for i, id := range order {
+		for _, l := range rows[id] {
+			if j, ok := idx[l.Peer]; ok && j != i && l.MbitS > 0 && !math.IsInf(l.MbitS, 0) {
+				m[i][j] = l.MbitS * 1e6 / 8
+			}
+		}
+	}
+	for i := range m {
+		for j := range m {
+			if i != j && m[i][j] == 0 && m[j][i] > 0 {
+				m[i][j] = m[j][i]
+			}
+			if i != j && m[i][j] > 0 {
+				known++
+			}
+		}
+	}
+	return m, known
+}
+
+// planMatrix is linkMatrix prepared for planning: unknown pairs take the
+// median known figure (all equal when nothing is known, which gives the
+// peer-ID order) and every figure is quantised to a power of planStep.
+// complete reports whether every pair was measured.
+func planMatrix(order []string, members []gossip.Member) (m allreduce.Matrix, complete, any bool) {
+	m, known := linkMatrix(order, linkRows(members))
+	var vals []float64
+	for i := range m {
+		for j := range m {
+			if i != j && m[i][j] > 0 {
+				vals = append(vals, m[i][j])
+			}
+		}
+	}
+	fill := 1.0
+	if len(vals) > 0 {
+		slices.Sort(vals)
+		fill = vals[len(vals)/2]
+	}
+	for i := range m {
+		for j := range m {
+			if i == j {
+				continue
+			}
+			if m[i][j] == 0 {
+				m[i][j] = fill
+			}
+			m[i][j] = math.Pow(planStep, math.Round(math.Log(m[i][j])/math.Log(planStep)))
+		}
+	}
+	return m, known == len(order)*(len(order)-1), known > 0
+}
+
+// ringPlanner is the gossip.Planner of this peer's proposals: the ring order
+// that maximises the slowest measured edge and, when allreduce.schedule is
+// auto, the bandwidth-proportional schedule where it is predicted faster.
+type ringPlanner struct {
+	// schedule is allreduce.schedule ("auto" lets measurements choose).
+	schedule    allreduce.Schedule
+	bucketBytes int
+}
+
+var _ gossip.Planner = ringPlanner{}
+
+func newRingPlanner(cfg AllreduceConfig) ringPlanner {
+	sch, _ := allreduce.ParseSchedule(cfg.Schedule) // validated by Config.Validate
+	return ringPlanner{schedule: sch, bucketBytes: cfg.BucketBytes}
+}
+
+// scheduleName is the epoch's name of a schedule ("auto" for ScheduleAuto).
+func scheduleName(s allreduce.Schedule) string {
+	if s == allreduce.ScheduleAuto {
+		return "auto"
+	}
+	return string(s)
+}
+
+// Plan lays out an epoch of live: allreduce.Choose over the measured links.
+func (p ringPlanner) Plan(live []string, members []gossip.Member) gossip.EpochPlan {
+	out := gossip.EpochPlan{Order: live, Schedule: scheduleName(p.schedule)}
+	m, _, any := planMatrix(live, members)
+	if !any || len(live) < 2 {
+		return out
+	}
+	plan := allreduce.Choose(m, p.bucketBytes)
+	out.Order = make([]string, len(plan.Order))
+	for k, i := range plan.Order {
+		out.Order[k] = live[i]
+	}
+	switch {
+	case p.schedule == allreduce.ScheduleAuto && plan.Schedule == allreduce.ScheduleProportional:
+		out.Schedule, out.Shares = string(allreduce.ScheduleProportional), plan.Shares
+	case p.schedule == allreduce.ScheduleProportional:
+		out.Shares = allreduce.Shares(orderedRates(m, plan.Order))
+	}
+	return out
+}
+
+// Replan reports whether plan is predicted at least replanGain faster than
+// cur, judged only once every pair of cur's members has been measured.
+func (p ringPlanner) Replan(cur gossip.Epoch, plan gossip.EpochPlan, members []gossip.Member) bool {
+	ids := slices.Clone(cur.Order)
+	slices.Sort(ids)
+	m, complete, _ := planMatrix(ids, members)
+	if !complete {
+		return false
+	}
+	before := predictSeconds(m, ids, cur.Order, cur.Schedule, cur.Shares, p.bucketBytes)
+	after := predictSeconds(m, ids, plan.Order, plan.Schedule, plan.Shares, p.bucketBytes)
+	return after > 0 && before > replanGain*after
+}
+
+// predictSeconds predicts a bucket's all-reduce time for the layout order
+// (peer IDs; m is indexed like ids) with schedule and shares.
+func predictSeconds(m allreduce.Matrix, ids, order []string, schedule string, shares []float64, bytes int) float64 {
+	o := make([]int, len(order))
+	for k, id := range order {
+		o[k] = slices.Index(ids, id)
+		if o[k] < 0 {
+			return 0
+		}
+	}
+	if schedule == string(allreduce.ScheduleProportional) {
+		rates := orderedRates(m, o)
+		if len(shares) != len(o) {
+			shares = make([]float64, len(o))
+			for i := range shares {
+				shares[i] = 1 / float64(len(o))
+			}
+		}
+		return allreduce.ProportionalSeconds(rates, shares, float64(bytes))
+	}
+	return allreduce.RingSeconds(m, o, float64(bytes))
+}
+
+// orderedRates returns the peers' interface rates in ring order o.
+func orderedRates(m allreduce.Matrix, o []int) []float64 {
+	rates := allreduce.PeerRates(m)
+	out := make([]float64, len(o))
+	for k, i := range o {
+		out[k] = rates[i]
+	}
+	return out
+}
+
+// epochSession adapts an all-reduce configuration to ring epoch ep: the
+// coordinator's schedule and shares (identical on every member; a member
+// whose own allreduce.schedule differs follows the epoch) and the slowest
+// measured ring edge for deadlines.
+func (n *Node) epochSession(cfg allreduce.Config, ep gossip.Epoch) allreduce.Config {
+	if ep.Schedule != "" {
+		sch, err := allreduce.ParseSchedule(ep.Schedule)
+		switch {
+		case err != nil:
+			n.log.Warn("ring epoch names an unknown schedule; using allreduce.schedule",
+				zap.Uint64("epoch", ep.Number), zap.String("schedule", ep.Schedule))
+		default:
+			if cfg.Schedule != allreduce.ScheduleAuto && cfg.Schedule != sch {
+				n.log.Warn("allreduce.schedule differs from the coordinator's; following the ring epoch",
+					zap.String("config", string(cfg.Schedule)), zap.String("epoch", ep.Schedule))
+			}
+			cfg.Schedule, cfg.Shares = sch, nil
+			if sch == allreduce.ScheduleProportional {
+				cfg.Shares = slices.Clone(ep.Shares)
+			}
+		}
+	}
+	cfg.Bandwidth = ringBandwidth(n.LinkMatrix(ep.Order))
+	return cfg
+}
+
+// ringBandwidth is the slowest edge of the ring in order 0, 1, … of m, or 0
+// if any edge is unknown.
+func ringBandwidth(m allreduce.Matrix) float64 {
+	if len(m) < 2 {
+		return 0
+	}
+	o := make([]int, len(m))
+	for i := range o {
+		o[i] = i
+	}
+	b := allreduce.Bottleneck(m, o)
+	if math.IsInf(b, 0) {
+		return 0
+	}
+	return b
+}
+
+// probeTargets returns the live members this peer is connected to.
+func (n *Node) probeTargets() []peer.ID {
+	members, _ := n.gsp.Snapshot()
+	var out []peer.ID
+	for _, m := range members {
+		id, err := peer.Decode(m.PeerID)
+		if err != nil || id == n.host.ID() || m.State != gossip.Alive {
+			continue
+		}
+		if n.host.Network().Connectedness(id) == network.Connected {
+			out = append(out, id)
+		}
+	}
+	return out
+}
