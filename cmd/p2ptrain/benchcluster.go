@@ -25,27 +25,41 @@ import (
 // A cluster member's benchmark, in the order every peer runs it:
 //
 //  1. Start a node exactly as `join` does and wait until the adopted ring
-//     epoch E has --expect members.
-//  2. Control all-reduce on transport epoch E (fp32): every peer contributes a
-//     fingerprint of its settings, so peers started with different --size,
-//     --codec, ... fail at once with a clear error instead of hanging; rank 0
-//     contributes the plan (ring order, schedule, shares) for --schedule
-//     auto|proportional, so every peer uses the same one even if their views of
-//     the link bandwidths differ.
-//  3. The measurement session on transport epoch E|measureEpochBit (its own
-//     streams, never mixed with the control epoch's): one warm-up round, then
-//     --rounds timed rounds, each after a barrier (a tiny fp32 all-reduce) so
-//     that every peer starts it together.
+//     epoch has --expect members.
+//  2. Control all-reduce (fp32) over the members sorted by peer ID: every peer
+//     contributes a fingerprint of its settings, so peers started with
+//     different --size, --codec, ... fail at once with a clear error instead
+//     of hanging; rank 0 (the lowest peer ID, the gossip coordinator)
+//     contributes the plan: the ring order (its adopted epoch's, or
+//     allreduce.Choose's for --schedule auto|proportional), the schedule and
+//     the shares, so every peer uses the same one even where their views of
+//     the epoch or of the link bandwidths differ.
+//  3. The measurement session in that order: one warm-up round, then --rounds
+//     timed rounds, each after a barrier (a tiny fp32 all-reduce) so that
+//     every peer starts it together.
 //  4. A last all-reduce averages every peer's round times, so every peer prints
 //     the same figures (nccl-tests also averages over ranks).
 //
-// The ring epoch is watched throughout: if it changes before step 4 (a peer
-// left, died or joined) the benchmark fails on every peer. Step 4 itself is
-// not watched: a peer that finished it may leave while others still read
-// their last bytes.
+// The benchmark's transports do not use the gossip epoch numbers, which may
+// move on while peers start (the coordinator re-plans a ring of unchanged
+// members once link figures arrive), but numbers derived from the member set
+// (benchEpochs), the same on every peer. The membership is watched
+// throughout: if it changes before step 4 (a peer left, died or joined) the
+// benchmark fails on every peer. Step 4 itself is not watched: a peer that
+// finished it may leave while others still read their last bytes.
 
-// measureEpochBit marks the transport epoch number of the measurement session.
-const measureEpochBit = 1 << 62
+// benchEpochs returns the transport epoch numbers of the control and the
+// measurement session of a member set: bit 62 set, far above any gossip
+// epoch, the measurement's one above the control's (opening a transport
+// drops early streams of lower epochs, and the measurement opens second).
+func benchEpochs(members []string) (ctrl, measure uint64) {
+	h := fnv.New64a()
+	for _, m := range members {
+		fmt.Fprintln(h, m)
+	}
+	ctrl = 1<<62 | (h.Sum64()>>24)<<1
+	return ctrl, ctrl + 1
+}
 
 // barrierLen is the length of the barrier all-reduce.
 const barrierLen = 1
@@ -93,7 +107,7 @@ func (f *benchAllreduceFlags) runCluster(ctx context.Context, stdout, stderr io.
 		return err
 	}
 	log.Info("benchmarking the all-reduce", zap.Uint64("epoch", ep.Number), zap.Strings("order", ep.Order),
-		zap.Int("size_bytes", f.size.n), zap.String("codec", spec))
+		zap.Int("size_bytes", f.size.n), zap.String("codec", spec), zap.String("schedule", schedule))
 	b := &clusterBench{
 		n:        n,
 		log:      log,
@@ -150,19 +164,22 @@ type clusterBench struct {
 	rounds   int
 	buckets  int
 
-	self  allreduce.PeerID
-	rank  int // in ep.Order
-	step  uint64
-	armed atomic.Bool // the epoch watch fails the run
+	self    allreduce.PeerID
+	members []string // ep.Order sorted: the control session's ring
+	rank    int      // in members
+	step    uint64
+	armed   atomic.Bool // the membership watch fails the run
 }
 
-// errEpochChanged reports that the ring changed during the benchmark.
-var errEpochChanged = errors.New("the ring epoch changed mid-benchmark (a peer left, died or joined)")
+// errMembersChanged reports that the ring's members changed during the benchmark.
+var errMembersChanged = errors.New("the ring's members changed mid-benchmark (a peer left, died or joined)")
 
 // run performs steps 2–4 of the benchmark and returns the averaged result.
 func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 	b.self = allreduce.PeerID(b.n.ID().String())
-	b.rank = slices.Index(b.ep.Order, string(b.self))
+	b.members = slices.Sorted(slices.Values(b.ep.Order))
+	b.rank = slices.Index(b.members, string(b.self))
+	ctrlEpoch, measureEpoch := benchEpochs(b.members)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	b.armed.Store(true)
@@ -174,15 +191,15 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 		wg.Wait()
 	}()
 
-	plan, err := b.agree(ctx)
+	plan, err := b.agree(ctx, ctrlEpoch)
 	if err != nil {
 		return allreducebench.Result{}, b.explain(ctx, "agreeing on the settings", err)
 	}
 	peers := make([]allreduce.PeerID, len(plan.order))
 	for k, i := range plan.order {
-		peers[k] = allreduce.PeerID(b.ep.Order[i])
+		peers[k] = allreduce.PeerID(b.members[i])
 	}
-	mep := allreduce.Epoch{Number: b.ep.Number | measureEpochBit, Peers: peers, Self: b.self}
+	mep := allreduce.Epoch{Number: measureEpoch, Peers: peers, Self: b.self}
 	cfg := b.cfg
 	cfg.Schedule, cfg.Shares = plan.schedule, plan.shares
 	tr := b.n.OpenTransport(mep)
@@ -212,8 +229,8 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 	return allreducebench.NewResult(b.size, b.spec, name, len(peers), allreducebench.Median(times)), nil
 }
 
-// watch fails the run (through cancel) when the adopted ring epoch changes
-// while armed; it returns when stop is closed.
+// watch fails the run (through cancel) when the members of the adopted ring
+// epoch change while armed; it returns when stop is closed.
 func (b *clusterBench) watch(stop <-chan struct{}, cancel context.CancelCauseFunc) {
 	tick := time.NewTicker(pollInterval)
 	defer tick.Stop()
@@ -224,41 +241,53 @@ func (b *clusterBench) watch(stop <-chan struct{}, cancel context.CancelCauseFun
 		case <-tick.C:
 		}
 		_, ep := b.n.Gossip().Snapshot()
-		if ep.Number != b.ep.Number && b.armed.Load() {
-			cancel(fmt.Errorf("bench allreduce: %w: epoch %d %v became epoch %d %v",
-				errEpochChanged, b.ep.Number, b.ep.Order, ep.Number, ep.Order))
+		if !slices.Equal(slices.Sorted(slices.Values(ep.Order)), b.members) && b.armed.Load() {
+			cancel(fmt.Errorf("bench allreduce: %w: ring epoch %d %v became epoch %d %v",
+				errMembersChanged, b.ep.Number, b.ep.Order, ep.Number, ep.Order))
 			return
 		}
 	}
 }
 
-// explain turns a failed collective into the error to report: the epoch
-// change if that is what stopped it, else the collective's error.
+// explain turns a failed collective into the error to report: the
+// membership change if that is what stopped it, else the collective's error.
 func (b *clusterBench) explain(ctx context.Context, what string, err error) error {
-	if cause := context.Cause(ctx); errors.Is(cause, errEpochChanged) {
+	if cause := context.Cause(ctx); errors.Is(cause, errMembersChanged) {
 		return fmt.Errorf("%w (while %s: %v)", cause, what, err)
 	}
-	return fmt.Errorf("bench allreduce: %s failed in ring epoch %d: %w", what, b.ep.Number, err)
+	hint := ""
+	if errors.Is(err, allreduce.ErrPeerFailed) || errors.Is(err, allreduce.ErrTimeout) || errors.Is(err, allreduce.ErrAborted) {
+		hint = " (a peer died, left or stalled: rerun with every peer)"
+	}
+	return fmt.Errorf("bench allreduce: %s failed%s: %w", what, hint, err)
 }
 
 // benchPlan is what every peer must agree on before measuring.
 type benchPlan struct {
-	order    []int // measurement ring: indices into ep.Order
+	order    []int // measurement ring: indices into members
 	schedule allreduce.Schedule
 	shares   []float64 // per rank of order; nil: equal
 	name     string    // schedule as reported ("" until the session resolves it)
 }
 
-// localPlan computes this peer's plan from the link figures it knows.
+// localPlan computes this peer's plan from the ring epoch it has adopted
+// now and the link figures it knows.
 func (b *clusterBench) localPlan() (benchPlan, error) {
-	w := len(b.ep.Order)
+	w := len(b.members)
 	p := benchPlan{order: make([]int, w), name: b.schedule}
 	for i := range p.order {
 		p.order[i] = i
 	}
+	// The adopted epoch's order, if it still has these members (the
+	// coordinator may have re-planned it since the benchmark started).
+	if _, ep := b.n.Gossip().Snapshot(); slices.Equal(slices.Sorted(slices.Values(ep.Order)), b.members) {
+		for k, id := range ep.Order {
+			p.order[k] = slices.Index(b.members, id)
+		}
+	}
 	switch b.schedule {
 	case "auto", "proportional":
-		m := linkMatrix(b.n, b.ep.Order)
+		m := linkMatrix(b.n, b.members)
 		if b.schedule == "auto" {
 			c := allreduce.Choose(m, b.size)
 			p.order, p.schedule, p.shares = c.Order, c.Schedule, c.Shares
@@ -282,15 +311,32 @@ func (b *clusterBench) localPlan() (benchPlan, error) {
 	return p, nil
 }
 
+// linkMatrixer is implemented by a node that knows its links' bandwidths.
+type linkMatrixer interface {
+	// LinkMatrix returns the measured throughput in bytes/s between the peers
+	// of order (m[i][j] from order[i] to order[j], 0 when unknown).
+	LinkMatrix(order []string) allreduce.Matrix
+}
+
 // linkMatrix returns the measured throughput between the ring's peers in
-// bytes/s (m[i][j] from order[i] to order[j]).
+// bytes/s (m[i][j] from order[i] to order[j], 0 when unknown).
 //
-// HOOK(link bandwidths): node does not expose measured link bandwidths yet.
-// When it does (e.g. Node.LinkMatrix), fill the matrix from it here; peers
+// HOOK(link bandwidths): the figures come from Node.LinkMatrix where node has
+// it (checked at run time, so this builds against a node without it). Peers
 // whose views differ still agree, because rank 0's plan is the one used.
-// Until then every link counts the same, which gives the plain ring for
-// auto and equal shares for proportional.
-func linkMatrix(_ *node.Node, order []string) allreduce.Matrix {
+// With no figure at all every link counts the same, which gives the plain
+// ring for auto and equal shares for proportional.
+func linkMatrix(n *node.Node, order []string) allreduce.Matrix {
+	if lm, ok := any(n).(linkMatrixer); ok {
+		m := lm.LinkMatrix(order)
+		for i := range m {
+			for j := range m[i] {
+				if i != j && m[i][j] > 0 {
+					return m
+				}
+			}
+		}
+	}
 	m := make(allreduce.Matrix, len(order))
 	for i := range m {
 		m[i] = make([]float64, len(order))
@@ -312,15 +358,15 @@ func (b *clusterBench) fingerprint() [8]byte {
 	return fp
 }
 
-// agree runs the control all-reduce on transport epoch E (step 2) and
-// returns rank 0's plan.
+// agree runs the control all-reduce on transport epoch number ctrlEpoch
+// (step 2) and returns rank 0's plan.
 //
 // The vector holds the 8 fingerprint bytes b_k of every peer, their squares,
 // and rank 0's plan (schedule code, order, shares; zeros elsewhere). All
 // integers stay below 2^24 after summing, so fp32 carries them exactly; the
 // peers' settings agree iff W·Σb_k² = (Σb_k)² for every k.
-func (b *clusterBench) agree(ctx context.Context) (benchPlan, error) {
-	w := len(b.ep.Order)
+func (b *clusterBench) agree(ctx context.Context, ctrlEpoch uint64) (benchPlan, error) {
+	w := len(b.members)
 	local, err := b.localPlan()
 	if err != nil {
 		return local, err
@@ -343,8 +389,8 @@ func (b *clusterBench) agree(ctx context.Context) (benchPlan, error) {
 			plan[1+w+k] = float32(s)
 		}
 	}
-	ep := allreduce.Epoch{Number: b.ep.Number, Self: b.self}
-	for _, p := range b.ep.Order {
+	ep := allreduce.Epoch{Number: ctrlEpoch, Self: b.self}
+	for _, p := range b.members {
 		ep.Peers = append(ep.Peers, allreduce.PeerID(p))
 	}
 	cfg := allreduce.Config{FrameTimeout: max(b.cfg.FrameTimeout, 30*time.Second), Logger: b.cfg.Logger}
@@ -477,7 +523,7 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, rank i
 	// Others may finish step 4 and leave while this peer still reads its
 	// last bytes: the epoch change that follows is no failure.
 	b.armed.Store(false)
-	if err := context.Cause(ctx); errors.Is(err, errEpochChanged) {
+	if err := context.Cause(ctx); errors.Is(err, errMembersChanged) {
 		return nil, err
 	}
 	avg, err := b.allReduce(ctx, s, times)
