@@ -11,8 +11,8 @@
 #   gbit     4 hosts at 1gbit, fp32, ring: busbw over the link rate (target ≥ 0.95)
 #   codecs   4 hosts at 100mbit, ring: fp32 against int8, sint8, dyn8 (target ≥ 3.7),
 #            onebit, sign (≥ 20) and qsgd:bits=4 (≥ 7), as time(fp32)/time(codec)
-#   uneven   1 host at 100mbit + 3 at 1gbit, fp32: schedule ring against auto
-#            (bandwidth-proportional; target time(ring)/time(auto) ≥ 1.4)
+#   uneven   1 host at 100mbit + 3 at 1gbit, fp32: schedule ring against auto and
+#            proportional (bandwidth shares; target time(ring)/time(this) ≥ 1.4)
 #
 # A custom comparison instead: --hosts, --rate or --rates, and one or more
 # --codec C and --schedule S (every codec with every schedule; the first codec
@@ -90,7 +90,7 @@ target_of() {
 		qsgd:bits=4*) echo 7 ;;
 		esac
 		;;
-	uneven) [ "$3" != auto ] || echo 1.4 ;;
+	uneven) [ "$3" = ring ] || echo 1.4 ;;
 	esac
 }
 
@@ -129,7 +129,7 @@ run_table() {
 			elif [ "$preset" = gbit ]; then
 				verdict="busbw/link ≥ 0.95: $(awk -v r="$linkrel" 'BEGIN { print (r >= 0.95 ? "meets" : "below") }')"
 			fi
-			printf '%-28s %-8s %10s %11s %11s %10s %10s  %s\n' "$c" "$s" "$med" "$algbw" "$busbw" \
+			printf '%-28s %-8s %10.3f %11.4f %11.4f %10s %10s  %s\n' "$c" "$s" "$med" "$algbw" "$busbw" \
 				"$linkrel" "$ratio" "$verdict"
 			if [ -n "$out" ]; then
 				sed -E "s/\\}[[:space:]]*\$/,\"compare\":\"$preset\"}/" "$jl" >>"$out"
@@ -165,7 +165,7 @@ for p in "${presets[@]}"; do
 		run_table codecs --hosts 4 --rate 100mbit
 		;;
 	uneven)
-		codecs=(fp32) schedules=(ring auto)
+		codecs=(fp32) schedules=(ring auto proportional)
 		run_table uneven --rates 100mbit,1gbit,1gbit,1gbit
 		;;
 	custom)

@@ -22,7 +22,7 @@
 #   --size S           all-reduced buffer size [64MiB]
 #   --codec C          codec spec, e.g. fp32, int8, qsgd:bits=4 [fp32]; fp32 is passed
 #                      to p2ptrain as its name for plain float32, "none"
-#   --schedule S       ring | direct | auto [ring]
+#   --schedule S       ring | direct | allgather | proportional | auto [ring]
 #   --rounds N         timed rounds [5]
 #   --binary PATH      p2ptrain binary to run; without it bin/p2ptrain is (re)built
 #                      with `go build` (incremental, so cheap when up to date)
@@ -231,7 +231,7 @@ int_in "$rounds" 1 100000 || usage_err "--rounds must be a positive integer"
 [ -z "$loss" ] || [[ "$loss" =~ ^[0-9]+(\.[0-9]+)?%$ ]] || usage_err "bad --loss '$loss' (want e.g. 0.1%)"
 [ -z "$timeout_s" ] || [[ "$timeout_s" =~ ^[0-9]+$ ]] || usage_err "--timeout wants whole seconds"
 size_b=$(size_bytes "$size") || usage_err "bad --size '$size' (want e.g. 64MiB, 4MiB, 1000000)"
-case "$schedule" in ring | direct | auto) ;; *) usage_err "--schedule must be ring, direct or auto" ;; esac
+[[ "$schedule" =~ ^[a-z]+$ ]] || usage_err "bad --schedule '$schedule' (e.g. ring, direct, allgather, proportional, auto)"
 
 if [ -z "$timeout_s" ]; then
 	# A ring moves 2(N-1)/N of the buffer through every link each round; allow
