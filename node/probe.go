@@ -132,12 +132,13 @@ func (p *prober) serve(s network.Stream) {
 		_ = s.Reset()
 		return
 	}
-	defer func() {
-		p.mu.Lock()
-		delete(p.serving, remote)
-		p.mu.Unlock()
-	}()
-	if err := serveProbe(s); err != nil {
+	err := serveProbe(s)
+	// Free the slot before the client sees the stream end, so its next probe
+	// is served.
+	p.mu.Lock()
+	delete(p.serving, remote)
+	p.mu.Unlock()
+	if err != nil {
 		p.log.Debug("probe stream reset", zap.Stringer("peer", remote), zap.Error(err))
 		_ = s.Reset()
 		return
@@ -211,6 +212,15 @@ func probePeer(ctx context.Context, h host.Host, id peer.ID, size, maxBytes int)
 	if err != nil {
 		_ = s.Reset()
 		return probeSample{}, fmt.Errorf("%w %s: %w", errProbe, id, err)
+	}
+	// End cleanly: close our side and wait for the server's end.
+	if err := s.CloseWrite(); err == nil {
+		var one [1]byte
+		_, err = io.ReadFull(s, one[:])
+		if err != io.EOF {
+			_ = s.Reset()
+			return probeSample{}, fmt.Errorf("%w %s: end of stream: %v", errProbe, id, err)
+		}
 	}
 	_ = s.Close()
 	smp.took = time.Since(start)
