@@ -61,6 +61,10 @@ const (
 	// probeMaxIdle bounds how long the probe loop sleeps before it looks at
 	// membership again.
 	probeMaxIdle = time.Second
+	// probeWarmupDuty is the share of time first measurements of new peers
+	// may take (they are not held to ProbeConfig.DutyCycle, so a new cluster
+	// gets its first figures within seconds).
+	probeWarmupDuty = 0.25
 )
 
 // errProbe reports a probe protocol violation or failure.
@@ -108,9 +112,10 @@ type prober struct {
 	mu    sync.Mutex
 	links map[peer.ID]*linkState
 	// nextAny spaces probes of already measured peers node-wide, so all of
-	// this peer's probes together stay within cfg.DutyCycle.
-	nextAny time.Time
-	serving map[peer.ID]bool
+	// this peer's probes together stay within cfg.DutyCycle; nextFirst spaces
+	// first measurements (warm-up) to at most probeWarmupDuty.
+	nextAny, nextFirst time.Time
+	serving            map[peer.ID]bool
 }
 
 // newProber registers the probe protocol's server on h.
@@ -346,8 +351,11 @@ func (p *prober) pick(now time.Time, targets []peer.ID) (peer.ID, int, time.Dura
 	var bestDue time.Time
 	for id, l := range p.links {
 		due := l.due
-		if l.measured && due.Before(p.nextAny) {
-			due = p.nextAny // first measurements skip the node-wide spacing
+		switch {
+		case l.measured && due.Before(p.nextAny):
+			due = p.nextAny
+		case !l.measured && due.Before(p.nextFirst):
+			due = p.nextFirst
 		}
 		if d := due.Sub(now); d > 0 {
 			wait = min(wait, d)
@@ -367,21 +375,28 @@ func (p *prober) pick(now time.Time, targets []peer.ID) (peer.ID, int, time.Dura
 func (p *prober) record(id peer.ID, smp probeSample, err error, start, end time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	took := end.Sub(start)
+	took := max(end.Sub(start), time.Millisecond)
+	l, ok := p.links[id]
+	if err != nil {
+		// A failed probe moved little data: only this peer waits.
+		p.nextAny = later(p.nextAny, end.Add(probeMaxIdle))
+		p.nextFirst = later(p.nextFirst, end)
+		if ok {
+			l.due = end.Add(p.cfg.Interval.D())
+		}
+		p.log.Debug("probe failed", zap.Stringer("peer", id), zap.Error(err))
+		return
+	}
 	// Duty cycle: after a probe of d, the next probe waits d/duty (node-wide)
 	// and this peer's next probe at least that long too.
-	gap := time.Duration(float64(max(took, time.Millisecond)) / p.cfg.DutyCycle)
+	gap := time.Duration(float64(took) / p.cfg.DutyCycle)
 	p.nextAny = start.Add(gap)
-	l, ok := p.links[id]
+	p.nextFirst = start.Add(time.Duration(float64(took) / probeWarmupDuty))
 	if !ok {
 		return // no longer a target
 	}
 	interval := max(p.cfg.Interval.D(), gap)
 	l.due = end.Add(interval + rand.N(interval/10+1))
-	if err != nil {
-		p.log.Debug("probe failed", zap.Stringer("peer", id), zap.Error(err))
-		return
-	}
 	l.size = smp.next
 	mbit := smp.bytesPS * 8 / 1e6
 	rtt := smp.rtt.Seconds() * 1e3
@@ -394,6 +409,13 @@ func (p *prober) record(id peer.ID, smp probeSample, err error, start, end time.
 	l.measured = true
 	p.log.Debug("link measured", zap.Stringer("peer", id), zap.Float64("mbit_s", l.status.MbitS),
 		zap.Float64("rtt_ms", l.status.RTTMs), zap.Int("bytes", smp.bytes), zap.Duration("took", smp.took))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // roundFigure keeps four significant digits of a measurement (finite, ≥ 0).

@@ -182,8 +182,12 @@ func TestProberSchedule(t *testing.T) {
 	}
 	took := 100 * time.Millisecond
 	p.record(id, probeSample{rtt: time.Millisecond, bytesPS: 1e8, bytes: size, next: 1 << 20}, nil, later, later.Add(took))
-	// The other peer's first probe is not held back by the duty cycle...
-	if got, _, _ := p.pick(later.Add(took), []peer.ID{x, y}); got != other {
+	// The other peer's first probe is held back by the warm-up duty only...
+	warm := later.Add(time.Duration(float64(took) / probeWarmupDuty))
+	if got, _, wait := p.pick(warm.Add(-time.Millisecond), []peer.ID{x, y}); got != "" || wait != time.Millisecond {
+		t.Fatalf("picked %q (wait %v) during the warm-up spacing", got, wait)
+	}
+	if got, _, _ := p.pick(warm, []peer.ID{x, y}); got != other {
 		t.Fatalf("picked %q, want the unmeasured %q", got, other)
 	}
 	p.record(other, probeSample{rtt: time.Millisecond, bytesPS: 2e8, bytes: size, next: 1 << 20}, nil, later.Add(took), later.Add(2*took))
@@ -208,10 +212,15 @@ func TestProberSchedule(t *testing.T) {
 			t.Fatalf("smoothed status %+v", s)
 		}
 	}
-	// A failed probe keeps the old figure.
-	p.record(got, probeSample{}, fmt.Errorf("boom"), due, due.Add(took))
+	// A failed probe (a timeout) keeps the old figure and holds back neither
+	// this peer beyond its interval nor other peers beyond probeMaxIdle.
+	fail := due.Add(time.Hour)
+	p.record(got, probeSample{}, fmt.Errorf("boom"), fail, fail.Add(probeStreamTimeout))
 	if len(p.statuses()) != 2 {
 		t.Fatal("a failed probe dropped the figure")
+	}
+	if next := p.nextAny.Sub(fail.Add(probeStreamTimeout)); next > probeMaxIdle {
+		t.Fatalf("a failed probe holds back every probe for %v", next)
 	}
 	// y leaves: forgotten.
 	p.pick(due, []peer.ID{x})
