@@ -34,7 +34,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func cmdBenchCodecs(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench codecs", stderr)
 	size := &sizeFlag{n: codecbench.DefaultSize}
-	fs.Var(size, "size", "number of float32 `VALUES` to encode (e.g. 4096, 1Mi; default 4Mi)")
+	fs.Var(size, "size", "number of float32 `VALUES` to encode (e.g. 4096, 1Mi)")
 	asJSON := fs.Bool("json", false, "print a JSON list of {codec, ratio, encode_gbps, decode_gbps, rel_error}")
 	codecs := fs.String("codecs", "", "comma-separated codec `SPECS` to measure (default: every codec); "+
 		"a spec's own parameters stay with it, e.g. qsgd:bits=4,bucket=512,int8")

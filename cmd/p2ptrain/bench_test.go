@@ -55,6 +55,10 @@ func TestParseQuantity(t *testing.T) {
 			if err != nil || got != tt.want {
 				t.Fatalf("got %d, %v; want %d", got, err, tt.want)
 			}
+			// Defaults print the way they are read back.
+			if back, err := parseQuantity(formatQuantity(got, tt.bytes), tt.bytes); err != nil || back != got {
+				t.Fatalf("formatQuantity(%d) = %q reads back as %d, %v", got, formatQuantity(got, tt.bytes), back, err)
+			}
 		})
 	}
 }

@@ -45,7 +45,7 @@ var (
 func addBenchAllreduceFlags(fs *flag.FlagSet) *benchAllreduceFlags {
 	f := &benchAllreduceFlags{fs: fs, size: sizeFlag{n: 64 << 20, bytes: true}, chunk: sizeFlag{bytes: true}}
 	f.peer = addPeerFlags(fs)
-	fs.Var(&f.size, "size", "fp32 buffer `BYTES` all-reduced each round (e.g. 4MiB, 64MiB, 1GiB; default 64MiB)")
+	fs.Var(&f.size, "size", "fp32 buffer `BYTES` all-reduced each round (e.g. 4MiB, 64MiB, 1GiB)")
 	fs.StringVar(&f.schedule, "schedule", "", "`SCHEDULE`: ring, direct, allgather, proportional (bandwidth shares) or auto "+
 		"(allreduce.Choose picks ring or proportional and the order); default: the codec's own "+
 		"(a cluster member: [allreduce] schedule of --config, where auto means the codec's own)")

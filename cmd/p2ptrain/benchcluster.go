@@ -311,24 +311,13 @@ func (b *clusterBench) localPlan() (benchPlan, error) {
 	return p, nil
 }
 
-// linkMatrixer is implemented by a node that knows its links' bandwidths.
-type linkMatrixer interface {
-	// LinkMatrix returns the measured throughput in bytes/s between the peers
-	// of order (m[i][j] from order[i] to order[j], 0 when unknown).
-	LinkMatrix(order []string) allreduce.Matrix
-}
-
 // linkMatrix returns the measured throughput between the ring's peers in
-// bytes/s (m[i][j] from order[i] to order[j], 0 when unknown).
-//
-// HOOK(link bandwidths): the figures come from Node.LinkMatrix where node has
-// it (checked at run time, so this builds against a node without it). Peers
-// whose views differ still agree, because rank 0's plan is the one used.
-// With no figure at all every link counts the same, which gives the plain
-// ring for auto and equal shares for proportional.
+// bytes/s (m[i][j] from order[i] to order[j], 0 when unknown), from
+// Node.LinkMatrix. Peers whose views differ still agree, because rank 0's
+// plan is the one used. With no figure at all every link counts the same,
+// which gives the plain ring for auto and equal shares for proportional.
 func linkMatrix(n *node.Node, order []string) allreduce.Matrix {
-	if lm, ok := any(n).(linkMatrixer); ok {
-		m := lm.LinkMatrix(order)
+	if m := n.LinkMatrix(order); len(m) == len(order) {
 		for i := range m {
 			for j := range m[i] {
 				if i != j && m[i][j] > 0 {

@@ -100,7 +100,24 @@ func (f *sizeFlag) String() string {
 	if f == nil {
 		return ""
 	}
-	return strconv.Itoa(f.n)
+	return formatQuantity(f.n, f.bytes)
+}
+
+// formatQuantity writes n the way parseQuantity reads it (64MiB, 4Mi, 4096).
+func formatQuantity(n int, bytes bool) string {
+	suffix := ""
+	if bytes {
+		suffix = "B"
+	}
+	for _, u := range []struct {
+		name  string
+		shift uint
+	}{{"Gi", 30}, {"Mi", 20}, {"Ki", 10}} {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return strconv.Itoa(n>>u.shift) + u.name + suffix
+		}
+	}
+	return strconv.Itoa(n)
 }
 
 func (f *sizeFlag) Set(s string) error {
