@@ -19,6 +19,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/metrics"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
 	"github.com/libp2p/go-libp2p/core/pnet"
 	"github.com/libp2p/go-libp2p/p2p/discovery/mdns"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
@@ -97,6 +98,7 @@ func New(ctx context.Context, cfg Config, log *zap.Logger) (*Node, error) {
 		return nil, err
 	}
 	n.ring = newRingNet(n.host, cfg.Allreduce.Session(nil).MaxFrame(), log.Named("allreduce"))
+	n.ring.learnAddrs = n.learnAddrs
 	n.probe = newProber(n.host, cfg.Probe, log.Named("probe"))
 	// The node lives until Close, not until the caller's context ends: Close
 	// still needs gossip to announce the departure.
@@ -272,6 +274,29 @@ func (n *Node) watch(ctx context.Context, events <-chan gossip.Event) {
 		case <-tick.C:
 			n.connectMembers(ctx)
 		}
+	}
+}
+
+// learnAddrs adds a cluster member's gossiped addresses to the peerstore, so a
+// stream can be opened to a member this peer has not connected to yet (peer
+// exchange may still be under way when a ring epoch starts).
+func (n *Node) learnAddrs(id peer.ID) {
+	if n.host.Network().Connectedness(id) == network.Connected || len(n.host.Peerstore().Addrs(id)) > 0 {
+		return
+	}
+	members, _ := n.gsp.Snapshot()
+	for _, m := range members {
+		if m.PeerID != id.String() {
+			continue
+		}
+		var addrs []ma.Multiaddr
+		for _, s := range m.Addrs {
+			if a, err := ma.NewMultiaddr(s); err == nil {
+				addrs = append(addrs, a)
+			}
+		}
+		n.host.Peerstore().AddAddrs(id, addrs, peerstore.TempAddrTTL)
+		return
 	}
 }
 

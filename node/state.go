@@ -93,6 +93,7 @@ func (n *Node) serveState(s network.Stream) {
 func (n *Node) FetchState(ctx context.Context, p peer.ID, step uint64) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, stateIOTimeout)
 	defer cancel()
+	n.learnAddrs(p)
 	s, err := n.host.NewStream(ctx, p, ProtocolState)
 	if err != nil {
 		return nil, fmt.Errorf("node: open state stream to %s: %w", p, err)

@@ -40,6 +40,8 @@ type ringNet struct {
 	log      *zap.Logger
 
 	notifiee network.Notifiee
+	// learnAddrs, if set, fills in a peer's addresses before a stream is opened.
+	learnAddrs func(peer.ID)
 	// sent counts all-reduce bytes written (frames and their length prefixes).
 	sent atomic.Uint64
 
@@ -286,6 +288,9 @@ func (t *streamTransport) Send(ctx context.Context, to allreduce.PeerID, frame [
 		id, err := peer.Decode(string(to))
 		if err != nil {
 			return fmt.Errorf("node: bad peer ID %q: %w", to, err)
+		}
+		if t.rn.learnAddrs != nil {
+			t.rn.learnAddrs(id)
 		}
 		s, err := t.rn.host.NewStream(network.WithAllowLimitedConn(ctx, "allreduce"), id, ProtocolAllreduce)
 		if err != nil {

@@ -17,5 +17,9 @@ echo "== multi-process suite (slow: runs the built binary as several peers)"
 go test -count=1 -timeout 10m -v ./e2e 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'
 test "${PIPESTATUS[0]}" -eq 0
 
+echo "== network-namespace smoke benchmark (3 shaped hosts; skipped unless root)"
+go build -o bin/p2ptrain ./cmd/p2ptrain
+bench/netns.sh --smoke --binary bin/p2ptrain
+
 echo "== fuzzing (${FUZZTIME:=10s} per target)"
 FUZZTIME="$FUZZTIME" scripts/fuzz.sh
