@@ -64,8 +64,9 @@ func linkMatrix(order []string, rows map[string][]gossip.LinkFigure) (m allreduc
 	}
 	for i, id := range order {
 		for _, l := range rows[id] {
-			if j, ok := idx[l.Peer]; ok && j != i && l.MbitS > 0 && !math.IsInf(l.MbitS, 0) {
-				m[i][j] = l.MbitS * 1e6 / 8
+			v := l.MbitS * 1e6 / 8
+			if j, ok := idx[l.Peer]; ok && j != i && v > 0 && !math.IsInf(v, 0) {
+				m[i][j] = v
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -256,6 +257,16 @@ func linkMembers(ids []string, mbit [][]float64) []gossip.Member {
 		out = append(out, m)
 	}
 	return out
+}
+
+// TestPlannerIgnoresAbsurdFigures: figures that overflow bytes/s count as unknown.
+func TestPlannerIgnoresAbsurdFigures(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	mbit := fastRing(3, []int{0, 1, 2}, math.MaxFloat64, math.MaxFloat64)
+	p := newRingPlanner(DefaultConfig().Allreduce)
+	if plan := p.Plan(ids, linkMembers(ids, mbit)); !slices.Equal(plan.Order, ids) || plan.Schedule != "auto" {
+		t.Fatalf("plan %+v", plan)
+	}
 }
 
 func TestPlannerNoFiguresKeepsPeerIDOrder(t *testing.T) {
