@@ -282,7 +282,9 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 	t.mu.Unlock()
 	self := t.n.ID().String()
 	if !behind && !(force && ep.Coordinator != self) {
+		t.mu.Lock()
 		t.forceSync = false
+		t.mu.Unlock()
 		return nil
 	}
 	// Fetch from the coordinator if it is at the target, else the lowest peer ID that is.
