@@ -138,3 +138,14 @@ func TestGoldenOutput(t *testing.T) {
 		}
 	}
 }
+
+// TestGoldenOutputTwins runs the golden digests again on the pure-Go twins of
+// the assembly kernels (the purego build tag runs only those).
+func TestGoldenOutputTwins(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("the pure-Go kernels already ran")
+	}
+	useAVX2 = false
+	defer func() { useAVX2 = true }()
+	TestGoldenOutput(t)
+}

@@ -118,7 +118,12 @@ func packSignsRecon(out []byte, a, r []float32, vals [2]float32) {
 	neg := math.Float32bits(vals[0])
 	diff := math.Float32bits(vals[1]) ^ neg
 	full := len(a) / 8
-	for j := range full {
+	j0 := 0
+	if useAVX2 && full > 0 {
+		packReconAVX2(&out[0], &a[0], &r[0], 8*full, vals[0], vals[1])
+		j0 = full
+	}
+	for j := j0; j < full; j++ {
 		g, q := (*[8]float32)(a[8*j:]), (*[8]float32)(r[8*j:])
 		out[j] = byte(signRecon(g[0], &q[0], neg, diff) | signRecon(g[1], &q[1], neg, diff)<<1 |
 			signRecon(g[2], &q[2], neg, diff)<<2 | signRecon(g[3], &q[3], neg, diff)<<3 |
@@ -205,6 +210,16 @@ func oneBitHeader(out []byte, a, r []float32) [2]float32 {
 	var pos0, pos1, all0, all1 float64
 	var cnt uint32
 	i := 0
+	if n := len(a) &^ 7; useAVX2 && n > 0 {
+		var acc [4]float64
+		var rp *float32
+		if r != nil {
+			rp = &r[0]
+		}
+		cnt = uint32(oneBitStatsAVX2(&a[0], rp, n, &acc))
+		all0, all1, pos0, pos1 = acc[0], acc[1], acc[2], acc[3]
+		i = n
+	}
 	for ; i+2 <= len(a); i += 2 {
 		x, y := a[i], a[i+1]
 		if r != nil {

@@ -1,0 +1,41 @@
+//go:build amd64 && !purego
+
+package compress
+
+import "golang.org/x/sys/cpu"
+
+// useAVX2 selects the AVX2 kernels of kernels_amd64.s. Each kernel computes
+// exactly what its pure-Go twin (the loop it replaces, also built with the
+// purego tag) computes, in the same order and with no fused multiply-add, so the
+// bytes do not depend on the path. Tests switch it off to run the twins.
+var useAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasPOPCNT
+
+// absMaxBitsAVX2 returns max(bits(p[i]) & 0x7fffffff) for n a positive multiple of 32.
+//
+//go:noescape
+func absMaxBitsAVX2(p *float32, n int) uint32
+
+// sumAbsAVX2 adds |a[i]| (a = src, or a = src + r stored into r when r is not
+// nil) into acc[i%4] in index order, for n a positive multiple of 4.
+//
+//go:noescape
+func sumAbsAVX2(src, r *float32, n int, acc *[4]float64)
+
+// packReconAVX2 writes out[j] bit k = (a[8j+k] >= 0) and sets
+// r[i] = a[i] − (neg or pos, by the bit), for n a positive multiple of 8.
+//
+//go:noescape
+func packReconAVX2(out *byte, a, r *float32, n int, neg, pos float32)
+
+// oneBitStatsAVX2 runs oneBitHeader's loop over n values (a positive multiple
+// of 8): x = g (+ r, stored into r); acc = [all0, all1, pos0, pos1] summed by
+// index parity; it returns the number of x >= 0.
+//
+//go:noescape
+func oneBitStatsAVX2(grad, r *float32, n int, acc *[4]float64) int
+
+// quantStochAVX2 runs quantStochastic's groups of four over n values (a
+// positive multiple of 8), c being the stream counter of the first group.
+//
+//go:noescape
+func quantStochAVX2(out *byte, v *float32, n int, c uint64, scale float32, levels int32)

@@ -1,0 +1,18 @@
+//go:build !amd64 || purego
+
+package compress
+
+// useAVX2 is false without the amd64 kernels: the pure-Go loops run.
+var useAVX2 = false
+
+func absMaxBitsAVX2(p *float32, n int) uint32            { panic("compress: no AVX2 kernels") }
+func sumAbsAVX2(src, r *float32, n int, acc *[4]float64) { panic("compress: no AVX2 kernels") }
+func packReconAVX2(out *byte, a, r *float32, n int, neg, pos float32) {
+	panic("compress: no AVX2 kernels")
+}
+func oneBitStatsAVX2(grad, r *float32, n int, acc *[4]float64) int {
+	panic("compress: no AVX2 kernels")
+}
+func quantStochAVX2(out *byte, v *float32, n int, c uint64, scale float32, levels int32) {
+	panic("compress: no AVX2 kernels")
+}
