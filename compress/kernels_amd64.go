@@ -39,3 +39,10 @@ func oneBitStatsAVX2(grad, r *float32, n int, acc *[4]float64) int
 //
 //go:noescape
 func quantStochAVX2(out *byte, v *float32, n int, c uint64, scale float32, levels int32)
+
+// prepMul4x2AVX2 runs prepMul4x2's loop over the first m columns (a positive
+// multiple of 8), continuing the accumulators acc = [a0..a3, b0..b3]; e0 and
+// e1 are nil or both set.
+//
+//go:noescape
+func prepMul4x2AVX2(acc *[8]float32, mp0, mp1, g0, g1, e0, e1, q *float32, m int)

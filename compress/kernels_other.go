@@ -16,3 +16,7 @@ func oneBitStatsAVX2(grad, r *float32, n int, acc *[4]float64) int {
 func quantStochAVX2(out *byte, v *float32, n int, c uint64, scale float32, levels int32) {
 	panic("compress: no AVX2 kernels")
 }
+
+func prepMul4x2AVX2(acc *[8]float32, mp0, mp1, g0, g1, e0, e1, q *float32, m int) {
+	panic("compress: no AVX2 kernels")
+}

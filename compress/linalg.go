@@ -55,7 +55,18 @@ func prepMul4x2(p, mp, g, e, q []float32, m int) {
 	}
 	q = q[:4*m]
 	var a0, a1, a2, a3, b0, b1, b2, b3 float32
-	for k := range r0 {
+	k0 := 0
+	if n := m &^ 7; useAVX2 && n > 0 {
+		var acc [8]float32
+		var ep0, ep1 *float32
+		if e0 != nil {
+			ep0, ep1 = &e0[0], &e1[0]
+		}
+		prepMul4x2AVX2(&acc, &r0[0], &r1[0], &g0[0], &g1[0], ep0, ep1, &q[0], n)
+		a0, a1, a2, a3, b0, b1, b2, b3 = acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]
+		k0 = n
+	}
+	for k := k0; k < m; k++ {
 		x, y := g0[k], g1[k]
 		if e0 != nil {
 			x += e0[k]
