@@ -292,7 +292,7 @@ func TestBenchAllreduceCluster(t *testing.T) {
 			const size = 256 << 10
 			args := append([]string{"bench", "allreduce", "--expect", "3", "--size", "256KiB", "--rounds", "2", "--json",
 				"--listen", "/ip4/127.0.0.1/tcp/0", "--api", "", "--mdns=false", "--cluster", "benchtest",
-				"--config", conf, "--timeout", "45s", "--log-level", "warn"}, tt.extra...)
+				"--config", conf, "--timeout", "45s", "--log-level", "info"}, tt.extra...)
 			var outs, errs [3]lockedBuffer
 			var codes [3]int
 			var wg sync.WaitGroup
@@ -313,11 +313,16 @@ func TestBenchAllreduceCluster(t *testing.T) {
 				wg.Go(func() { codes[i] = run(ctx, append(slices.Clone(args), "--bootstrap", boot), &outs[i], &errs[i]) })
 			}
 			wg.Wait()
-			var lines [3]string
 			for i := range codes {
 				if codes[i] != 0 {
-					t.Fatalf("peer %d: exit %d\nstdout:\n%s\nstderr:\n%s", i, codes[i], outs[i].String(), errs[i].String())
+					t.Errorf("peer %d: exit %d\nstdout:\n%s\nstderr:\n%s", i, codes[i], outs[i].String(), errs[i].String())
 				}
+			}
+			if t.Failed() {
+				t.FailNow()
+			}
+			var lines [3]string
+			for i := range codes {
 				out := strings.TrimSpace(outs[i].String())
 				if !strings.Contains(out, "dial this peer at:") {
 					t.Errorf("peer %d did not print its addresses like join:\n%s", i, out)

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"go.uber.org/zap"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
@@ -126,7 +128,9 @@ func (f *benchAllreduceFlags) runCluster(ctx context.Context, stdout, stderr io.
 	return printBenchResult(stdout, res, f.json)
 }
 
-// waitForRing waits until the adopted ring epoch has want members.
+// waitForRing waits until the adopted ring epoch has want members and this
+// peer is connected to each of them (the all-reduce streams need a
+// connection, and peers learn each other's addresses through gossip).
 func waitForRing(ctx context.Context, n *node.Node, want int, timeout time.Duration) (gossip.Epoch, error) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
@@ -134,22 +138,46 @@ func waitForRing(ctx context.Context, n *node.Node, want int, timeout time.Durat
 	defer tick.Stop()
 	for {
 		_, ep := n.Gossip().Snapshot()
+		var unconnected []string
 		switch {
-		case len(ep.Order) == want && slices.Contains(ep.Order, n.ID().String()):
-			return ep, nil
 		case len(ep.Order) > want:
 			return ep, fmt.Errorf("bench allreduce: ring epoch %d has %d peers, more than --expect %d", ep.Number, len(ep.Order), want)
+		case len(ep.Order) == want && slices.Contains(ep.Order, n.ID().String()):
+			unconnected = notConnected(n, ep.Order)
+			if len(unconnected) == 0 {
+				return ep, nil
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return ep, fmt.Errorf("bench allreduce: interrupted while waiting for %d peers: %w", want, ctx.Err())
 		case <-deadline.C:
+			if len(unconnected) > 0 {
+				return ep, fmt.Errorf("bench allreduce: --timeout %v passed: the ring (epoch %d) has --expect %d peers, "+
+					"but this peer cannot connect to %v; check that every peer's --listen address is reachable",
+					timeout, ep.Number, want, unconnected)
+			}
 			return ep, fmt.Errorf("bench allreduce: --timeout %v passed waiting for a ring of --expect %d peers: "+
 				"the ring (epoch %d) has %d (%v); check --bootstrap, --cluster and --swarm-key on every peer",
 				timeout, want, ep.Number, len(ep.Order), ep.Order)
 		case <-tick.C:
 		}
 	}
+}
+
+// notConnected returns the peers of ids, other than n, that n has no connection to.
+func notConnected(n *node.Node, ids []string) []string {
+	var out []string
+	for _, id := range ids {
+		p, err := peer.Decode(id)
+		if err != nil || p == n.ID() {
+			continue
+		}
+		if n.Host().Network().Connectedness(p) != network.Connected {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // clusterBench is one cluster member's benchmark run.
