@@ -25,11 +25,16 @@ const usage = `p2ptrain — peer-to-peer data-parallel training
 Usage:
   p2ptrain keygen --swarm-key FILE     write a private-network key (share it with every machine)
   p2ptrain keygen --identity FILE      write a persistent peer identity; prints its peer ID
-  p2ptrain join [flags]                start a peer and join the cluster (join -h lists flags)
+  p2ptrain join [flags]                start a peer and join the cluster; with --steps N, train
+                                       (join -h lists flags)
   p2ptrain status [--api HOST:PORT] [--json]
                                        show a running peer's view of the cluster
   p2ptrain bench codecs [--size N] [--json]
                                        measure every gradient codec
+  p2ptrain bench allreduce --inproc --peers N [--bandwidth R] [--size S] [--codec C] [--json]
+                                       all-reduce over simulated links in this process
+  p2ptrain bench allreduce --expect N [join flags] [--size S] [--codec C] [--json]
+                                       all-reduce as a member of a real cluster
   p2ptrain version                     print the version
 `
 
