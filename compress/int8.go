@@ -64,15 +64,15 @@ func quantStochastic(out []byte, v []float32, key uint64, first int, absmax floa
 		}
 		return
 	}
-	lv := levels
 	q := func(x, u float32) byte {
 		y := int32(math.Floor(float64(float32(x*scale) + u)))
-		return byte(int8(min(max(y, -lv), lv)))
+		return byte(int8(min(max(y, -levels), levels)))
 	}
 	i := 0
 	for ; i < len(v) && (first+i)%4 != 0; i++ { // up to a group of four
 		out[i] = q(v[i], uniform16(key, first+i))
 	}
+	const inv = 1.0 / (1 << 16)
 	c := key + uint64((first+i)/4)*wyInc
 	if n := (len(v) - i) &^ 7; useAVX2 && n > 0 {
 		quantStochAVX2(&out[i], &v[i], n, c, scale, levels)
@@ -82,41 +82,16 @@ func quantStochastic(out []byte, v []float32, key uint64, first int, absmax floa
 	for ; i+4 <= len(v); i += 4 {
 		r := wyrand(c)
 		c += wyInc
-		x := (*[4]float32)(v[i:])
-		o := (*[4]byte)(out[i:])
-		o[0] = q(x[0], u16(uint32(r)))
-		o[1] = q(x[1], u16(uint32(r>>16)))
-		o[2] = q(x[2], u16(uint32(r>>32)))
-		o[3] = q(x[3], u16(uint32(r>>48)))
+		x := v[i : i+4 : i+4]
+		o := out[i : i+4 : i+4]
+		o[0] = q(x[0], float32(r&0xffff)*inv)
+		o[1] = q(x[1], float32(r>>16&0xffff)*inv)
+		o[2] = q(x[2], float32(r>>32&0xffff)*inv)
+		o[3] = q(x[3], float32(r>>48)*inv)
 	}
 	for ; i < len(v); i++ {
 		out[i] = q(v[i], uniform16(key, first+i))
 	}
-}
-
-// u16 returns the low 16 bits of r divided by 2^16, exactly float32(r&0xffff)/2^16:
-// 1 + k·2^-16 is exact in float32, and so is subtracting 1.
-func u16(r uint32) float32 {
-	return math.Float32frombits(0x3f800000|(r&0xffff)<<7) - 1
-}
-
-// floorClamp returns floor(t) clamped to ±levels (0 for NaN). For |t| < 2^23,
-// t − trunc(t) is exact and negative exactly when t is a negative non-integer
-// (t is never −0 here: it is a product plus a u >= +0), so its sign bit is the
-// floor correction.
-func floorClamp(t float32, levels int32) int32 {
-	if !(math.Abs(float64(t)) < 1<<23) { // rare: an input beyond its scale, or NaN
-		switch {
-		case t > 0:
-			return levels
-		case t < 0:
-			return -levels
-		}
-		return 0
-	}
-	q := int32(t)
-	q += int32(math.Float32bits(t-float32(q))) >> 31
-	return min(max(q, -levels), levels)
 }
 
 // dequant writes (or adds) code·absmax/levels for each int8 code. A NaN absmax

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"unsafe"
 )
 
 // grow appends n bytes to dst and returns the extended slice and its new tail.
@@ -62,34 +61,18 @@ func absMaxBits(src []float32) uint32 {
 
 // absMaxBitsGo is absMaxBits in pure Go.
 func absMaxBitsGo(src []float32) uint32 {
-	u := f32bits(src)
-	var m0, m1, m2, m3, m4, m5, m6, m7 uint32
-	const mask = 0x7fffffff
+	var m0, m1, m2, m3 uint32
 	i := 0
-	for ; i+8 <= len(u); i += 8 {
-		x := (*[8]uint32)(u[i:])
-		m0 = max(m0, x[0]&mask)
-		m1 = max(m1, x[1]&mask)
-		m2 = max(m2, x[2]&mask)
-		m3 = max(m3, x[3]&mask)
-		m4 = max(m4, x[4]&mask)
-		m5 = max(m5, x[5]&mask)
-		m6 = max(m6, x[6]&mask)
-		m7 = max(m7, x[7]&mask)
+	for ; i+4 <= len(src); i += 4 {
+		m0 = max(m0, absBits(src[i]))
+		m1 = max(m1, absBits(src[i+1]))
+		m2 = max(m2, absBits(src[i+2]))
+		m3 = max(m3, absBits(src[i+3]))
 	}
-	for _, x := range u[i:] {
-		m0 = max(m0, x&mask)
+	for ; i < len(src); i++ {
+		m0 = max(m0, absBits(src[i]))
 	}
-	return max(m0, m1, m2, m3, m4, m5, m6, m7)
-}
-
-// f32bits views the bits of src as a []uint32 (no copy), so kernels load them
-// as integers rather than through a float register.
-func f32bits(src []float32) []uint32 {
-	if len(src) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*uint32)(unsafe.Pointer(&src[0])), len(src))
+	return max(m0, m1, m2, m3)
 }
 
 // absMax returns max |src[i]|: NaN if any value is NaN, else +Inf if any is infinite.
