@@ -80,6 +80,11 @@ type Trainer struct {
 	test     *model.Dataset
 	sampler  *model.Sampler
 	codecs   []compress.Codec
+	// plain are fp32 codecs used instead of low-rank ones during the
+	// learning-rate warm-up (as PyTorch's PowerSGD hook does): the first steps
+	// move the weights most, and a rank-r factorisation started from a random
+	// Q loses too much of them.
+	plain []compress.Codec
 	batches  []model.Batch
 	idx      []int
 	cfgHash  [32]byte
@@ -145,6 +150,14 @@ func NewTrainer(n *Node, progress func(Progress)) (*Trainer, error) {
 			return nil, fmt.Errorf("node: allreduce.codec: %w", err)
 		}
 		t.codecs = append(t.codecs, c)
+		if c.Class() == compress.ClassLowRank {
+			p, err := compress.New("none", compress.Options{Layout: compress.Layout{Shapes: b.Shapes()}})
+			if err != nil {
+				t.Close()
+				return nil, err
+			}
+			t.plain = append(t.plain, p)
+		}
 	}
 	t.cfgHash = model.ConfigHash(t.m.Signature(), cfg.Optimizer, strconv.FormatFloat(cfg.LR, 'g', -1, 64),
 		strconv.FormatUint(cfg.Seed, 10), strconv.Itoa(cfg.BatchSize), strconv.Itoa(cfg.Steps))
@@ -422,7 +435,11 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, rank, wo
 			t.log.Error("non-finite local gradient: contributing zeros for this bucket", zap.Uint64("step", step), zap.Int("bucket", b))
 			clear(g)
 		}
-		if err := round.Add(allreduce.Bucket{ID: uint32(b), Codec: t.codecs[b], Data: g, Out: g}); err != nil && addErr == nil {
+		codec := t.codecs[b]
+		if t.plain != nil && step < uint64(t.cfg.WarmupSteps) {
+			codec = t.plain[b]
+		}
+		if err := round.Add(allreduce.Bucket{ID: uint32(b), Codec: codec, Data: g, Out: g}); err != nil && addErr == nil {
 			addErr = err
 		}
 	})
