@@ -13,6 +13,9 @@ go vet ./...
 echo "== unit and integration tests (race detector)"
 go test -race -count=1 -timeout 20m $(go list ./... | grep -v /e2e)
 
+echo "== pure-Go twins of the assembly kernels"
+go test -count=1 -tags purego ./compress/... ./gpu/sgemm/...
+
 echo "== multi-process suite (slow: runs the built binary as several peers)"
 go test -count=1 -timeout 10m -v ./e2e 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'
 test "${PIPESTATUS[0]}" -eq 0
