@@ -73,25 +73,32 @@ type Trainer struct {
 	log      *zap.Logger
 	progress func(Progress)
 
-	devs     []gpu.Device
-	m        *model.Model
-	opt      *model.Optimizer
-	train    *model.Dataset
-	test     *model.Dataset
-	sampler  *model.Sampler
-	codecs   []compress.Codec
+	devs    []gpu.Device
+	m       *model.Model
+	opt     *model.Optimizer
+	train   *model.Dataset
+	test    *model.Dataset
+	sampler *model.Sampler
+	codecs  []compress.Codec
 	// plain are fp32 codecs used instead of low-rank ones during the
 	// learning-rate warm-up (as PyTorch's PowerSGD hook does): the first steps
 	// move the weights most, and a rank-r factorisation started from a random
 	// Q loses too much of them.
-	plain []compress.Codec
+	plain    []compress.Codec
 	batches  []model.Batch
 	idx      []int
 	cfgHash  [32]byte
 	lastEval float64
+	// checks holds this peer's recent parameter hashes by step, to compare
+	// with the coordinator's whenever its check arrives.
+	checks map[uint64]string
 
 	// gradHook, when set (tests), sees every local gradient bucket before it is sent.
 	gradHook func(step uint64, bucket int, g []float32)
+
+	// minEpoch is the lowest epoch number this peer may train in: after a
+	// failure in epoch N it waits for N+1 (which it asked the coordinator for).
+	minEpoch uint64
 
 	// mu guards the parameters, optimizer state and step against the state server.
 	mu        sync.Mutex
@@ -245,7 +252,7 @@ func (t *Trainer) waitEpoch(ctx context.Context, first bool) (gossip.Epoch, erro
 	logged := false
 	for {
 		_, ep := t.n.gsp.Snapshot()
-		if slices.Contains(ep.Order, self) && (!first || len(ep.Order) >= t.cfg.MinPeers) {
+		if ep.Number >= t.minEpoch && slices.Contains(ep.Order, self) && (!first || len(ep.Order) >= t.cfg.MinPeers) {
 			return ep, nil
 		}
 		if first && !logged && ep.Number != 0 {
@@ -339,6 +346,7 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64) error {
 	}
 	t.step = step
 	t.forceSync = false
+	clear(t.checks) // hashes of the replaced state mean nothing now
 	for _, cd := range t.codecs {
 		cd.Reset() // a peer that takes over someone's state starts with zero residuals
 	}
@@ -353,6 +361,7 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64) error {
 }
 
 func (t *Trainer) requestEpoch(current uint64) {
+	t.minEpoch = max(t.minEpoch, current+1)
 	t.n.updateTrain(func(ti *trainInfo) { ti.wantEpoch = current })
 	t.n.gsp.Beat()
 }
@@ -482,10 +491,16 @@ func (t *Trainer) afterStep() {
 	}
 	if t.cfg.CheckEvery > 0 && s%t.cfg.CheckEvery == 0 {
 		h := t.m.ParamHash()
+		if t.checks == nil {
+			t.checks = map[uint64]string{}
+		}
+		t.checks[t.step] = h
+		delete(t.checks, t.step-uint64(16*t.cfg.CheckEvery))
 		t.n.updateTrain(func(ti *trainInfo) {
 			ti.paramHash = h
 			ti.check = &gossip.ParamCheck{Step: t.step, Hash: h}
 		})
+		t.n.gsp.Beat() // let the others compare promptly
 	}
 	if t.cfg.CheckpointDir != "" && t.cfg.CheckpointEvery > 0 && s%t.cfg.CheckpointEvery == 0 {
 		t.checkpoint()
@@ -524,20 +539,22 @@ func (t *Trainer) checkParams(ep gossip.Epoch) bool {
 	if ep.Coordinator == self {
 		return false
 	}
-	t.n.mu.Lock()
-	mine := t.n.train.check
-	t.n.mu.Unlock()
-	if mine == nil {
+	if len(t.checks) == 0 {
 		return false
 	}
 	members, _ := t.n.gsp.Snapshot()
 	for _, m := range members {
-		if m.PeerID != ep.Coordinator || m.Check == nil || m.Check.Step != mine.Step {
+		if m.PeerID != ep.Coordinator || m.Check == nil {
 			continue
 		}
-		if m.Check.Hash != mine.Hash {
+		mine, ok := t.checks[m.Check.Step]
+		if !ok {
+			continue
+		}
+		if m.Check.Hash != mine {
 			t.log.Error("parameter hash differs from the coordinator's: re-syncing from it",
-				zap.Uint64("step", mine.Step), zap.String("mine", mine.Hash), zap.String("coordinator", m.Check.Hash))
+				zap.Uint64("step", m.Check.Step), zap.String("mine", mine), zap.String("coordinator", m.Check.Hash))
+			clear(t.checks)
 			t.mu.Lock()
 			t.forceSync = true
 			t.mu.Unlock()

@@ -44,6 +44,7 @@ func trainConfig(steps, minPeers int, bootstrap ...string) Config {
 
 type trainPeer struct {
 	n      *Node
+	tr     *Trainer
 	cancel context.CancelFunc
 	done   chan struct{}
 	res    Result
@@ -73,7 +74,10 @@ func startTrainerHook(t *testing.T, cfg Config, onProgress func(*trainPeer, Prog
 	if err != nil {
 		t.Fatalf("trainer: %v", err)
 	}
-	tr.gradHook = gradHook
+	if gradHook != nil {
+		tr.gradHook = gradHook
+	}
+	p.tr = tr
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	go func() {
@@ -333,4 +337,36 @@ func TestTrainNonFiniteGradients(t *testing.T) {
 			t.Fatalf("peer %s skipped steps %v, want only the step ending at 10", p.n.ID(), skipped)
 		}
 	}
+}
+
+// TestTrainParamHashMismatchResyncs: one peer's parameters are corrupted
+// behind the ring's back; the gossiped hash check finds it and the peers end
+// identical again (the one that differs from the coordinator re-syncs from it).
+func TestTrainParamHashMismatchResyncs(t *testing.T) {
+	requireDataset(t)
+	const steps = 30
+	var peers []*trainPeer
+	for i := 0; i < 2; i++ {
+		var boot []string
+		if i > 0 {
+			boot = []string{peers[0].n.AddrStrings()[0]}
+		}
+		var hook func(uint64, int, []float32)
+		if i == 1 {
+			var p *trainPeer
+			hook = func(step uint64, bucket int, _ []float32) {
+				if step == 12 && bucket == 0 {
+					p.tr.m.Params()[0] += 1 // a silent divergence
+				}
+			}
+			peers = append(peers, startTrainerHook(t, trainConfig(steps, 2, boot...), nil, hook))
+			p = peers[1]
+			continue
+		}
+		peers = append(peers, startTrainerHook(t, trainConfig(steps, 2, boot...), nil, nil))
+	}
+	for _, p := range peers {
+		p.wait(t, time.Minute)
+	}
+	sameResult(t, peers, steps)
 }
