@@ -258,8 +258,9 @@ func TestTrainCheckpointRestart(t *testing.T) {
 			}
 			var hook func(*trainPeer, Progress)
 			if stopAt > 0 {
-				hook = func(_ *trainPeer, pr Progress) {
+				hook = func(p *trainPeer, pr Progress) {
 					if pr.Step == stopAt {
+						p.cancel() // stop this peer before its next step
 						once.Do(func() { close(stopped) })
 					}
 				}
