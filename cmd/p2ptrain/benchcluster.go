@@ -88,22 +88,11 @@ func (f *benchAllreduceFlags) runCluster(ctx context.Context, stdout, stderr io.
 	if err != nil {
 		return usagef("bench allreduce: --codec: %v", err)
 	}
-	log, err := newLogger(cfg.Log, stderr)
+	n, log, leave, err := startPeer(ctx, cfg, stdout, stderr)
 	if err != nil {
 		return err
 	}
-	defer log.Sync() //nolint:errcheck // stderr sync errors are not actionable
-	n, err := node.New(ctx, cfg, log)
-	if err != nil {
-		return err
-	}
-	announcePeer(stdout, n, cfg)
-	defer func() {
-		log.Info("leaving the cluster")
-		if err := n.Close(); err != nil {
-			log.Warn("shutdown", zap.Error(err))
-		}
-	}()
+	defer leave()
 	ep, err := waitForRing(ctx, n, f.expect, f.timeout)
 	if err != nil {
 		return err

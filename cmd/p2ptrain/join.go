@@ -129,22 +129,11 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(cfg.Log, stderr)
+	n, log, leave, err := startPeer(ctx, cfg, stdout, stderr)
 	if err != nil {
 		return err
 	}
-	defer log.Sync() //nolint:errcheck // stderr sync errors are not actionable
-	n, err := node.New(ctx, cfg, log)
-	if err != nil {
-		return err
-	}
-	announcePeer(stdout, n, cfg)
-	defer func() {
-		log.Info("leaving the cluster")
-		if err := n.Close(); err != nil {
-			log.Warn("shutdown", zap.Error(err))
-		}
-	}()
+	defer leave()
 	if cfg.Train.Steps == 0 {
 		<-ctx.Done()
 		return nil
@@ -177,6 +166,28 @@ func announcePeer(stdout io.Writer, n *node.Node, cfg node.Config) {
 	if a := n.APIAddr(); a != "" {
 		fmt.Fprintf(stdout, "local API: http://%s/status\n", a)
 	}
+}
+
+// startPeer builds the logger, starts the node and prints its addresses. leave
+// announces the departure, stops the node and flushes the log.
+func startPeer(ctx context.Context, cfg node.Config, stdout, stderr io.Writer) (n *node.Node, log *zap.Logger, leave func(), err error) {
+	log, err = newLogger(cfg.Log, stderr)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	n, err = node.New(ctx, cfg, log)
+	if err != nil {
+		log.Sync() //nolint:errcheck // stderr sync errors are not actionable
+		return nil, nil, nil, err
+	}
+	announcePeer(stdout, n, cfg)
+	return n, log, func() {
+		log.Info("leaving the cluster")
+		if err := n.Close(); err != nil {
+			log.Warn("shutdown", zap.Error(err))
+		}
+		log.Sync() //nolint:errcheck // stderr sync errors are not actionable
+	}, nil
 }
 
 func version() string { return node.Version }
