@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -338,6 +340,16 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64) error {
 	}
 	if c.ConfigHash != t.cfgHash || uint64(c.Step) != step {
 		return fmt.Errorf("node: state from %s is for another configuration or step (%d)", src, c.Step)
+	}
+	// The source gossips its parameter hash every check_every steps: when it
+	// announced one for this step, the parameters received must match it.
+	sum := sha256.Sum256(c.Params) // ParamHash: SHA-256 of the little-endian fp32 bytes
+	got := hex.EncodeToString(sum[:])
+	members, _ := t.n.gsp.Snapshot()
+	for _, m := range members {
+		if m.PeerID == src && m.Check != nil && m.Check.Step == step && m.Check.Hash != got {
+			return fmt.Errorf("node: state from %s has parameter hash %s, but it announced %s for step %d", src, got, m.Check.Hash, step)
+		}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
