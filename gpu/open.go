@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/p2ptrain/p2ptrain/gpu/cuda"
 )
 
 // MaxCPUDevices bounds the index of a "cpu:N" spec.
@@ -50,7 +52,8 @@ func ParseSpec(spec string) (Spec, error) {
 }
 
 // Open opens the device a single spec names. A bare "cpu" is "cpu:0". CUDA
-// specs report ErrUnavailable until CUDA support is built (issue 6).
+// specs report ErrUnavailable until the CUDA device is built (issue 6); the
+// error gives the driver loader's reason when no GPU is usable.
 func Open(spec string) (Device, error) {
 	s, err := ParseSpec(spec)
 	if err != nil {
@@ -66,9 +69,32 @@ func Open(spec string) (Device, error) {
 		}
 		return NewCPU(s.Index), nil
 	case "cuda":
-		return nil, fmt.Errorf("%w: %q: CUDA support is not built into this binary yet; use \"cpu\"", ErrUnavailable, spec)
+		return nil, cudaUnavailable(spec, s)
 	}
 	return nil, fmt.Errorf("%w: %q", ErrBadSpec, spec)
+}
+
+// cudaUnavailable explains why a CUDA spec cannot be opened: the loader's
+// reason no GPU is usable (wrapped, so errors.As finds its typed error), a
+// device index the driver does not have, or that the CUDA Device itself is
+// not built yet.
+func cudaUnavailable(spec string, s Spec) error {
+	const notBuilt = `CUDA support is not built into this binary yet (only its driver loader, issue 6); use "cpu"`
+	devs, err := cuda.Enumerate()
+	if err != nil {
+		return fmt.Errorf("%w: %q: no usable GPU: %w; %s", ErrUnavailable, spec, err, notBuilt)
+	}
+	if !s.All && s.Index >= len(devs) {
+		return fmt.Errorf("%w: %q: no such GPU: the CUDA driver sees %d (cuda:0 to cuda:%d)", ErrUnavailable, spec, len(devs), len(devs)-1)
+	}
+	if !s.All {
+		devs = devs[s.Index : s.Index+1]
+	}
+	found := make([]string, len(devs))
+	for i, d := range devs {
+		found[i] = fmt.Sprintf("%s %s (compute %s)", d.Spec(), d.Name, d.ComputeCapability())
+	}
+	return fmt.Errorf("%w: %q: found %s, but %s", ErrUnavailable, spec, strings.Join(found, ", "), notBuilt)
 }
 
 // OpenAll opens every device the specs name, in order. An empty list opens

@@ -1,0 +1,96 @@
+package cuda
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// fakeDriverC is a stand-in libcuda for the loader tests. Macros choose its
+// behaviour: INIT_RESULT (cuInit's CUresult), VERSION (cuDriverGetVersion),
+// NDEV (device count), and OMIT_<symbol> to leave a function out. Device
+// handles are 100+ordinal so a loader that passes ordinals where handles are
+// due gets errors.
+const fakeDriverC = `
+#include <stddef.h>
+#include <string.h>
+
+#ifndef INIT_RESULT
+#define INIT_RESULT 0
+#endif
+#ifndef VERSION
+#define VERSION 12040
+#endif
+#ifndef NDEV
+#define NDEV 2
+#endif
+
+static int valid(int dev) { return dev >= 100 && dev < 100 + NDEV; }
+
+int cuInit(unsigned int flags) { return flags == 0 ? INIT_RESULT : 1; }
+int cuDriverGetVersion(int *v) { if (!v) return 1; *v = VERSION; return 0; }
+#ifndef OMIT_cuDeviceGetCount
+int cuDeviceGetCount(int *n) { if (!n) return 1; *n = NDEV; return 0; }
+#endif
+int cuDeviceGet(int *dev, int ordinal) {
+	if (ordinal < 0 || ordinal >= NDEV) return 101;
+	*dev = 100 + ordinal;
+	return 0;
+}
+int cuDeviceGetName(char *name, int len, int dev) {
+	static const char *names[] = {"Fake GPU Alpha", "Fake GPU Beta", "Fake GPU Gamma"};
+	if (!valid(dev) || len <= 0) return 101;
+	strncpy(name, names[(dev - 100) % 3], (size_t)len - 1);
+	name[len - 1] = 0;
+	return 0;
+}
+#ifndef OMIT_cuDeviceTotalMem_v2
+int cuDeviceTotalMem_v2(size_t *bytes, int dev) {
+	if (!valid(dev)) return 101;
+	*bytes = ((size_t)(dev - 100) + 1) * ((size_t)16 << 30); /* 16 GiB, 32 GiB, ... */
+	return 0;
+}
+#endif
+int cuDeviceGetAttribute(int *v, int attr, int dev) {
+	if (!valid(dev)) return 101;
+	switch (attr) {
+	case 16: *v = 132; return 0;           /* multiprocessors */
+	case 75: *v = 8 + (dev - 100); return 0; /* compute major: 8, 9, ... */
+	case 76: *v = 6 - (dev - 100); return 0; /* compute minor: 6, 5, ... */
+	}
+	return 1;
+}
+#ifdef ERROR_NAMES
+int cuGetErrorName(int code, const char **name) {
+	if (code == 12345) { *name = "CUDA_ERROR_FAKE_FOR_TEST"; return 0; }
+	return 1;
+}
+#endif
+`
+
+// buildFake compiles the fake driver with the given macros into dir/name and
+// returns its path. It skips the test only when no C compiler is installed.
+func buildFake(t *testing.T, dir, name string, defines ...string) string {
+	t.Helper()
+	cc, err := exec.LookPath("gcc")
+	if err != nil {
+		if cc, err = exec.LookPath("cc"); err != nil {
+			t.Skip("no C compiler (gcc or cc) on PATH: the fake-libcuda tests build a shared library with one")
+		}
+	}
+	src := filepath.Join(t.TempDir(), "fakecuda.c")
+	if err := os.WriteFile(src, []byte(fakeDriverC), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, name)
+	args := []string{"-shared", "-fPIC", "-O1", "-o", out, src}
+	for _, d := range defines {
+		args = append(args, "-D"+d)
+	}
+	if b, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", cc, strings.Join(args, " "), err, b)
+	}
+	return out
+}
