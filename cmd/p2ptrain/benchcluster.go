@@ -208,6 +208,12 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 		wg.Wait()
 	}()
 
+	if b.schedule == "auto" || b.schedule == "proportional" {
+		// Plan from measured links: give the background probes time to
+		// measure every pair first (each peer waits on its own view; rank
+		// 0's plan is the one used).
+		waitLinks(ctx, b.n, b.members, linkWait)
+	}
 	plan, err := b.agree(ctx, ctrlEpoch)
 	if err != nil {
 		return allreducebench.Result{}, b.explain(ctx, "agreeing on the settings", err)
@@ -326,6 +332,34 @@ func (b *clusterBench) localPlan() (benchPlan, error) {
 		p.schedule = s
 	}
 	return p, nil
+}
+
+// linkWait bounds how long a bandwidth-aware plan waits for the background
+// probes to have measured every link of the ring.
+const linkWait = 20 * time.Second
+
+// waitLinks polls until every pair of the members has a measured throughput,
+// the wait runs out, or ctx ends; a plan made earlier would see unknown links.
+func waitLinks(ctx context.Context, n *node.Node, members []string, wait time.Duration) {
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		m := n.LinkMatrix(members)
+		complete := len(m) == len(members)
+		for i := range m {
+			for j := range m[i] {
+				complete = complete && (i == j || m[i][j] > 0)
+			}
+		}
+		if complete {
+			return
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
 }
 
 // linkMatrix returns the measured throughput between the ring's peers in
