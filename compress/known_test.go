@@ -418,3 +418,10 @@ func TestSInt8Stochastic(t *testing.T) {
 		}
 	}
 }
+
+func TestFP32IsNone(t *testing.T) {
+	got, err := Canonical("fp32")
+	if err != nil || got != "none" {
+		t.Fatalf("Canonical(fp32) = %q, %v; want none", got, err)
+	}
+}

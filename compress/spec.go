@@ -154,6 +154,9 @@ func parseSpec(spec string) (*codecDef, params, error) {
 	s := strings.ToLower(strings.TrimSpace(spec))
 	name, rest, hasParams := strings.Cut(s, ":")
 	name = strings.TrimSpace(name)
+	if name == "fp32" {
+		name = "none" // fp32 is what "none" sends; both names are accepted
+	}
 	var def *codecDef
 	for i := range codecDefs {
 		if codecDefs[i].name == name {
