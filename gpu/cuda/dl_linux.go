@@ -1,4 +1,4 @@
-//go:build linux && (amd64 || arm64)
+//go:build linux && (amd64 || arm64) && !nocuda
 
 package cuda
 
@@ -12,7 +12,10 @@ import (
 	"github.com/ebitengine/purego"
 )
 
-const loaderSupported = true
+// LoaderBuilt reports whether this binary has the driver loader (linux/amd64
+// or linux/arm64, built without -tags nocuda). Without it Load returns an
+// *UnsupportedPlatformError.
+const LoaderBuilt = true
 
 var platform = runtime.GOOS + "/" + runtime.GOARCH
 

@@ -1,4 +1,4 @@
-//go:build !(linux && (amd64 || arm64))
+//go:build nocuda || !(linux && (amd64 || arm64))
 
 package cuda
 
@@ -7,7 +7,10 @@ import (
 	"runtime"
 )
 
-const loaderSupported = false
+// LoaderBuilt reports whether this binary has the driver loader (linux/amd64
+// or linux/arm64, built without -tags nocuda). Without it Load returns an
+// *UnsupportedPlatformError.
+const LoaderBuilt = false
 
 var platform = runtime.GOOS + "/" + runtime.GOARCH
 

@@ -3,8 +3,13 @@
 //
 // The library is opened with dlopen through github.com/ebitengine/purego, so
 // the default build needs neither cgo nor the CUDA toolkit: a binary built
-// with CGO_ENABLED=0 starts on any machine and finds the driver, if there is
-// one, when it first asks for it.
+// with CGO_ENABLED=0 starts on any glibc-based Linux machine and finds the driver, if there is
+// one, when it first asks for it. Such a binary is dynamically linked (purego
+// needs the system's dynamic loader, /lib64/ld-linux-x86-64.so.2 or
+// /lib/ld-linux-aarch64.so.1); build with -tags nocuda for a fully static
+// binary without the loader, whose CUDA specs then report
+// *UnsupportedPlatformError. The loader is built for linux/amd64 and
+// linux/arm64 only.
 //
 // # Where the driver is looked for
 //
@@ -30,7 +35,8 @@
 // candidate found failed to load), *SymbolMissingError (names the symbol),
 // *DriverTooOldError (driver version against MinDriverVersion),
 // *ResultError (a driver call failed: the call, the CUresult code and its
-// name) and *NoDeviceError (the driver works but sees no device). The package
+// name), *NoDeviceError (the driver works but sees no device) and
+// *UnsupportedPlatformError (no loader in this binary). The package
 // never panics on a bad library: every symbol is looked up with Dlsym and
 // checked before it is bound.
 //

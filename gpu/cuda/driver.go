@@ -78,8 +78,8 @@ var (
 func Load() (*Driver, error) { return load(osEnviron()) }
 
 func load(env environ) (*Driver, error) {
-	if !loaderSupported {
-		return nil, &UnsupportedPlatformError{Platform: platform}
+	if !LoaderBuilt {
+		return nil, &UnsupportedPlatformError{Platform: platform, NoCUDATag: builtWithoutLoader}
 	}
 	loadedMu.Lock()
 	defer loadedMu.Unlock()

@@ -61,8 +61,8 @@ type DriverTooOldError struct {
 }
 
 func (e *DriverTooOldError) Error() string {
-	return fmt.Sprintf("CUDA driver %s (%s) is too old: version %s, need %s or newer",
-		FormatVersion(e.Version), e.Library, FormatVersion(e.Version), FormatVersion(e.Min))
+	return fmt.Sprintf("CUDA driver %s is too old: version %s, need %s or newer",
+		e.Library, FormatVersion(e.Version), FormatVersion(e.Min))
 }
 
 // Is reports whether target is ErrNoGPU.
@@ -101,14 +101,20 @@ func (e *NoDeviceError) Error() string {
 // Is reports whether target is ErrNoGPU.
 func (e *NoDeviceError) Is(target error) bool { return target == ErrNoGPU }
 
-// UnsupportedPlatformError reports a GOOS/GOARCH on which this package cannot
-// load the driver.
+// UnsupportedPlatformError reports a binary without the driver loader: built
+// for a GOOS/GOARCH other than linux/amd64 and linux/arm64, or with -tags
+// nocuda.
 type UnsupportedPlatformError struct {
 	// Platform is GOOS/GOARCH.
 	Platform string
+	// NoCUDATag is true when the binary was built with -tags nocuda.
+	NoCUDATag bool
 }
 
 func (e *UnsupportedPlatformError) Error() string {
+	if e.NoCUDATag {
+		return "the CUDA loader is not built into this binary (built with -tags nocuda)"
+	}
 	return fmt.Sprintf("the CUDA loader is not available on %s (linux/amd64 and linux/arm64 only)", e.Platform)
 }
 

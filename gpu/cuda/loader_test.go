@@ -9,12 +9,31 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/p2ptrain/p2ptrain/gpu/cuda/cudatest"
 )
+
+// fake builds a stand-in driver (cudatest.BuildFake), skipping the test in a
+// binary without the loader.
+func fake(t *testing.T, dir, name string, defines ...string) string {
+	t.Helper()
+	needLoader(t)
+	return cudatest.BuildFake(t, dir, name, defines...)
+}
+
+// needLoader skips a test that loads libraries in a -tags nocuda build.
+func needLoader(t *testing.T) {
+	t.Helper()
+	if !LoaderBuilt {
+		t.Skip("built without the driver loader (-tags nocuda or an unsupported platform)")
+	}
+}
 
 // TestLibraryMissing checks that a $P2PTRAIN_CUDA_LIB naming no loadable
 // library gives a *LibraryNotFoundError that lists it, and that nothing else
 // is searched when it is set.
 func TestLibraryMissing(t *testing.T) {
+	needLoader(t)
 	dir := t.TempDir()
 	garbage := filepath.Join(dir, "libcuda.so.1")
 	if err := os.WriteFile(garbage, []byte("not an ELF file"), 0o644); err != nil {
@@ -64,7 +83,7 @@ func TestLibraryMissing(t *testing.T) {
 func TestSymbolMissing(t *testing.T) {
 	for _, sym := range []string{"cuDeviceGetCount", "cuDeviceTotalMem_v2"} {
 		t.Run(sym, func(t *testing.T) {
-			lib := buildFake(t, t.TempDir(), "libcuda.so.1", "OMIT_"+sym)
+			lib := fake(t, t.TempDir(), "libcuda.so.1", "OMIT_"+sym)
 			t.Setenv(EnvLibrary, lib)
 			_, err := Enumerate()
 			var sm *SymbolMissingError
@@ -83,7 +102,7 @@ func TestSymbolMissing(t *testing.T) {
 
 // TestDriverTooOld checks the version gate, which runs before cuInit.
 func TestDriverTooOld(t *testing.T) {
-	lib := buildFake(t, t.TempDir(), "libcuda.so.1", "VERSION=10020", "INIT_RESULT=999")
+	lib := fake(t, t.TempDir(), "libcuda.so.1", "VERSION=10020", "INIT_RESULT=999")
 	t.Setenv(EnvLibrary, lib)
 	_, err := Load()
 	var old *DriverTooOldError
@@ -114,7 +133,7 @@ func TestInitFails(t *testing.T) {
 		{defines: []string{"INIT_RESULT=12345"}, want: "cuInit failed: CUresult(12345) (12345)"},
 	} {
 		t.Run(strings.Join(tc.defines, ","), func(t *testing.T) {
-			lib := buildFake(t, t.TempDir(), "libcuda.so.1", tc.defines...)
+			lib := fake(t, t.TempDir(), "libcuda.so.1", tc.defines...)
 			t.Setenv(EnvLibrary, lib)
 			_, err := Enumerate()
 			if err == nil {
@@ -137,7 +156,7 @@ func TestInitFails(t *testing.T) {
 
 // TestZeroDevices checks a driver that initialises but counts no device.
 func TestZeroDevices(t *testing.T) {
-	t.Setenv(EnvLibrary, buildFake(t, t.TempDir(), "libcuda.so.1", "NDEV=0"))
+	t.Setenv(EnvLibrary, fake(t, t.TempDir(), "libcuda.so.1", "NDEV=0"))
 	_, err := Enumerate()
 	var nd *NoDeviceError
 	if !errors.As(err, &nd) || !strings.Contains(err.Error(), "cuDeviceGetCount = 0") {
@@ -155,7 +174,7 @@ var fakeDevices = []DeviceInfo{
 // found by file and by directory, every property read through the C calls.
 func TestEnumerateFake(t *testing.T) {
 	dir := t.TempDir()
-	lib := buildFake(t, dir, "libcuda.so.1")
+	lib := fake(t, dir, "libcuda.so.1")
 	for _, env := range []string{lib, dir} {
 		t.Run(env, func(t *testing.T) {
 			t.Setenv(EnvLibrary, env)
@@ -183,7 +202,7 @@ func TestEnumerateFake(t *testing.T) {
 // TestEnumerateConcurrent checks that concurrent loads and enumerations are
 // safe (run with -race) and agree.
 func TestEnumerateConcurrent(t *testing.T) {
-	t.Setenv(EnvLibrary, buildFake(t, t.TempDir(), "libcuda.so.1"))
+	t.Setenv(EnvLibrary, fake(t, t.TempDir(), "libcuda.so.1"))
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {

@@ -8,15 +8,19 @@ import (
 
 	"github.com/p2ptrain/p2ptrain/gpu"
 	"github.com/p2ptrain/p2ptrain/gpu/cuda"
+	"github.com/p2ptrain/p2ptrain/gpu/cuda/cudatest"
 )
 
 // TestOpenReportsLoader checks that gpu.Open's CUDA specs carry the loader's
 // reason (or what it found) and stay ErrUnavailable until the CUDA Device is
 // built.
 func TestOpenReportsLoader(t *testing.T) {
+	if !cuda.LoaderBuilt {
+		t.Skip("built without the driver loader (-tags nocuda or an unsupported platform)")
+	}
 	missing := filepath.Join(t.TempDir(), "libcuda.so.1")
 	dir := t.TempDir()
-	cuda.BuildFake(t, dir, "libcuda.so.1")
+	cudatest.BuildFake(t, dir, "libcuda.so.1")
 	for _, tc := range []struct {
 		env, spec string
 		want      []string

@@ -1,4 +1,7 @@
-package cuda
+// Package cudatest builds stand-in CUDA driver libraries for tests, so the
+// loader's whole run-time path (dlopen, dlsym, calls through purego) runs on
+// machines without a GPU.
+package cudatest
 
 import (
 	"os"
@@ -8,12 +11,16 @@ import (
 	"testing"
 )
 
-// fakeDriverC is a stand-in libcuda for the loader tests. Macros choose its
-// behaviour: INIT_RESULT (cuInit's CUresult), VERSION (cuDriverGetVersion),
-// NDEV (device count), and OMIT_<symbol> to leave a function out. Device
-// handles are 100+ordinal so a loader that passes ordinals where handles are
-// due gets errors.
-const fakeDriverC = `
+// FakeDriverC is the C source of the stand-in libcuda. Macros choose its
+// behaviour: INIT_RESULT (cuInit's CUresult, default 0), VERSION
+// (cuDriverGetVersion, default 12040), NDEV (device count, default 2),
+// ERROR_NAMES (export cuGetErrorName, which names code 12345
+// "CUDA_ERROR_FAKE_FOR_TEST") and OMIT_<symbol> to leave cuDeviceGetCount or
+// cuDeviceTotalMem_v2 out. Device ordinal i is named "Fake GPU Alpha", "Fake
+// GPU Beta", "Fake GPU Gamma" (cycling), has (i+1)·16 GiB, compute capability
+// (8+i).(6−i) and 132 multiprocessors. Device handles are 100+ordinal, so a
+// loader that passes ordinals where handles are due gets errors.
+const FakeDriverC = `
 #include <stddef.h>
 #include <string.h>
 
@@ -70,9 +77,10 @@ int cuGetErrorName(int code, const char **name) {
 #endif
 `
 
-// buildFake compiles the fake driver with the given macros into dir/name and
-// returns its path. It skips the test only when no C compiler is installed.
-func buildFake(t *testing.T, dir, name string, defines ...string) string {
+// BuildFake compiles FakeDriverC with the given macros (e.g. "NDEV=0",
+// "OMIT_cuDeviceGetCount") into dir/name and returns its path. It skips the
+// test only when no C compiler (gcc or cc) is installed.
+func BuildFake(t testing.TB, dir, name string, defines ...string) string {
 	t.Helper()
 	cc, err := exec.LookPath("gcc")
 	if err != nil {
@@ -81,7 +89,7 @@ func buildFake(t *testing.T, dir, name string, defines ...string) string {
 		}
 	}
 	src := filepath.Join(t.TempDir(), "fakecuda.c")
-	if err := os.WriteFile(src, []byte(fakeDriverC), 0o644); err != nil {
+	if err := os.WriteFile(src, []byte(FakeDriverC), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, name)

@@ -1,4 +1,0 @@
-package cuda
-
-// BuildFake is buildFake for the external tests (package cuda_test).
-var BuildFake = buildFake
