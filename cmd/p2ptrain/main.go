@@ -35,6 +35,7 @@ Usage:
                                        all-reduce over simulated links in this process
   p2ptrain bench allreduce --expect N [join flags] [--size S] [--codec C] [--json]
                                        all-reduce as a member of a real cluster
+  p2ptrain devices [--json]            list the CPU and the CUDA GPUs found, or why none is usable
   p2ptrain version                     print the version
 `
 
@@ -61,6 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdStatus(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = cmdBench(ctx, args[1:], stdout, stderr)
+	case "devices":
+		err = cmdDevices(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "p2ptrain", version())
 		return 0
