@@ -22,6 +22,7 @@ type LibraryNotFoundError struct {
 	Failed []string
 }
 
+// Error implements error.
 func (e *LibraryNotFoundError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s not found (searched: %s)", e.Name, strings.Join(e.Searched, ", "))
@@ -43,6 +44,7 @@ type SymbolMissingError struct {
 	Symbol string
 }
 
+// Error implements error.
 func (e *SymbolMissingError) Error() string {
 	return fmt.Sprintf("CUDA driver %s lacks symbol %s", e.Library, e.Symbol)
 }
@@ -60,6 +62,7 @@ type DriverTooOldError struct {
 	Min int
 }
 
+// Error implements error.
 func (e *DriverTooOldError) Error() string {
 	return fmt.Sprintf("CUDA driver %s is too old: version %s, need %s or newer",
 		e.Library, FormatVersion(e.Version), FormatVersion(e.Min))
@@ -79,6 +82,7 @@ type ResultError struct {
 	Name string
 }
 
+// Error implements error.
 func (e *ResultError) Error() string {
 	return fmt.Sprintf("%s failed: %s (%d)", e.Func, e.Name, int32(e.Code))
 }
@@ -94,6 +98,7 @@ type NoDeviceError struct {
 	Reason string
 }
 
+// Error implements error.
 func (e *NoDeviceError) Error() string {
 	return fmt.Sprintf("no CUDA device (%s; driver %s)", e.Reason, e.Library)
 }
@@ -111,6 +116,7 @@ type UnsupportedPlatformError struct {
 	NoCUDATag bool
 }
 
+// Error implements error.
 func (e *UnsupportedPlatformError) Error() string {
 	if e.NoCUDATag {
 		return "the CUDA loader is not built into this binary (built with -tags nocuda)"

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -306,5 +307,35 @@ func TestNames(t *testing.T) {
 		if got := FormatVersion(v); got != want {
 			t.Errorf("FormatVersion(%d) = %q, want %q", v, got, want)
 		}
+	}
+}
+
+// TestSystemLibraryPath checks the soname step of the search: a child test
+// process started with LD_LIBRARY_PATH at a directory holding the fake
+// libcuda.so.1, and no $P2PTRAIN_CUDA_LIB, loads it through the dynamic
+// linker and reports its file (found from /proc/self/maps).
+func TestSystemLibraryPath(t *testing.T) {
+	if os.Getenv("P2PTRAIN_CUDA_TEST_CHILD") == "1" {
+		devs, err := Enumerate()
+		if err != nil {
+			fmt.Println("ERROR", err)
+			os.Exit(3)
+		}
+		d, _ := Load()
+		fmt.Printf("LOADED %s %d\n", d.Path(), len(devs))
+		return
+	}
+	dir := t.TempDir()
+	lib := fake(t, dir, "libcuda.so.1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSystemLibraryPath$", "-test.count=1")
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, EnvLibrary+"=") && !strings.HasPrefix(kv, "LD_LIBRARY_PATH=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, "LD_LIBRARY_PATH="+dir, "P2PTRAIN_CUDA_TEST_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if want := fmt.Sprintf("LOADED %s 2\n", lib); err != nil || !strings.Contains(string(out), want) {
+		t.Fatalf("child: %v; output:\n%s\nwant a line %q", err, out, want)
 	}
 }
