@@ -92,6 +92,15 @@ func startTrainerHook(t *testing.T, cfg Config, onProgress func(*trainPeer, Prog
 	return p
 }
 
+// bootstrapTo returns the bootstrap address of the first started peer (none
+// for the first peer itself).
+func bootstrapTo(peers []*trainPeer) []string {
+	if len(peers) == 0 {
+		return nil
+	}
+	return []string{peers[0].n.AddrStrings()[0]}
+}
+
 func (p *trainPeer) wait(t *testing.T, within time.Duration) {
 	t.Helper()
 	select {
@@ -135,10 +144,7 @@ func TestTrainIdenticalReplicas(t *testing.T) {
 			const steps = 40
 			var peers []*trainPeer
 			for i := 0; i < tc.peers; i++ {
-				var boot []string
-				if i > 0 {
-					boot = []string{peers[0].n.AddrStrings()[0]}
-				}
+				boot := bootstrapTo(peers)
 				cfg := trainConfig(steps, tc.peers, boot...)
 				cfg.Allreduce.Codec = tc.codec
 				if tc.devices != nil {
@@ -166,10 +172,7 @@ func TestTrainSurvivesKilledPeer(t *testing.T) {
 	var peers []*trainPeer
 	var killOnce sync.Once
 	for i := 0; i < 3; i++ {
-		var boot []string
-		if i > 0 {
-			boot = []string{peers[0].n.AddrStrings()[0]}
-		}
+		boot := bootstrapTo(peers)
 		var hook func(*trainPeer, Progress)
 		if i == 2 {
 			hook = func(p *trainPeer, pr Progress) {
@@ -246,10 +249,7 @@ func TestTrainCheckpointRestart(t *testing.T) {
 		stopped := make(chan struct{})
 		var once sync.Once
 		for i, id := range ids {
-			var boot []string
-			if i > 0 {
-				boot = []string{peers[0].n.AddrStrings()[0]}
-			}
+			boot := bootstrapTo(peers)
 			cfg := trainConfig(steps, 2, boot...)
 			cfg.Node.Identity = id
 			if ckpt != "" {
@@ -307,10 +307,7 @@ func TestTrainNonFiniteGradients(t *testing.T) {
 	const steps = 20
 	var peers []*trainPeer
 	for i := 0; i < 2; i++ {
-		var boot []string
-		if i > 0 {
-			boot = []string{peers[0].n.AddrStrings()[0]}
-		}
+		boot := bootstrapTo(peers)
 		hook := func(step uint64, bucket int, g []float32) {
 			switch {
 			case step == 5 && i == 1:
@@ -348,10 +345,7 @@ func TestTrainParamHashMismatchResyncs(t *testing.T) {
 	const steps = 30
 	var peers []*trainPeer
 	for i := 0; i < 2; i++ {
-		var boot []string
-		if i > 0 {
-			boot = []string{peers[0].n.AddrStrings()[0]}
-		}
+		boot := bootstrapTo(peers)
 		var hook func(uint64, int, []float32)
 		if i == 1 {
 			var p *trainPeer
