@@ -28,6 +28,8 @@ const (
 	MaxLinks = 64
 	// maxScheduleLen bounds an epoch's schedule name.
 	maxScheduleLen = 32
+	// maxSpecLen bounds a codec spec in an epoch.
+	maxSpecLen = 64
 	// sharesTolerance is how far an epoch's shares may sum from 1.
 	sharesTolerance = 1e-6
 )
@@ -150,12 +152,24 @@ type Epoch struct {
 	// (Shares[k] belongs to Order[k]; non-negative, summing to 1); nil means
 	// equal shares.
 	Shares []float64 `json:"shares,omitempty"`
+	// LinkCodecs, when set, are per-link codec specs of the ring schedule:
+	// LinkCodecs[k] encodes the reduce-scatter hop from Order[k] to
+	// Order[k+1] (wrapping). FinalCodec, set with them, encodes the
+	// all-gather that every member decodes. Nil: the configured codec on
+	// every link.
+	LinkCodecs []string `json:"link_codecs,omitempty"`
+	FinalCodec string   `json:"final_codec,omitempty"`
 }
 
 // Equal reports whether two epochs are the same configuration.
 func (e Epoch) Equal(o Epoch) bool {
 	return e.Number == o.Number && e.StartStep == o.StartStep && e.Coordinator == o.Coordinator &&
-		e.Schedule == o.Schedule && slices.Equal(e.Order, o.Order) && slices.Equal(e.Shares, o.Shares)
+		slices.Equal(e.Order, o.Order) && e.Plan().Equal(o.Plan())
+}
+
+// Plan returns the epoch's layout.
+func (e Epoch) Plan() EpochPlan {
+	return EpochPlan{Order: e.Order, Schedule: e.Schedule, Shares: e.Shares, LinkCodecs: e.LinkCodecs, FinalCodec: e.FinalCodec}
 }
 
 // newer reports whether e should replace cur: a higher number, or the same number
@@ -170,7 +184,7 @@ func (e Epoch) newer(cur Epoch) bool {
 // validate checks an epoch's fields. The zero epoch (Number 0) is valid and empty.
 func (e Epoch) validate() error {
 	if e.Number == 0 {
-		if len(e.Order) != 0 || e.Coordinator != "" || e.Schedule != "" || e.Shares != nil {
+		if len(e.Order) != 0 || e.Coordinator != "" || e.Schedule != "" || e.Shares != nil || e.LinkCodecs != nil || e.FinalCodec != "" {
 			return fmt.Errorf("%w: epoch 0 must be empty", ErrMalformed)
 		}
 		return nil
@@ -203,6 +217,9 @@ func (e Epoch) validatePlan() error {
 	}) {
 		return fmt.Errorf("%w: epoch %d schedule %q is not a short lower-case name", ErrMalformed, e.Number, e.Schedule)
 	}
+	if err := e.validateLinks(); err != nil {
+		return err
+	}
 	if e.Shares == nil {
 		return nil
 	}
@@ -218,6 +235,30 @@ func (e Epoch) validatePlan() error {
 	}
 	if math.Abs(sum-1) > sharesTolerance {
 		return fmt.Errorf("%w: epoch %d shares sum to %v, want 1", ErrMalformed, e.Number, sum)
+	}
+	return nil
+}
+
+// validateLinks checks an epoch's per-link codecs: one short spec per
+// member and a final spec, or none of either. Whether the specs name codecs
+// is the all-reduce's business.
+func (e Epoch) validateLinks() error {
+	if e.LinkCodecs == nil && e.FinalCodec == "" {
+		return nil
+	}
+	if len(e.LinkCodecs) != len(e.Order) {
+		return fmt.Errorf("%w: epoch %d has %d link codecs for %d members", ErrMalformed, e.Number, len(e.LinkCodecs), len(e.Order))
+	}
+	for i, s := range append([]string{e.FinalCodec}, e.LinkCodecs...) {
+		if s == "" || len(s) > maxSpecLen || strings.ContainsFunc(s, func(r rune) bool {
+			return (r < 'a' || r > 'z') && (r < '0' || r > '9') && !strings.ContainsRune(":=,.-_", r)
+		}) {
+			what := "final codec"
+			if i > 0 {
+				what = fmt.Sprintf("link codec %d", i-1)
+			}
+			return fmt.Errorf("%w: epoch %d %s %q is not a short codec spec", ErrMalformed, e.Number, what, s)
+		}
 	}
 	return nil
 }

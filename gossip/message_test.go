@@ -38,7 +38,8 @@ func TestDecodeLinksAndPlan(t *testing.T) {
 	h.Links = []LinkFigure{{Peer: "p0", MbitS: 941.25, RTTMs: 0.081}, {Peer: "p2", MbitS: 0, RTTMs: 0}}
 	third := 1.0 / 3
 	h.Epoch = Epoch{Number: 4, Order: []string{"p0", "p1", "p2"}, Coordinator: "p0",
-		Schedule: "proportional", Shares: []float64{third, third, 1 - 2*third}}
+		Schedule: "proportional", Shares: []float64{third, third, 1 - 2*third},
+		LinkCodecs: []string{"none", "fp16", "none"}, FinalCodec: "fp16"}
 	b, err := Encode(e)
 	if err != nil {
 		t.Fatal(err)
@@ -63,6 +64,16 @@ func TestDecodeLinksAndPlan(t *testing.T) {
 	other.Schedule = "auto"
 	if other.Equal(h.Epoch) {
 		t.Fatal("Equal ignores the schedule")
+	}
+	other = cloneEpoch(h.Epoch)
+	other.LinkCodecs[2] = "fp16"
+	if other.Equal(h.Epoch) {
+		t.Fatal("Equal ignores the link codecs")
+	}
+	other = cloneEpoch(h.Epoch)
+	other.FinalCodec = "none"
+	if other.Equal(h.Epoch) {
+		t.Fatal("Equal ignores the final codec")
 	}
 	// A full heartbeat of links fits a gossip message.
 	h.Links = nil
@@ -132,6 +143,18 @@ func TestDecodeRejects(t *testing.T) {
 		{"shares not summing to 1", mutate(func(e *Envelope) { e.Heartbeat.Epoch.Shares = []float64{0.5, 0.4} }), "p1", ErrMalformed},
 		{"schedule not a name", mutate(func(e *Envelope) { e.Heartbeat.Epoch.Schedule = "Ring; drop" }), "p1", ErrMalformed},
 		{"schedule too long", mutate(func(e *Envelope) { e.Heartbeat.Epoch.Schedule = strings.Repeat("a", maxScheduleLen+1) }), "p1", ErrMalformed},
+		{"link codecs of another length", mutate(func(e *Envelope) {
+			e.Heartbeat.Epoch.LinkCodecs, e.Heartbeat.Epoch.FinalCodec = []string{"fp16"}, "fp16"
+		}), "p1", ErrMalformed},
+		{"link codecs without final", mutate(func(e *Envelope) { e.Heartbeat.Epoch.LinkCodecs = []string{"fp16", "none"} }), "p1", ErrMalformed},
+		{"final without link codecs", mutate(func(e *Envelope) { e.Heartbeat.Epoch.FinalCodec = "fp16" }), "p1", ErrMalformed},
+		{"link codec not a spec", mutate(func(e *Envelope) {
+			e.Heartbeat.Epoch.LinkCodecs, e.Heartbeat.Epoch.FinalCodec = []string{"fp16", "none\n"}, "fp16"
+		}), "p1", ErrMalformed},
+		{"link codec too long", mutate(func(e *Envelope) {
+			e.Heartbeat.Epoch.LinkCodecs, e.Heartbeat.Epoch.FinalCodec = []string{"fp16", strings.Repeat("a", maxSpecLen+1)}, "fp16"
+		}), "p1", ErrMalformed},
+		{"epoch 0 with link codecs", mutate(func(e *Envelope) { e.Heartbeat.Epoch = Epoch{FinalCodec: "fp16"} }), "p1", ErrMalformed},
 		{"epoch 0 with a schedule", mutate(func(e *Envelope) { e.Heartbeat.Epoch = Epoch{Schedule: "ring"} }), "p1", ErrMalformed},
 	}
 	for _, tt := range tests {

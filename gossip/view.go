@@ -71,9 +71,18 @@ type Timing struct {
 type EpochPlan struct {
 	// Order is the ring order: a permutation of the live members.
 	Order []string
-	// Schedule and Shares become the epoch's fields of the same names.
-	Schedule string
-	Shares   []float64
+	// Schedule, Shares, LinkCodecs and FinalCodec become the epoch's fields
+	// of the same names.
+	Schedule   string
+	Shares     []float64
+	LinkCodecs []string
+	FinalCodec string
+}
+
+// Equal reports whether two plans lay out the same epoch.
+func (p EpochPlan) Equal(o EpochPlan) bool {
+	return slices.Equal(p.Order, o.Order) && p.Schedule == o.Schedule && slices.Equal(p.Shares, o.Shares) &&
+		slices.Equal(p.LinkCodecs, o.LinkCodecs) && p.FinalCodec == o.FinalCodec
 }
 
 // Planner lays out the ring epochs the local peer proposes as coordinator
@@ -327,7 +336,7 @@ func (v *View) Replan(startStep uint64, now time.Time) (Epoch, bool) {
 		return Epoch{}, false // a membership change: Proposal's job
 	}
 	p := v.plan(live)
-	if slices.Equal(p.Order, v.epoch.Order) && p.Schedule == v.epoch.Schedule && slices.Equal(p.Shares, v.epoch.Shares) {
+	if p.Equal(v.epoch.Plan()) {
 		return Epoch{}, false
 	}
 	if !v.planner.Replan(cloneEpoch(v.epoch), p, v.Members()) {
@@ -346,6 +355,8 @@ func (v *View) next(p EpochPlan, startStep uint64) Epoch {
 		Coordinator: v.self,
 		Schedule:    p.Schedule,
 		Shares:      p.Shares,
+		LinkCodecs:  p.LinkCodecs,
+		FinalCodec:  p.FinalCodec,
 	}
 }
 
@@ -357,10 +368,10 @@ func (v *View) plan(live []string) EpochPlan {
 		return fallback
 	}
 	p := v.planner.Plan(slices.Clone(live), v.Members())
-	p.Order, p.Shares = slices.Clone(p.Order), slices.Clone(p.Shares)
+	p.Order, p.Shares, p.LinkCodecs = slices.Clone(p.Order), slices.Clone(p.Shares), slices.Clone(p.LinkCodecs)
 	sorted := slices.Clone(p.Order)
 	slices.Sort(sorted)
-	e := Epoch{Number: 1, Order: p.Order, Coordinator: v.self, Schedule: p.Schedule, Shares: p.Shares}
+	e := v.next(p, 0)
 	if !slices.Equal(sorted, live) || e.validate() != nil {
 		return fallback
 	}
@@ -384,5 +395,6 @@ func (v *View) change(m *Member, from State) Event {
 func cloneEpoch(e Epoch) Epoch {
 	e.Order = slices.Clone(e.Order)
 	e.Shares = slices.Clone(e.Shares)
+	e.LinkCodecs = slices.Clone(e.LinkCodecs)
 	return e
 }

@@ -268,6 +268,7 @@ type fakePlanner struct {
 	shares   func(n int) []float64
 	// drop, when set, leaves this member out of the plan (an invalid plan).
 	drop    string
+	links   bool
 	replan  bool
 	plans   int
 	replans int
@@ -285,7 +286,14 @@ func (p *fakePlanner) Plan(live []string, members []Member) EpochPlan {
 	if p.shares != nil {
 		sh = p.shares(len(order))
 	}
-	return EpochPlan{Order: order, Schedule: p.schedule, Shares: sh}
+	plan := EpochPlan{Order: order, Schedule: p.schedule, Shares: sh}
+	if p.links {
+		for range order {
+			plan.LinkCodecs = append(plan.LinkCodecs, "fp16")
+		}
+		plan.FinalCodec = "fp16"
+	}
+	return plan
 }
 
 func (p *fakePlanner) Replan(cur Epoch, plan EpochPlan, members []Member) bool {
@@ -386,6 +394,15 @@ func TestViewReplan(t *testing.T) {
 	p.schedule = "proportional"
 	if e, ok := v.Replan(6, c.now); !ok || e.Schedule != "proportional" {
 		t.Fatalf("replan %+v ok=%v: want the new schedule", e, ok)
+	}
+	for _, w := range c.views {
+		w.Offer(e, c.now)
+	}
+	// Per-link codecs alone are a different layout too.
+	c.now = c.now.Add(time.Minute)
+	p.links = true
+	if e, ok := v.Replan(6, c.now); !ok || e.FinalCodec != "fp16" || len(e.LinkCodecs) != 3 {
+		t.Fatalf("replan %+v ok=%v: want the per-link codecs", e, ok)
 	}
 	p.schedule = "ring"
 	if e, ok := v.Replan(7, c.now.Add(30*time.Second)); ok {
