@@ -43,7 +43,7 @@ func LinkSpec(spec string, slowdown float64) (string, error) {
 	}
 	switch name {
 	case "none":
-		if slowdown >= 1.5 {
+		if slowdown >= SlowLink {
 			return compress.Canonical("fp16")
 		}
 		return c, nil
@@ -64,40 +64,50 @@ func LinkSpec(spec string, slowdown float64) (string, error) {
 	return compress.Canonical(name + ":" + strings.Join(params, ","))
 }
 
+// SlowLink is the slowdown against a ring's fastest edge from which LinkSpec
+// moves fp32 to fp16 and a LinkSpecs override applies.
+const SlowLink = 1.5
+
 // LinkSpecs returns, for ring order o over matrix m, the spec of each ring
-// edge k (from o[k] to o[k+1]): LinkSpec with the edge's slowdown against the
-// ring's fastest edge. override, when non-empty, is used on every edge.
-//
-// The ring schedule may encode each reduce-scatter hop with its edge's
-// codec; the all-gather must ship one encoding to every peer and uses the
-// spec of the slowest edge.
-func LinkSpecs(spec string, m Matrix, o []int, override string) ([]string, error) {
-	out := make([]string, len(o))
+// edge k (from o[k] to o[k+1]) and the spec of the all-gather. Each edge gets
+// LinkSpec with its slowdown against the ring's fastest edge; override, when
+// non-empty, is used instead on every edge at least SlowLink times slower
+// than the fastest. The all-gather must ship one encoding to every peer and
+// uses the spec of the slowest edge. Unknown (zero) edges count as fast.
+func LinkSpecs(spec string, m Matrix, o []int, override string) (edges []string, final string, err error) {
 	if override != "" {
-		c, err := compress.Canonical(override)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		if override, err = compress.Canonical(override); err != nil {
+			return nil, "", fmt.Errorf("%w: %w", ErrConfig, err)
 		}
-		for k := range out {
-			out[k] = c
-		}
-		return out, nil
 	}
-	fast := 0.0
-	for k := range o {
-		fast = max(fast, m.at(o[k], o[(k+1)%len(o)]))
-	}
+	fast, slowest := 0.0, -1
 	for k := range o {
 		e := m.at(o[k], o[(k+1)%len(o)])
+		fast = max(fast, e)
+		if e > 0 && (slowest < 0 || e < m.at(o[slowest], o[(slowest+1)%len(o)])) {
+			slowest = k
+		}
+	}
+	edges = make([]string, len(o))
+	for k := range o {
 		slow := 1.0
-		if e > 0 {
+		if e := m.at(o[k], o[(k+1)%len(o)]); e > 0 {
 			slow = fast / e
 		}
-		s, err := LinkSpec(spec, slow)
-		if err != nil {
-			return nil, err
+		if override != "" && slow >= SlowLink {
+			edges[k] = override
+			continue
 		}
-		out[k] = s
+		if edges[k], err = LinkSpec(spec, slow); err != nil {
+			return nil, "", err
+		}
 	}
-	return out, nil
+	if slowest < 0 {
+		final, err = compress.Canonical(spec)
+		if err != nil {
+			return nil, "", fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		return edges, final, nil
+	}
+	return edges, edges[slowest], nil
 }

@@ -1,8 +1,10 @@
 package allreduce
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -172,11 +174,26 @@ func TestLinkSpec(t *testing.T) {
 	}
 	m := uniform(3, 100)
 	m[1][2] = 25
-	s, err := LinkSpecs("qsgd:bits=8", m, []int{0, 1, 2}, "")
-	if err != nil || s[0] != "qsgd:bits=8,bucket=512,norm=l2" || s[1] != "qsgd:bits=2,bucket=512,norm=l2" {
-		t.Fatalf("LinkSpecs = %v, %v", s, err)
+	s, final, err := LinkSpecs("qsgd:bits=8", m, []int{0, 1, 2}, "")
+	if err != nil || s[0] != "qsgd:bits=8,bucket=512,norm=l2" || s[1] != "qsgd:bits=2,bucket=512,norm=l2" ||
+		s[2] != s[0] || final != s[1] {
+		t.Fatalf("LinkSpecs = %v, %q, %v", s, final, err)
 	}
-	if s, _ := LinkSpecs("qsgd", m, []int{0, 1, 2}, "int8"); s[1] != "int8:bucket=2048" {
-		t.Fatalf("override: %v", s)
+	// The override replaces only the slow edge, and is the final spec.
+	if s, final, _ := LinkSpecs("qsgd", m, []int{0, 1, 2}, "int8"); s[1] != "int8:bucket=2048" || s[0] != "qsgd:bits=4,bucket=512,norm=l2" || final != s[1] {
+		t.Fatalf("override: %v, %q", s, final)
+	}
+	// A ring a little uneven (below SlowLink) keeps fp32 everywhere.
+	m = uniform(3, 100)
+	m[2][0] = 80
+	if s, final, _ := LinkSpecs("none", m, []int{0, 1, 2}, "fp16"); !slices.Equal(s, []string{"none", "none", "none"}) || final != "none" {
+		t.Fatalf("even ring: %v, %q", s, final)
+	}
+	// Unknown edges count as fast.
+	if s, final, err := LinkSpecs("none", make(Matrix, 3), []int{0, 1, 2}, ""); err != nil || final != "none" || s[1] != "none" {
+		t.Fatalf("unknown ring: %v, %q, %v", s, final, err)
+	}
+	if _, _, err := LinkSpecs("none", m, []int{0, 1, 2}, "bogus"); !errors.Is(err, ErrConfig) {
+		t.Fatalf("bad override: %v", err)
 	}
 }

@@ -114,15 +114,9 @@ func TestPerLinkCodecs(t *testing.T) {
 			}
 			m[1][2] = 50
 			order := []int{0, 1, 2, 3}
-			specs, err := allreduce.LinkSpecs(tc.spec, m, order, "")
+			specs, final, err := allreduce.LinkSpecs(tc.spec, m, order, "")
 			if err != nil {
 				t.Fatal(err)
-			}
-			final := specs[0]
-			for _, s := range specs {
-				if s != specs[0] {
-					final = s // the slow edge's spec
-				}
 			}
 			c := newCluster(t, w, 1, allreduce.Config{ChunkBytes: 4096, Schedule: allreduce.ScheduleRing}, memOpts())
 			defer c.close()
