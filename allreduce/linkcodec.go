@@ -2,6 +2,7 @@ package allreduce
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -110,4 +111,74 @@ func LinkSpecs(spec string, m Matrix, o []int, override string) (edges []string,
 		return edges, final, nil
 	}
 	return edges, edges[slowest], nil
+}
+
+// fractionElems is the bucket over which EncodedFraction measures a codec.
+const fractionElems = 1 << 16
+
+// LinkCodecSpec checks that spec names a codec the ring schedule can carry
+// per link (ClassLinear or ClassQuantized) and returns its canonical form.
+func LinkCodecSpec(spec string) (string, error) {
+	c, err := compress.New(spec, compress.Options{Layout: compress.FlatLayout(1)})
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if cl := c.Class(); cl != compress.ClassLinear && cl != compress.ClassQuantized {
+		return "", fmt.Errorf("%w: codec %s is %v; per-link codecs need a linear or quantized codec (none, fp16, bf16, int8, dyn8, qsgd)",
+			ErrConfig, c.Spec(), cl)
+	}
+	return c.Spec(), nil
+}
+
+// EncodedFraction returns the size of spec's encoding of a large bucket as
+// a fraction of its fp32 bytes (1 for none, about 0.5 for fp16).
+func EncodedFraction(spec string) (float64, error) {
+	c, err := compress.New(spec, compress.Options{Layout: compress.FlatLayout(fractionElems)})
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return float64(c.MaxEncodedLen(fractionElems)) / (4 * fractionElems), nil
+}
+
+// LinkRingSeconds predicts the ring schedule's time for a bucket of bytes
+// fp32 bytes in order o when edge k (o[k] → o[k+1]) carries reduce-scatter
+// payloads at frac[k] of their fp32 size and the all-gather at final: each
+// phase moves (W−1)/W of the bytes through every edge, paced by the edge
+// slowest to carry its share. With every fraction 1 it is RingSeconds.
+func LinkRingSeconds(m Matrix, o []int, bytes float64, frac []float64, final float64) float64 {
+	w := len(o)
+	if w < 2 {
+		return 0
+	}
+	rs, ag := 0.0, 0.0
+	for k := range o {
+		b := m.at(o[k], o[(k+1)%w])
+		rs, ag = math.Max(rs, frac[k]/b), math.Max(ag, final/b)
+	}
+	return float64(w-1) / float64(w) * bytes * (rs + ag)
+}
+
+// NewLinkCodecs returns the LinkCodecs of the peer at ring position rank
+// for the edge specs and all-gather spec that LinkSpecs returns, each codec
+// made by mk. Every codec must be linear or quantized.
+func NewLinkCodecs(edges []string, final string, rank int, mk func(spec string) (compress.Codec, error)) (*LinkCodecs, error) {
+	w := len(edges)
+	if rank < 0 || rank >= w {
+		return nil, fmt.Errorf("%w: rank %d outside %d link codecs", ErrConfig, rank, w)
+	}
+	lk := &LinkCodecs{}
+	for _, c := range []struct {
+		dst  *compress.Codec
+		spec string
+	}{{&lk.Send, edges[rank]}, {&lk.Recv, edges[(rank+w-1)%w]}, {&lk.Final, final}} {
+		cd, err := mk(c.spec)
+		if err != nil {
+			return nil, fmt.Errorf("%w: link codec %q: %w", ErrConfig, c.spec, err)
+		}
+		if cl := cd.Class(); cl != compress.ClassLinear && cl != compress.ClassQuantized {
+			return nil, fmt.Errorf("%w: link codec %s is %v, not linear or quantized", ErrConfig, cd.Spec(), cl)
+		}
+		*c.dst = cd
+	}
+	return lk, nil
 }

@@ -197,3 +197,34 @@ func TestLinkSpec(t *testing.T) {
 		t.Fatalf("bad override: %v", err)
 	}
 }
+
+func TestLinkRingSeconds(t *testing.T) {
+	m := uniform(4, 100)
+	m[1][2] = 25
+	o := []int{0, 1, 2, 3}
+	ones := []float64{1, 1, 1, 1}
+	if got, want := LinkRingSeconds(m, o, 800, ones, 1), RingSeconds(m, o, 800); math.Abs(got-want) > 1e-12 {
+		t.Fatalf("all fp32: %v, want RingSeconds %v", got, want)
+	}
+	// Halving the slow edge's bytes in both phases halves the time.
+	if got, want := LinkRingSeconds(m, o, 800, []float64{1, 0.5, 1, 1}, 0.5), RingSeconds(m, o, 800)/2; math.Abs(got-want) > 1e-12 {
+		t.Fatalf("fp16 on the slow edge: %v, want %v", got, want)
+	}
+	for spec, want := range map[string]float64{"none": 1, "fp16": 0.5, "bf16": 0.5} {
+		if f, err := EncodedFraction(spec); err != nil || f != want {
+			t.Errorf("EncodedFraction(%q) = %v, %v; want %v", spec, f, err, want)
+		}
+	}
+	if f, err := EncodedFraction("qsgd:bits=2"); err != nil || f <= 0 || f >= 0.1 {
+		t.Errorf("EncodedFraction(qsgd:bits=2) = %v, %v", f, err)
+	}
+	if _, err := EncodedFraction("bogus"); !errors.Is(err, ErrConfig) {
+		t.Errorf("EncodedFraction(bogus): %v", err)
+	}
+	for spec, ok := range map[string]bool{"none": true, "fp16": true, "qsgd:bits=4": true, "int8": true, "sint8": false, "onebit": false, "topk": false, "acpsgd": false, "bogus": false} {
+		c, err := LinkCodecSpec(spec)
+		if (err == nil) != ok || (ok && c == "") {
+			t.Errorf("LinkCodecSpec(%q) = %q, %v; want ok=%v", spec, c, err, ok)
+		}
+	}
+}

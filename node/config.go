@@ -114,6 +114,11 @@ type AllreduceConfig struct {
 	Codec string `toml:"codec"`
 	// Schedule: auto, ring, direct, allgather or proportional.
 	Schedule string `toml:"schedule"`
+	// LinkCodecs chooses per-link codecs of the ring schedule: "auto"
+	// (stronger compression of the same family on links at least
+	// allreduce.SlowLink times slower than the fastest ring edge), "off", or
+	// a linear or quantized codec spec used on those slow links instead.
+	LinkCodecs string `toml:"link_codecs"`
 	// ChunkBytes is the pipeline chunk (fp32 bytes per frame).
 	ChunkBytes int `toml:"chunk_bytes"`
 	// BucketBytes is the fusion bucket size (fp32 bytes).
@@ -123,6 +128,39 @@ type AllreduceConfig struct {
 	// FrameTimeout is the deadline for each awaited frame; "0s" derives it
 	// from the measured bandwidth and the bucket size.
 	FrameTimeout Duration `toml:"frame_timeout"`
+}
+
+// Values of allreduce.link_codecs besides a codec spec.
+const (
+	LinkCodecsAuto = "auto"
+	LinkCodecsOff  = "off"
+)
+
+// validateLinkCodecs checks link_codecs: auto, off, or a per-link codec
+// spec, which also needs a per-link allreduce.codec.
+func (a AllreduceConfig) validateLinkCodecs() error {
+	switch a.LinkCodecs {
+	case LinkCodecsAuto, LinkCodecsOff:
+		return nil
+	case "":
+		return fmt.Errorf(`empty; want "auto", "off" or a codec spec`)
+	}
+	if _, err := allreduce.LinkCodecSpec(a.LinkCodecs); err != nil {
+		return fmt.Errorf("%q: %w", a.LinkCodecs, err)
+	}
+	if _, err := allreduce.LinkCodecSpec(a.Codec); err != nil {
+		return fmt.Errorf("%q needs a linear or quantized allreduce.codec: %w", a.LinkCodecs, err)
+	}
+	return nil
+}
+
+// linkOverride returns the link_codecs spec that replaces the automatic
+// choice on slow links ("" for auto and off).
+func (a AllreduceConfig) linkOverride() string {
+	if a.LinkCodecs == LinkCodecsAuto || a.LinkCodecs == LinkCodecsOff {
+		return ""
+	}
+	return a.LinkCodecs
 }
 
 // Session returns the allreduce configuration of these settings.
@@ -196,6 +234,7 @@ func DefaultConfig() Config {
 		Allreduce: AllreduceConfig{
 			Codec:       "none",
 			Schedule:    "auto",
+			LinkCodecs:  LinkCodecsAuto,
 			ChunkBytes:  allreduce.DefaultChunkBytes,
 			BucketBytes: allreduce.DefaultBucketBytes,
 			Concurrency: allreduce.DefaultConcurrency,
@@ -284,6 +323,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := allreduce.ParseSchedule(c.Allreduce.Schedule); err != nil {
 		bad("allreduce.schedule", "%v", err)
+	}
+	if err := c.Allreduce.validateLinkCodecs(); err != nil {
+		bad("allreduce.link_codecs", "%v", err)
 	}
 	if c.Allreduce.ChunkBytes < 4096 || c.Allreduce.ChunkBytes > 64<<20 || c.Allreduce.ChunkBytes%4 != 0 {
 		bad("allreduce.chunk_bytes", "%d must be a multiple of 4 between 4096 and 64 MiB", c.Allreduce.ChunkBytes)

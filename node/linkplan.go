@@ -123,13 +123,22 @@ type ringPlanner struct {
 	// schedule is allreduce.schedule ("auto" lets measurements choose).
 	schedule    allreduce.Schedule
 	bucketBytes int
+	// codec is allreduce.codec in canonical form when it can use per-link
+	// codecs and allreduce.link_codecs is not off; "" otherwise.
+	codec string
+	// override is allreduce.link_codecs when it names a codec.
+	override string
 }
 
 var _ gossip.Planner = ringPlanner{}
 
 func newRingPlanner(cfg AllreduceConfig) ringPlanner {
 	sch, _ := allreduce.ParseSchedule(cfg.Schedule) // validated by Config.Validate
-	return ringPlanner{schedule: sch, bucketBytes: cfg.BucketBytes}
+	p := ringPlanner{schedule: sch, bucketBytes: cfg.BucketBytes, override: cfg.linkOverride()}
+	if cfg.LinkCodecs != LinkCodecsOff {
+		p.codec, _ = allreduce.LinkCodecSpec(cfg.Codec) // "" for codecs without per-link variants
+	}
+	return p
 }
 
 // scheduleName is the epoch's name of a schedule ("auto" for ScheduleAuto).
@@ -158,7 +167,25 @@ func (p ringPlanner) Plan(live []string, members []gossip.Member) gossip.EpochPl
 	case p.schedule == allreduce.ScheduleProportional:
 		out.Shares = allreduce.Shares(orderedRates(m, plan.Order))
 	}
+	if p.codec != "" && (out.Schedule == "auto" || out.Schedule == string(allreduce.ScheduleRing)) {
+		out.LinkCodecs, out.FinalCodec = p.linkCodecs(m, plan.Order)
+	}
 	return out
+}
+
+// linkCodecs returns the per-link codecs of ring order o over m, or nil
+// when every link would use the configured codec.
+func (p ringPlanner) linkCodecs(m allreduce.Matrix, o []int) ([]string, string) {
+	edges, final, err := allreduce.LinkSpecs(p.codec, m, o, p.override)
+	if err != nil || final != p.codec {
+		return edges, final // err is impossible: both specs were validated
+	}
+	for _, e := range edges {
+		if e != p.codec {
+			return edges, final
+		}
+	}
+	return nil, ""
 }
 
 // Replan reports whether plan is predicted at least replanGain faster than
@@ -170,19 +197,25 @@ func (p ringPlanner) Replan(cur gossip.Epoch, plan gossip.EpochPlan, members []g
 	if !complete {
 		return false
 	}
-	before := predictSeconds(m, ids, cur.Order, cur.Schedule, cur.Shares, p.bucketBytes)
-	after := predictSeconds(m, ids, plan.Order, plan.Schedule, plan.Shares, p.bucketBytes)
+	before := p.predictSeconds(m, ids, cur.Plan())
+	after := p.predictSeconds(m, ids, plan)
 	return after > 0 && before > replanGain*after
 }
 
-// predictSeconds predicts a bucket's all-reduce time for the layout order
-// (peer IDs; m is indexed like ids) with schedule and shares.
-func predictSeconds(m allreduce.Matrix, ids, order []string, schedule string, shares []float64, bytes int) float64 {
-	o := make([]int, len(order))
-	for k, id := range order {
+// predictSeconds predicts a bucket's all-reduce time for the layout plan
+// (peer IDs; m is indexed like ids).
+func (p ringPlanner) predictSeconds(m allreduce.Matrix, ids []string, plan gossip.EpochPlan) float64 {
+	o := make([]int, len(plan.Order))
+	for k, id := range plan.Order {
 		o[k] = slices.Index(ids, id)
 		if o[k] < 0 {
 			return 0
+		}
+	}
+	bytes, schedule, shares := p.bucketBytes, plan.Schedule, plan.Shares
+	if len(plan.LinkCodecs) == len(o) && p.codec != "" {
+		if t, ok := p.linkSeconds(m, o, plan); ok {
+			return t
 		}
 	}
 	if schedule == string(allreduce.ScheduleProportional) {
@@ -196,6 +229,28 @@ func predictSeconds(m allreduce.Matrix, ids, order []string, schedule string, sh
 		return allreduce.ProportionalSeconds(rates, shares, float64(bytes))
 	}
 	return allreduce.RingSeconds(m, o, float64(bytes))
+}
+
+// linkSeconds predicts the ring time of plan's per-link codecs, each link's
+// bytes scaled by its codec's encoded size against the configured codec's.
+func (p ringPlanner) linkSeconds(m allreduce.Matrix, o []int, plan gossip.EpochPlan) (float64, bool) {
+	base, err := allreduce.EncodedFraction(p.codec)
+	if err != nil || base <= 0 {
+		return 0, false
+	}
+	frac := make([]float64, len(o))
+	for k, spec := range plan.LinkCodecs {
+		f, err := allreduce.EncodedFraction(spec)
+		if err != nil {
+			return 0, false
+		}
+		frac[k] = f / base
+	}
+	final, err := allreduce.EncodedFraction(plan.FinalCodec)
+	if err != nil {
+		return 0, false
+	}
+	return allreduce.LinkRingSeconds(m, o, float64(p.bucketBytes), frac, final/base), true
 }
 
 // orderedRates returns the peers' interface rates in ring order o.

@@ -494,3 +494,65 @@ func orderOf(ids []string, o []int) []string {
 	}
 	return out
 }
+
+// slowPeer returns an n×n Mbit/s table where peer 0's links run at slow
+// and every other link at fast.
+func slowPeer(n int, slow, fast float64) [][]float64 {
+	m := fastRing(n, nil, fast, fast)
+	for j := 1; j < n; j++ {
+		m[0][j], m[j][0] = slow, slow
+	}
+	return m
+}
+
+// TestPlannerLinkCodecs: with the ring schedule, the links of a slow peer
+// get the stronger codec of the configured family, the all-gather too, and
+// that layout is worth a re-plan of an epoch without it.
+func TestPlannerLinkCodecs(t *testing.T) {
+	ids := []string{"a", "b", "c", "d"}
+	members := linkMembers(ids, slowPeer(4, 100, 1000))
+	cfg := DefaultConfig().Allreduce
+	cfg.Schedule = "ring"
+	plan := newRingPlanner(cfg).Plan(ids, members)
+	if plan.FinalCodec != "fp16" || len(plan.LinkCodecs) != 4 {
+		t.Fatalf("plan %+v: want per-link codecs with an fp16 all-gather", plan)
+	}
+	for k, id := range plan.Order {
+		next := plan.Order[(k+1)%4]
+		want := "none"
+		if id == "a" || next == "a" {
+			want = "fp16"
+		}
+		if plan.LinkCodecs[k] != want {
+			t.Fatalf("plan %+v: edge %s → %s has %s, want %s", plan, id, next, plan.LinkCodecs[k], want)
+		}
+	}
+	cur := gossip.Epoch{Number: 2, Order: plan.Order, Coordinator: "a", Schedule: "ring"}
+	if !newRingPlanner(cfg).Replan(cur, plan, members) {
+		t.Fatal("no replan although the slow links carry half the bytes")
+	}
+	cur.LinkCodecs, cur.FinalCodec = plan.LinkCodecs, plan.FinalCodec
+	if newRingPlanner(cfg).Replan(cur, plan, members) {
+		t.Fatal("replan of the same layout")
+	}
+
+	override := cfg
+	override.Codec, override.LinkCodecs = "qsgd:bits=8", "int8"
+	plan = newRingPlanner(override).Plan(ids, members)
+	if plan.FinalCodec != "int8:bucket=2048" || !slices.Contains(plan.LinkCodecs, "qsgd:bits=8,bucket=512,norm=l2") {
+		t.Fatalf("override: plan %+v", plan)
+	}
+	for name, c := range map[string]AllreduceConfig{
+		"link_codecs off": func() AllreduceConfig { c := cfg; c.LinkCodecs = LinkCodecsOff; return c }(),
+		"sint8":           func() AllreduceConfig { c := cfg; c.Codec = "sint8"; return c }(),
+		"proportional":    func() AllreduceConfig { c := cfg; c.Schedule = "proportional"; return c }(),
+	} {
+		if plan := newRingPlanner(c).Plan(ids, members); plan.LinkCodecs != nil || plan.FinalCodec != "" {
+			t.Errorf("%s: plan %+v has per-link codecs", name, plan)
+		}
+	}
+	// Links within SlowLink of each other keep the codec everywhere.
+	if plan := newRingPlanner(cfg).Plan(ids, linkMembers(ids, slowPeer(4, 800, 1000))); plan.LinkCodecs != nil {
+		t.Errorf("near-uniform links: plan %+v", plan)
+	}
+}

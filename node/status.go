@@ -47,6 +47,10 @@ type RingStatus struct {
 	// shares, when the coordinator set them.
 	Schedule string    `json:"schedule,omitempty"`
 	Shares   []float64 `json:"shares,omitempty"`
+	// LinkCodecs and FinalCodec are the epoch's per-link codecs: the
+	// reduce-scatter codec from Order[k] to Order[k+1], and the all-gather's.
+	LinkCodecs []string `json:"link_codecs,omitempty"`
+	FinalCodec string   `json:"final_codec,omitempty"`
 }
 
 // Status returns the peer's current status.
@@ -71,6 +75,8 @@ func (n *Node) Status() Status {
 			StartStep:   epoch.StartStep,
 			Schedule:    epoch.Schedule,
 			Shares:      epoch.Shares,
+			LinkCodecs:  epoch.LinkCodecs,
+			FinalCodec:  epoch.FinalCodec,
 		},
 		Links: n.probe.figures(),
 	}

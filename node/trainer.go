@@ -146,21 +146,15 @@ func NewTrainer(n *Node, progress func(Progress)) (*Trainer, error) {
 	}
 	t.sampler = model.NewSampler(cfg.Seed, t.train.Len())
 	t.batches = make([]model.Batch, len(t.devs))
-	peerSeed := fnv.New64a()
-	peerSeed.Write([]byte(n.ID()))
-	for _, b := range t.m.Buckets() {
-		c, err := compress.New(t.arCfg.Codec, compress.Options{
-			Layout:     compress.Layout{Shapes: b.Shapes()},
-			Seed:       peerSeed.Sum64() ^ uint64(b.Index)<<32,
-			SharedSeed: cfg.Seed ^ uint64(b.Index+1)*0x9e3779b97f4a7c15,
-		})
+	for b := range t.m.Buckets() {
+		c, err := t.newCodec(t.arCfg.Codec, b)
 		if err != nil {
 			t.Close()
 			return nil, fmt.Errorf("node: allreduce.codec: %w", err)
 		}
 		t.codecs = append(t.codecs, c)
 		if c.Class() == compress.ClassLowRank {
-			p, err := compress.New("none", compress.Options{Layout: compress.Layout{Shapes: b.Shapes()}})
+			p, err := t.newCodec("none", b)
 			if err != nil {
 				t.Close()
 				return nil, err
@@ -372,6 +366,48 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64) error {
 	return nil
 }
 
+// newCodec returns a codec of spec for bucket b: its layout, this peer's
+// seed for random rounding and the cluster's seed for shared factors.
+func (t *Trainer) newCodec(spec string, b int) (compress.Codec, error) {
+	bk := t.m.Buckets()[b]
+	peerSeed := fnv.New64a()
+	peerSeed.Write([]byte(t.n.ID()))
+	return compress.New(spec, compress.Options{
+		Layout:     compress.Layout{Shapes: bk.Shapes()},
+		Seed:       peerSeed.Sum64() ^ uint64(bk.Index)<<32,
+		SharedSeed: t.cfg.Seed ^ uint64(bk.Index+1)*0x9e3779b97f4a7c15,
+	})
+}
+
+// linkCodecs returns each bucket's codecs for this peer's ring links in ep
+// (the coordinator's per-link choice), or nil when ep has none or they do
+// not fit the configured codec. Every member decides from the same epoch,
+// so neighbours agree on each link's codec.
+func (t *Trainer) linkCodecs(ep gossip.Epoch, rank int) []*allreduce.LinkCodecs {
+	w := len(ep.Order)
+	if len(ep.LinkCodecs) != w || rank < 0 || w < 2 {
+		return nil
+	}
+	if _, err := allreduce.LinkCodecSpec(t.arCfg.Codec); err != nil {
+		t.log.Warn("ring epoch has per-link codecs but allreduce.codec cannot use them; using it on every link", zap.Error(err))
+		return nil
+	}
+	out := make([]*allreduce.LinkCodecs, len(t.codecs))
+	for b := range out {
+		lk, err := allreduce.NewLinkCodecs(ep.LinkCodecs, ep.FinalCodec, rank, func(spec string) (compress.Codec, error) {
+			return t.newCodec(spec, b)
+		})
+		if err != nil {
+			t.log.Warn("ring epoch names an unusable per-link codec; using allreduce.codec on every link",
+				zap.Uint64("epoch", ep.Number), zap.Error(err))
+			return nil
+		}
+		out[b] = lk
+	}
+	t.log.Info("per-link codecs", zap.Uint64("epoch", ep.Number), zap.String("send", ep.LinkCodecs[rank]),
+		zap.String("recv", ep.LinkCodecs[(rank+w-1)%w]), zap.String("final", ep.FinalCodec))
+	return out
+}
 func (t *Trainer) requestEpoch(current uint64) {
 	t.minEpoch = max(t.minEpoch, current+1)
 	t.n.updateTrain(func(ti *trainInfo) { ti.wantEpoch = current })
@@ -399,6 +435,7 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) {
 			lr.ResetShared() // every member of the epoch starts from the same factors
 		}
 	}
+	links := t.linkCodecs(ep, rank)
 	t.log.Info("training in ring epoch", zap.Uint64("epoch", ep.Number), zap.Int("peers", len(ep.Order)),
 		zap.Int("rank", rank), zap.Uint64("step", t.step))
 	failed := false
@@ -406,7 +443,7 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) {
 		if _, cur := t.n.gsp.Snapshot(); cur.Number != ep.Number {
 			break
 		}
-		if err := t.runStep(ctx, sess, rank, len(ep.Order), ep.Number); err != nil {
+		if err := t.runStep(ctx, sess, links, rank, len(ep.Order), ep.Number); err != nil {
 			if ctx.Err() != nil {
 				break
 			}
@@ -432,7 +469,8 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) {
 }
 
 // runStep computes, all-reduces and applies one step.
-func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, rank, world int, epoch uint64) error {
+// links, when not nil, are each bucket's per-link codecs.
+func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, links []*allreduce.LinkCodecs, rank, world int, epoch uint64) error {
 	start := time.Now()
 	step := t.step
 	per := t.cfg.BatchSize
@@ -460,7 +498,11 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, rank, wo
 		if t.plain != nil && step < uint64(t.cfg.WarmupSteps) {
 			codec = t.plain[b]
 		}
-		if err := round.Add(allreduce.Bucket{ID: uint32(b), Codec: codec, Data: g, Out: g}); err != nil && addErr == nil {
+		bk := allreduce.Bucket{ID: uint32(b), Codec: codec, Data: g, Out: g}
+		if links != nil {
+			bk.Links = links[b]
+		}
+		if err := round.Add(bk); err != nil && addErr == nil {
 			addErr = err
 		}
 	})

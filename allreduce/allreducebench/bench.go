@@ -43,6 +43,10 @@ type Options struct {
 	ChunkBytes int
 	// Buckets splits the buffer into this many fusion buckets (default 1).
 	Buckets int
+	// LinkCodecs gives the ring schedule per-link codecs from the
+	// bandwidths (allreduce.LinkSpecs): "" or "off" for none, "auto" for
+	// the automatic choice, or a spec used on every slow link.
+	LinkCodecs string
 }
 
 // Result is one benchmark outcome (`--json` prints it).
@@ -141,13 +145,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	schedName := o.Schedule
 	switch o.Schedule {
 	case "auto", "proportional":
-		m := make(allreduce.Matrix, w)
-		for i := range m {
-			m[i] = make([]float64, w)
-			for j := range m[i] {
-				m[i][j] = min(bw(rates[i]), bw(rates[j]))
-			}
-		}
+		m := rateMatrix(rates)
 		var order []int
 		var shares []float64
 		if o.Schedule == "auto" {
@@ -179,6 +177,13 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		cfg.Schedule = s
 	}
 
+	links, err := linkCodecs(o, spec, cfg.Schedule, rates)
+	if err != nil {
+		return Result{}, err
+	}
+	if links != nil {
+		schedName += "+links"
+	}
 	net := memtransport.New(memtransport.Options{MaxFrame: cfg.MaxFrame()})
 	for i, p := range peers {
 		net.SetShape(p, memtransport.Shape{Up: rates[i], Down: rates[i], Latency: o.Latency})
@@ -216,7 +221,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 		out[i] = make([]float32, n)
 		for b := 0; b < o.Buckets; b++ {
-			cd, err := compress.New(spec, compress.Options{Layout: compress.FlatLayout(bounds[b+1] - bounds[b]), Seed: uint64(i + 1), SharedSeed: 7})
+			cd, err := newCodec(spec, bounds[b+1]-bounds[b], i)
 			if err != nil {
 				return Result{}, err
 			}
@@ -235,7 +240,11 @@ func Run(ctx context.Context, o Options) (Result, error) {
 				rd := sessions[i].NewRound(ctx, uint64(round))
 				for b := o.Buckets - 1; b >= 0; b-- {
 					d := data[i][bounds[b]:bounds[b+1]]
-					if err := rd.Add(allreduce.Bucket{ID: uint32(b), Codec: codecs[i][b], Data: d, Out: out[i][bounds[b]:bounds[b+1]]}); err != nil {
+					bk := allreduce.Bucket{ID: uint32(b), Codec: codecs[i][b], Data: d, Out: out[i][bounds[b]:bounds[b+1]]}
+					if links != nil {
+						bk.Links = links[i][b]
+					}
+					if err := rd.Add(bk); err != nil {
 						break
 					}
 				}
@@ -253,6 +262,67 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 	}
 	return NewResult(o.SizeBytes, spec, schedName, w, Median(times)), nil
+}
+
+// newCodec returns peer i's codec of spec for a bucket of n values.
+func newCodec(spec string, n, i int) (compress.Codec, error) {
+	return compress.New(spec, compress.Options{Layout: compress.FlatLayout(n), Seed: uint64(i + 1), SharedSeed: 7})
+}
+
+// rateMatrix returns the link matrix of peers with interface rates: each
+// link runs at the slower end's rate.
+func rateMatrix(rates []float64) allreduce.Matrix {
+	m := make(allreduce.Matrix, len(rates))
+	for i := range m {
+		m[i] = make([]float64, len(rates))
+		for j := range m[i] {
+			m[i][j] = min(bw(rates[i]), bw(rates[j]))
+		}
+	}
+	return m
+}
+
+// linkCodecs returns, per peer (in ring order) and bucket, the per-link
+// codecs o.LinkCodecs asks for, or nil for none or a schedule other than
+// the ring.
+func linkCodecs(o Options, spec string, sch allreduce.Schedule, rates []float64) ([][]*allreduce.LinkCodecs, error) {
+	if o.LinkCodecs == "" || o.LinkCodecs == "off" {
+		return nil, nil
+	}
+	if _, err := allreduce.LinkCodecSpec(spec); err != nil {
+		return nil, err
+	}
+	if sch != allreduce.ScheduleRing && sch != allreduce.ScheduleAuto {
+		return nil, nil
+	}
+	override := o.LinkCodecs
+	if override == "auto" {
+		override = ""
+	}
+	w := len(rates)
+	order := make([]int, w)
+	for i := range order {
+		order[i] = i
+	}
+	edges, final, err := allreduce.LinkSpecs(spec, rateMatrix(rates), order, override)
+	if err != nil {
+		return nil, err
+	}
+	n := o.SizeBytes / 4
+	out := make([][]*allreduce.LinkCodecs, w)
+	for i := range out {
+		for b := 0; b < o.Buckets; b++ {
+			size := (b+1)*n/o.Buckets - b*n/o.Buckets
+			lk, err := allreduce.NewLinkCodecs(edges, final, i, func(spec string) (compress.Codec, error) {
+				return newCodec(spec, size, i)
+			})
+			if err != nil {
+				return nil, err
+			}
+			out[i] = append(out[i], lk)
+		}
+	}
+	return out, nil
 }
 
 func bw(x float64) float64 {

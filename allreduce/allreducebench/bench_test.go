@@ -42,6 +42,42 @@ func TestModel(t *testing.T) {
 	})
 }
 
+// TestModelLinkCodecs: per-link codecs carry the slow peer's ring links at
+// half the bytes (fp32 → fp16), so the ring finishes in about half the
+// (virtual) time; off and other schedules leave the codec alone.
+func TestModelLinkCodecs(t *testing.T) {
+	mixed := []float64{100 * mbit, 1000 * mbit, 1000 * mbit, 1000 * mbit}
+	run := func(o Options) Result {
+		var r Result
+		synctest.Test(t, func(t *testing.T) {
+			var err error
+			if r, err = Run(context.Background(), o); err != nil {
+				t.Fatal(err)
+			}
+		})
+		t.Log(r)
+		return r
+	}
+	o := Options{Peers: 4, SizeBytes: 2 << 20, Rounds: 1, Bandwidth: mixed, Schedule: "ring"}
+	off := run(o)
+	o.LinkCodecs = "auto"
+	auto := run(o)
+	if off.Schedule != "ring" || auto.Schedule != "ring+links" {
+		t.Fatalf("schedules %q and %q, want ring and ring+links", off.Schedule, auto.Schedule)
+	}
+	if r := off.MedianS / auto.MedianS; r < 1.8 || r > 2.2 {
+		t.Errorf("per-link fp16 on the slow links: %.2f× the plain ring, want about 2×", r)
+	}
+	o.Schedule = "direct"
+	if r := run(o); r.Schedule != "direct" {
+		t.Errorf("direct schedule with link codecs: %q", r.Schedule)
+	}
+	o.Schedule, o.Codec = "ring", "onebit"
+	if _, err := Run(context.Background(), o); err == nil {
+		t.Error("per-link codecs of onebit: no error")
+	}
+}
+
 // TestTargets prints the target figures under the network model
 // (P2PTRAIN_BENCH=1; 64 MiB buffers, slow).
 func TestTargets(t *testing.T) {

@@ -226,6 +226,8 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"allreduce bandwidth count", []string{"bench", "allreduce", "--inproc", "--peers", "3", "--bandwidth", "1gbit,1gbit"}, "--bandwidth has 2 rates for 3 peers"},
 		{"allreduce peers", []string{"bench", "allreduce", "--inproc", "--peers", "0"}, "--peers"},
 		{"allreduce latency", []string{"bench", "allreduce", "--inproc", "--latency", "-1ms"}, "--latency"},
+		{"allreduce link codecs", []string{"bench", "allreduce", "--inproc", "--link-codecs", "onebit"}, "--link-codecs: want off, auto or a linear or quantized codec spec"},
+		{"link codecs without inproc", []string{"bench", "allreduce", "--expect", "3", "--link-codecs", "auto"}, "--link-codecs needs --inproc"},
 		{"inproc with expect", []string{"bench", "allreduce", "--inproc", "--expect", "3"}, "--expect is for a cluster member"},
 		{"inproc with listen", []string{"bench", "allreduce", "--inproc", "--listen", "/ip4/127.0.0.1/tcp/0"}, "--listen starts a real peer"},
 		{"peers without inproc", []string{"bench", "allreduce", "--expect", "3", "--peers", "3"}, "--peers needs --inproc"},

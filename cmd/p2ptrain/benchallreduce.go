@@ -31,6 +31,7 @@ type benchAllreduceFlags struct {
 	peers     int
 	bandwidth rateFlag
 	latency   time.Duration
+	links     string
 
 	expect  int
 	timeout time.Duration
@@ -38,7 +39,7 @@ type benchAllreduceFlags struct {
 
 // inprocOnly and clusterOnly name the flags of one mode.
 var (
-	inprocOnly  = []string{"peers", "bandwidth", "latency"}
+	inprocOnly  = []string{"peers", "bandwidth", "latency", "link-codecs"}
 	clusterOnly = []string{"expect", "timeout"}
 )
 
@@ -58,6 +59,8 @@ func addBenchAllreduceFlags(fs *flag.FlagSet) *benchAllreduceFlags {
 	fs.Var(&f.bandwidth, "bandwidth", "with --inproc: each peer's link `RATE`, both directions: one for all or a comma list "+
 		"per peer (e.g. 1gbit or 100mbit,1gbit,1gbit,1gbit; default unlimited)")
 	fs.DurationVar(&f.latency, "latency", 0, "with --inproc: one-way `DELAY` added to every frame (e.g. 1ms)")
+	fs.StringVar(&f.links, "link-codecs", "off", "with --inproc: per-link codecs of the ring schedule from --bandwidth: `MODE` off, auto "+
+		"(stronger compression of the codec's family on slow links) or a codec spec used on slow links")
 	fs.IntVar(&f.expect, "expect", 0, "cluster member: wait until the ring has `N` peers, then measure with them (required without --inproc)")
 	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "cluster member: how long to wait for --expect peers")
 	return f
@@ -125,6 +128,11 @@ func (f *benchAllreduceFlags) validate() error {
 		case f.latency < 0:
 			return usagef("%s: --latency must not be negative, got %v", cmd, f.latency)
 		}
+		if f.links != "off" && f.links != "auto" {
+			if _, err := allreduce.LinkCodecSpec(f.links); err != nil {
+				return usagef("%s: --link-codecs: want off, auto or a linear or quantized codec spec: %v", cmd, err)
+			}
+		}
 		return nil
 	}
 	for _, name := range inprocOnly {
@@ -175,6 +183,7 @@ func (f *benchAllreduceFlags) runInproc(ctx context.Context, stdout io.Writer) e
 		Latency:    f.latency,
 		ChunkBytes: f.chunk.n,
 		Buckets:    f.buckets,
+		LinkCodecs: f.links,
 	})
 	if err != nil {
 		return fmt.Errorf("bench allreduce: %w", err)
