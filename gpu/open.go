@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/p2ptrain/p2ptrain/gpu/cuda"
 )
@@ -51,35 +52,86 @@ func ParseSpec(spec string) (Spec, error) {
 	return Spec{Kind: kind, Index: n}, nil
 }
 
-// Open opens the device a single spec names. A bare "cpu" is "cpu:0". CUDA
-// specs report ErrUnavailable until the CUDA device is built (issue 6); the
-// error gives the driver loader's reason when no GPU is usable.
+// Opener opens the devices of one kind that a parsed spec names: one for
+// "kind:N", every device of the kind for a bare "kind" (Spec.All). Its
+// errors should match ErrUnavailable (the device cannot be had) or
+// ErrBadSpec.
+type Opener func(s Spec) ([]Device, error)
+
+var (
+	openersMu sync.RWMutex
+	openers   = make(map[string]Opener)
+)
+
+// RegisterOpener makes Open and OpenAll open kind's specs with open. The CUDA
+// device registers itself for "cuda" from package gpu/cuda/cudadev, which a
+// binary links to train on GPUs (cmd/p2ptrain does): that package imports
+// this one, so this one cannot call it directly. Registering a kind twice,
+// or "cpu", panics.
+func RegisterOpener(kind string, open Opener) {
+	openersMu.Lock()
+	defer openersMu.Unlock()
+	if kind == "cpu" || openers[kind] != nil || open == nil {
+		panic(fmt.Sprintf("gpu: RegisterOpener(%q) twice, for cpu, or with nil", kind))
+	}
+	openers[kind] = open
+}
+
+func opener(kind string) Opener {
+	openersMu.RLock()
+	defer openersMu.RUnlock()
+	return openers[kind]
+}
+
+// Open opens the device a single spec names. A bare kind opens its first
+// device: "cpu" is "cpu:0", "cuda" is "cuda:0" (OpenAll opens every GPU for
+// "cuda"). A CUDA spec in a binary without the CUDA device
+// (gpu/cuda/cudadev) reports ErrUnavailable with the driver loader's
+// findings; with it, the error when no GPU is usable wraps the loader's
+// typed error (errors.As finds it, errors.Is matches cuda.ErrNoGPU).
 func Open(spec string) (Device, error) {
 	s, err := ParseSpec(spec)
 	if err != nil {
 		return nil, err
 	}
-	switch s.Kind {
-	case "cpu":
+	if s.All && opener(s.Kind) != nil {
+		s.All, s.Index = false, 0
+	}
+	devs, err := open(spec, s)
+	if err != nil {
+		return nil, err
+	}
+	return devs[0], nil
+}
+
+// open opens what s (parsed from spec) names.
+func open(spec string, s Spec) ([]Device, error) {
+	if s.Kind == "cpu" {
 		if s.All {
 			s.Index = 0
 		}
 		if s.Index >= MaxCPUDevices {
 			return nil, fmt.Errorf("%w: %q: cpu index %d out of range [0, %d)", ErrBadSpec, spec, s.Index, MaxCPUDevices)
 		}
-		return NewCPU(s.Index), nil
-	case "cuda":
+		return []Device{NewCPU(s.Index)}, nil
+	}
+	o := opener(s.Kind)
+	if o == nil {
 		return nil, cudaUnavailable(spec, s)
 	}
-	return nil, fmt.Errorf("%w: %q", ErrBadSpec, spec)
+	devs, err := o(s)
+	if err == nil && len(devs) == 0 {
+		err = fmt.Errorf("%w: %q: no device", ErrUnavailable, spec)
+	}
+	return devs, err
 }
 
-// cudaUnavailable explains why a CUDA spec cannot be opened: the loader's
-// reason no GPU is usable (wrapped, so errors.As finds its typed error), a
-// device index the driver does not have, or that the CUDA Device itself is
-// not built yet.
+// cudaUnavailable explains why a CUDA spec cannot be opened in a binary
+// without the CUDA device: the loader's reason no GPU is usable (wrapped, so
+// errors.As finds its typed error), a device index the driver does not have,
+// or what it found.
 func cudaUnavailable(spec string, s Spec) error {
-	const notBuilt = `CUDA support is not built into this binary yet (only its driver loader, issue 6); use "cpu"`
+	const notBuilt = `CUDA support is not built into this binary (it does not link package gpu/cuda/cudadev); use "cpu"`
 	devs, err := cuda.Enumerate()
 	if err != nil {
 		return fmt.Errorf("%w: %q: no usable GPU: %w; %s", ErrUnavailable, spec, err, notBuilt)
@@ -97,8 +149,9 @@ func cudaUnavailable(spec string, s Spec) error {
 	return fmt.Errorf("%w: %q: found %s, but %s", ErrUnavailable, spec, strings.Join(found, ", "), notBuilt)
 }
 
-// OpenAll opens every device the specs name, in order. An empty list opens
-// "cpu". Duplicate devices are an error; every bad spec is reported.
+// OpenAll opens every device the specs name, in order; a bare "cuda" opens
+// every GPU. An empty list opens "cpu". Duplicate devices are an error;
+// every bad spec is reported.
 func OpenAll(specs []string) ([]Device, error) {
 	if len(specs) == 0 {
 		specs = []string{"cpu"}
@@ -107,17 +160,24 @@ func OpenAll(specs []string) ([]Device, error) {
 	seen := make(map[string]bool)
 	devs := make([]Device, 0, len(specs))
 	for _, sp := range specs {
-		d, err := Open(sp)
+		s, err := ParseSpec(sp)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		if seen[d.Name()] {
-			errs = append(errs, fmt.Errorf("%w: %q: device %s listed twice", ErrBadSpec, sp, d.Name()))
+		ds, err := open(sp, s)
+		if err != nil {
+			errs = append(errs, err)
 			continue
 		}
-		seen[d.Name()] = true
-		devs = append(devs, d)
+		for _, d := range ds {
+			if seen[d.Name()] {
+				errs = append(errs, fmt.Errorf("%w: %q: device %s listed twice", ErrBadSpec, sp, d.Name()))
+				continue
+			}
+			seen[d.Name()] = true
+			devs = append(devs, d)
+		}
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)

@@ -26,8 +26,13 @@ const (
 
 // Driver is a loaded CUDA driver library on which cuInit has succeeded.
 type Driver struct {
-	lib     string // the file loaded, or the soname where it could not be told
-	version int    // cuDriverGetVersion
+	lib     string  // the file loaded, or the soname where it could not be told
+	handle  uintptr // the dlopen handle
+	version int     // cuDriverGetVersion
+
+	apiOnce sync.Once
+	api     *deviceAPI // the functions a Context needs, bound on first use
+	apiErr  error
 
 	cuInit               func(flags uint32) Result
 	cuDriverGetVersion   func(version *int32) Result
@@ -83,28 +88,16 @@ func load(env environ) (*Driver, error) {
 	}
 	loadedMu.Lock()
 	defer loadedMu.Unlock()
-	h, opened, err := find(env)
+	h, opened, err := find(env, driverLib)
 	if err != nil {
 		return nil, err
 	}
 	if d := loaded[opened]; d != nil {
 		return d, nil
 	}
-	d := &Driver{lib: opened}
-	for _, s := range d.symbols() {
-		addr, err := dlsym(h, s.name)
-		if err != nil || addr == 0 {
-			if s.optional {
-				continue
-			}
-			return nil, &SymbolMissingError{Library: opened, Symbol: s.name}
-		}
-		if s.name == "cuInit" {
-			if f := mappedFile(addr); f != "" {
-				d.lib = f
-			}
-		}
-		bind(s.fptr, addr)
+	d := &Driver{lib: opened, handle: h}
+	if d.lib, err = bindSymbols(h, opened, "", d.symbols()); err != nil {
+		return nil, err
 	}
 	var v int32
 	if err := d.check("cuDriverGetVersion", d.cuDriverGetVersion(&v)); err != nil {
@@ -124,11 +117,35 @@ func load(env environ) (*Driver, error) {
 	return d, nil
 }
 
-// find opens the first loadable library of the search plan; it returns its
+// bindSymbols looks up every symbol in the library h (opened as opened) and
+// binds it; a required symbol that is missing is a *SymbolMissingError
+// naming component. It returns the library's file, found from the first
+// symbol's address, or opened where that cannot be told.
+func bindSymbols(h uintptr, opened, component string, syms []symbol) (string, error) {
+	file := opened
+	for i, s := range syms {
+		addr, err := dlsym(h, s.name)
+		if err != nil || addr == 0 {
+			if s.optional {
+				continue
+			}
+			return "", &SymbolMissingError{Component: component, Library: opened, Symbol: s.name}
+		}
+		if i == 0 {
+			if f := mappedFile(addr); f != "" {
+				file = f
+			}
+		}
+		bind(s.fptr, addr)
+	}
+	return file, nil
+}
+
+// find opens the first loadable library of lib's search plan; it returns its
 // handle and the path or soname it was opened by.
-func find(env environ) (uintptr, string, error) {
-	nf := &LibraryNotFoundError{Name: LibraryName}
-	for _, p := range searchPlan(env) {
+func find(env environ, lib libSpec) (uintptr, string, error) {
+	nf := &LibraryNotFoundError{Name: lib.name}
+	for _, p := range searchPlan(env, lib) {
 		nf.Searched = append(nf.Searched, p.label)
 		for _, f := range p.files {
 			if !p.system {

@@ -35,9 +35,12 @@ func (e *LibraryNotFoundError) Error() string {
 // Is reports whether target is ErrNoGPU.
 func (e *LibraryNotFoundError) Is(target error) bool { return target == ErrNoGPU }
 
-// SymbolMissingError reports a driver library that lacks a function this
-// package needs.
+// SymbolMissingError reports a library (the driver, cuBLAS or NVRTC) that
+// lacks a function this package needs.
 type SymbolMissingError struct {
+	// Component is the library's role: "cuBLAS", "NVRTC", or "" for the
+	// CUDA driver.
+	Component string
 	// Library is the path (or soname) of the library that was loaded.
 	Library string
 	// Symbol is the missing function, e.g. "cuDeviceGetCount".
@@ -46,7 +49,15 @@ type SymbolMissingError struct {
 
 // Error implements error.
 func (e *SymbolMissingError) Error() string {
-	return fmt.Sprintf("CUDA driver %s lacks symbol %s", e.Library, e.Symbol)
+	return fmt.Sprintf("%s %s lacks symbol %s", componentName(e.Component), e.Library, e.Symbol)
+}
+
+// componentName is how messages name a library's role; "" is the driver.
+func componentName(c string) string {
+	if c == "" {
+		return "CUDA driver"
+	}
+	return c
 }
 
 // Is reports whether target is ErrNoGPU.
@@ -89,6 +100,51 @@ func (e *ResultError) Error() string {
 
 // Is reports whether target is ErrNoGPU.
 func (e *ResultError) Is(target error) bool { return target == ErrNoGPU }
+
+// StatusError reports a cuBLAS or NVRTC call that returned a status other
+// than success (cublasStatus_t, nvrtcResult).
+type StatusError struct {
+	// Component is "cuBLAS" or "NVRTC".
+	Component string
+	// Func is the function called, e.g. "cublasCreate_v2".
+	Func string
+	// Code is the status it returned.
+	Code int
+	// Name is the code's symbolic name, e.g. "CUBLAS_STATUS_NOT_INITIALIZED".
+	Name string
+}
+
+// Error implements error.
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("%s: %s failed: %s (%d)", e.Component, e.Func, e.Name, e.Code)
+}
+
+// Is reports whether target is ErrNoGPU.
+func (e *StatusError) Is(target error) bool { return target == ErrNoGPU }
+
+// CompileError reports kernel source that NVRTC would not compile; Log is
+// NVRTC's log. It means the installed NVRTC cannot build this program's
+// kernels for the device, so it too matches ErrNoGPU.
+type CompileError struct {
+	// Library is the NVRTC library used.
+	Library string
+	// Options are the compile options given.
+	Options []string
+	// Code and Name are nvrtcCompileProgram's result.
+	Code int
+	Name string
+	// Log is the compiler's log.
+	Log string
+}
+
+// Error implements error.
+func (e *CompileError) Error() string {
+	return fmt.Sprintf("NVRTC %s: compiling the kernels (%s) failed: %s (%d):\n%s",
+		e.Library, strings.Join(e.Options, " "), e.Name, e.Code, strings.TrimSpace(e.Log))
+}
+
+// Is reports whether target is ErrNoGPU.
+func (e *CompileError) Is(target error) bool { return target == ErrNoGPU }
 
 // NoDeviceError reports a working driver that sees no CUDA device.
 type NoDeviceError struct {

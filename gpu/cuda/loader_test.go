@@ -250,16 +250,16 @@ func TestSearchPlan(t *testing.T) {
 		return l
 	}
 
-	plan := searchPlan(env(map[string]string{EnvLibrary: "/opt/x/libcuda.so.1"}))
+	plan := searchPlan(env(map[string]string{EnvLibrary: "/opt/x/libcuda.so.1"}), driverLib)
 	if len(plan) != 1 || !reflect.DeepEqual(plan[0].files, []string{"/opt/x/libcuda.so.1"}) {
 		t.Errorf("explicit file: plan %+v", plan)
 	}
-	plan = searchPlan(env(map[string]string{EnvLibrary: "/opt/x"}, "/opt/x"))
+	plan = searchPlan(env(map[string]string{EnvLibrary: "/opt/x"}, "/opt/x"), driverLib)
 	if len(plan) != 1 || !reflect.DeepEqual(plan[0].files, []string{"/opt/x/libcuda.so.1", "/opt/x/libcuda.so"}) {
 		t.Errorf("explicit directory: plan %+v", plan)
 	}
 
-	plan = searchPlan(env(map[string]string{"VIRTUAL_ENV": "/venv"}))
+	plan = searchPlan(env(map[string]string{"VIRTUAL_ENV": "/venv"}), driverLib)
 	want := append(append([]string{"system library path"}, SearchDirs()...),
 		"/venv/lib/python3.12/site-packages/nvidia/cublas/lib",
 		"/venv/lib/python3.12/site-packages/nvidia/cuda_nvrtc/lib",
@@ -280,7 +280,7 @@ func TestSearchPlan(t *testing.T) {
 
 	// No wheels: the report still says they were looked for.
 	wheels = nil
-	got := labels(searchPlan(env(nil)))
+	got := labels(searchPlan(env(nil), driverLib))
 	if last := got[len(got)-1]; !strings.HasPrefix(last, "Python wheels") {
 		t.Errorf("last place %q, want the Python-wheel note", last)
 	}
@@ -291,7 +291,7 @@ func TestSearchPlan(t *testing.T) {
 		many = append(many, fmt.Sprintf("/usr/local/lib/python3.%d/site-packages/nvidia/cublas/lib", i))
 	}
 	wheels = map[string][]string{"/usr/local/lib/python3*/site-packages/nvidia/*/lib": many}
-	if n := len(searchPlan(env(nil))) - 1 - len(SearchDirs()); n != maxWheelDirs {
+	if n := len(searchPlan(env(nil), driverLib)) - 1 - len(SearchDirs()); n != maxWheelDirs {
 		t.Errorf("%d wheel directories searched, want the bound %d", n, maxWheelDirs)
 	}
 }

@@ -19,8 +19,25 @@ const EnvLibrary = "P2PTRAIN_CUDA_LIB"
 // with many environments does not make the search slow or its report long.
 const maxWheelDirs = 16
 
-// libraryFiles are the file names tried in each directory searched, in order.
-var libraryFiles = []string{LibraryName, "libcuda.so"}
+// libSpec names one library to search for: the driver, cuBLAS or NVRTC.
+type libSpec struct {
+	// name is what a *LibraryNotFoundError calls it, e.g. "libcuda.so.1".
+	name string
+	// env is the variable that, when set, is the only place searched.
+	env string
+	// sonames are handed to the dynamic linker, in order.
+	sonames []string
+	// files are the file names tried in each directory searched, in order.
+	files []string
+}
+
+// driverLib is the CUDA driver library.
+var driverLib = libSpec{
+	name:    LibraryName,
+	env:     EnvLibrary,
+	sonames: []string{LibraryName},
+	files:   []string{LibraryName, "libcuda.so"},
+}
 
 // place is one step of the search: a file to dlopen by path, or the soname
 // handed to the dynamic linker (system is true).
@@ -92,27 +109,27 @@ func wheelPatterns(env environ) []string {
 	return pats
 }
 
-// inDir returns the candidate library files in dir.
-func inDir(dir string) []string {
-	files := make([]string, len(libraryFiles))
-	for i, f := range libraryFiles {
+// inDir returns the candidate files of lib in dir.
+func (lib libSpec) inDir(dir string) []string {
+	files := make([]string, len(lib.files))
+	for i, f := range lib.files {
 		files[i] = filepath.Join(dir, f)
 	}
 	return files
 }
 
-// searchPlan returns the places to search, in order.
-func searchPlan(env environ) []place {
-	if p := env.getenv(EnvLibrary); p != "" {
-		label := "$" + EnvLibrary + "=" + p
+// searchPlan returns the places to search for lib, in order.
+func searchPlan(env environ, lib libSpec) []place {
+	if p := env.getenv(lib.env); p != "" {
+		label := "$" + lib.env + "=" + p
 		if env.isDir(p) {
-			return []place{{label: label, files: inDir(p)}}
+			return []place{{label: label, files: lib.inDir(p)}}
 		}
 		return []place{{label: label, files: []string{p}}}
 	}
-	plan := []place{{label: "system library path", files: []string{LibraryName}, system: true}}
+	plan := []place{{label: "system library path", files: lib.sonames, system: true}}
 	for _, d := range SearchDirs() {
-		plan = append(plan, place{label: d, files: inDir(d)})
+		plan = append(plan, place{label: d, files: lib.inDir(d)})
 	}
 	seen := make(map[string]bool)
 	var wheels []string
@@ -127,7 +144,7 @@ func searchPlan(env environ) []place {
 		}
 	}
 	for _, d := range wheels {
-		plan = append(plan, place{label: d, files: inDir(d)})
+		plan = append(plan, place{label: d, files: lib.inDir(d)})
 	}
 	if len(wheels) == 0 {
 		plan = append(plan, place{label: "Python wheels (no site-packages/nvidia/*/lib found)"})

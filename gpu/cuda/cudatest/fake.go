@@ -77,26 +77,41 @@ int cuGetErrorName(int code, const char **name) {
 #endif
 `
 
-// BuildFake compiles FakeDriverC with the given macros (e.g. "NDEV=0",
+// BuildFake compiles FakeDriverC (with FakeDeviceAPIC, the device API that
+// runs kernels on the host) with the given macros (e.g. "NDEV=0",
 // "OMIT_cuDeviceGetCount") into dir/name and returns its path. It skips the
 // test only when no C compiler (gcc or cc) is installed.
 func BuildFake(t testing.TB, dir, name string, defines ...string) string {
 	t.Helper()
+	return buildC(t, FakeDriverC+FakeDeviceAPIC, filepath.Join(dir, name), defines, "-ldl")
+}
+
+// compiler returns the C compiler (gcc or cc), skipping the test without one.
+func compiler(t testing.TB) string {
+	t.Helper()
 	cc, err := exec.LookPath("gcc")
 	if err != nil {
 		if cc, err = exec.LookPath("cc"); err != nil {
-			t.Skip("no C compiler (gcc or cc) on PATH: the fake-libcuda tests build a shared library with one")
+			t.Skip("no C compiler (gcc or cc) on PATH: the fake-CUDA tests build shared libraries with one")
 		}
 	}
-	src := filepath.Join(t.TempDir(), "fakecuda.c")
-	if err := os.WriteFile(src, []byte(FakeDriverC), 0o644); err != nil {
+	return cc
+}
+
+// buildC compiles the C source src into the shared library out, with -D
+// for each define and extra arguments after the source.
+func buildC(t testing.TB, src, out string, defines []string, extra ...string) string {
+	t.Helper()
+	cc := compiler(t)
+	file := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(out), filepath.Ext(out))+".c")
+	if err := os.WriteFile(file, []byte(src), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(dir, name)
-	args := []string{"-shared", "-fPIC", "-O1", "-o", out, src}
+	args := []string{"-shared", "-fPIC", "-O1", "-o", out, file}
 	for _, d := range defines {
 		args = append(args, "-D"+d)
 	}
+	args = append(args, extra...)
 	if b, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
 		t.Fatalf("%s %s: %v\n%s", cc, strings.Join(args, " "), err, b)
 	}
