@@ -13,19 +13,22 @@ import (
 // cmdBench dispatches `p2ptrain bench <what>`.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usagef("bench: name what to measure: codecs or allreduce")
+		return usagef("bench: name what to measure: codecs or allreduce (gradient exchange), or train (local steps)")
 	}
 	switch args[0] {
 	case "codecs":
 		return cmdBenchCodecs(args[1:], stdout, stderr)
 	case "allreduce":
 		return cmdBenchAllreduce(ctx, args[1:], stdout, stderr)
+	case "train":
+		return cmdBenchTrain(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, "Usage:\n  p2ptrain bench codecs [flags]      measure every gradient codec (codecs -h lists flags)\n"+
-			"  p2ptrain bench allreduce [flags]   measure the all-reduce (allreduce -h lists flags)\n")
+			"  p2ptrain bench allreduce [flags]   measure the all-reduce (allreduce -h lists flags)\n"+
+			"  p2ptrain bench train [flags]       measure local training steps per device set (train -h lists flags)\n")
 		return errHelp
 	default:
-		return usagef("bench: unknown benchmark %q (want codecs or allreduce)", args[0])
+		return usagef("bench: unknown benchmark %q (want codecs, allreduce or train)", args[0])
 	}
 }
 
