@@ -2,22 +2,29 @@ package cuda
 
 import (
 	"errors"
+	"os"
 	"testing"
 )
 
 // realDriver returns the machine's CUDA driver and its devices, or skips the
-// test when no GPU is usable (saying why). Where a GPU is present the tests
-// that call it run.
+// test when no GPU is usable (saying why); with P2PTRAIN_REQUIRE_GPU=1 it
+// fails instead. Where a GPU is present the tests that call it run.
 func realDriver(t *testing.T) (*Driver, []DeviceInfo) {
 	t.Helper()
+	noGPU := func(err error) {
+		if os.Getenv("P2PTRAIN_REQUIRE_GPU") == "1" {
+			t.Fatalf("P2PTRAIN_REQUIRE_GPU=1 but no usable GPU: %v", err)
+		}
+		t.Skipf("no usable GPU on this machine (GPU-only test): %v", err)
+	}
 	d, err := Load()
 	if err != nil {
-		t.Skipf("no usable GPU on this machine (GPU-only test): %v", err)
+		noGPU(err)
 	}
 	devs, err := d.Devices()
 	var nd *NoDeviceError
 	if errors.As(err, &nd) {
-		t.Skipf("no usable GPU on this machine (GPU-only test): %v", err)
+		noGPU(err)
 	}
 	if err != nil {
 		t.Fatalf("driver %s loads but Devices fails: %v", d.Path(), err)

@@ -11,9 +11,9 @@ import (
 	"github.com/p2ptrain/p2ptrain/gpu/cuda/cudatest"
 )
 
-// TestOpenReportsLoader checks that gpu.Open's CUDA specs carry the loader's
-// reason (or what it found) and stay ErrUnavailable until the CUDA Device is
-// built.
+// TestOpenReportsLoader checks that, in a binary without the CUDA device
+// (this test does not link gpu/cuda/cudadev), gpu.Open's CUDA specs are
+// ErrUnavailable and carry the loader's reason or what it found.
 func TestOpenReportsLoader(t *testing.T) {
 	if !cuda.LoaderBuilt {
 		t.Skip("built without the driver loader (-tags nocuda or an unsupported platform)")

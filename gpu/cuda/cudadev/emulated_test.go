@@ -75,32 +75,75 @@ func TestEmulatedMatchesCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	cpu := gpu.NewCPU(0)
-	s, _ := gpu.NewConvShape(3, 9, 8, 4, 3, 3, 2, 1)
-	x := make([]float32, s.ColRows()*s.ColCols())
+	matchesCPU(t, d)
+}
+
+// matchesCPU runs a chain of the kernels whose rounding the reference
+// fixes (element-wise, order-fixed sums, pooling, dropout) on d and on the
+// CPU device and requires the same bits.
+func matchesCPU(t *testing.T, d gpu.Device) {
+	t.Helper()
+	cs, _ := gpu.NewConvShape(3, 9, 8, 4, 3, 3, 2, 1)
+	ps, _ := gpu.NewPoolShape(3, 9, 8, 4, 2, 2)
+	x := make([]float32, cs.ColRows()*cs.ColCols())
 	for i := range x {
 		x[i] = float32(math.Sin(float64(i)*0.37)) * 3
 	}
 	run := func(dev gpu.Device) []float32 {
-		col, _ := dev.Alloc(len(x))
-		dx, _ := dev.Alloc(s.InLen())
-		sum, _ := dev.Alloc(s.ColCols())
+		alloc := func(n int) gpu.Buffer {
+			b, err := dev.Alloc(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+		col, dx, sum := alloc(len(x)), alloc(cs.InLen()), alloc(cs.ColCols())
+		y, am, dxp, mask := alloc(ps.OutLen()), alloc(ps.OutLen()), alloc(ps.InLen()), alloc(len(x))
 		dev.CopyToDevice(col, x)
-		dev.Col2Im(dx, col, s)
-		dev.SumRows(sum, col, s.ColRows(), s.ColCols())
-		dev.Axpy(0.3, col, col)
-		out := make([]float32, s.InLen()+s.ColCols()+len(x))
-		dev.CopyToHost(out[:s.InLen()], dx)
-		dev.CopyToHost(out[s.InLen():s.InLen()+s.ColCols()], sum)
-		dev.CopyToHost(out[s.InLen()+s.ColCols():], col)
+		dev.Col2Im(dx, col, cs)
+		dev.SumRows(sum, col, cs.ColRows(), cs.ColCols())
+		dev.AddBias(col, cs.ColRows(), cs.ColCols(), sum)
+		dev.Axpy(0.3, dx, dx)
+		dev.MaxPool(y, am, dx, ps)
+		dev.ReLU(y, y)
+		dev.MaxPoolBackward(dxp, y, am, ps)
+		dev.DropoutMask(mask, 0.3, 77)
+		dev.Mul(col, col, mask)
+		var out []float32
+		for _, b := range []gpu.Buffer{dx, sum, col, y, am, dxp} {
+			h := make([]float32, b.Len())
+			dev.CopyToHost(h, b)
+			out = append(out, h...)
+			dev.Free(b)
+		}
+		dev.Free(mask)
 		return out
 	}
-	got, want := run(d), run(cpu)
+	got, want := run(d), run(gpu.NewCPU(0))
 	for i := range want {
 		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-			t.Fatalf("element %d: CUDA %v, CPU %v", i, got[i], want[i])
+			t.Fatalf("element %d: %s %v, CPU %v", i, d.Name(), got[i], want[i])
 		}
 	}
+	if err := d.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEmulatedTrainingMatchesCPU trains both models on one stand-in GPU,
+// then on both, against as many CPU devices.
+func TestEmulatedTrainingMatchesCPU(t *testing.T) {
+	fakeEnv(t)
+	var devs []*Device
+	for i := range 2 {
+		d, err := Open(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		devs = append(devs, d)
+	}
+	trainingMatchesCPU(t, devs)
 }
 
 // TestEmulatedDeferredErrors checks that a failed launch is not a panic:

@@ -19,7 +19,7 @@ import (
 // bind the context to its OS thread is caught. Images that do not start with
 // "FAKEMOD:" are refused with CUDA_ERROR_INVALID_IMAGE (200). The exported
 // fake_* functions let tests make launches or stream synchronisation fail
-// and count live allocations.
+// and count live allocations. OMIT_cuLaunchKernel leaves that symbol out.
 const FakeDeviceAPIC = `
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +82,7 @@ int cuModuleGetFunction(void **f, void *m, const char *name) {
 	return *f ? 0 : 500;
 }
 typedef void (*fake_launcher)(void **params, unsigned gx, unsigned bx);
+#ifndef OMIT_cuLaunchKernel
 int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                    unsigned shared, long stream, void **params, void **extra) {
 	NEED_CTX;
@@ -90,6 +91,7 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
 	((fake_launcher)f)(params, gx, bx);
 	return 0;
 }
+#endif
 `
 
 // EmulationPrelude is included before the kernels' CUDA C when the stand-in
