@@ -66,7 +66,7 @@ func TestBenchTrainErrors(t *testing.T) {
 		{[]string{"--data", "mnist", "--steps", "1"}, 2, `--data "mnist"`},
 		{[]string{"--model", "resnet", "--steps", "1", "--data", "synthetic"}, 1, "unknown model"},
 		{[]string{"--devices", "tpu", "--steps", "1"}, 1, "unknown kind"},
-		{[]string{"--devices", "cuda", "--steps", "1"}, 1, "no usable GPU: libcuda.so.1 not found"},
+		{[]string{"--devices", "cuda", "--steps", "1"}, 1, `"cuda": no usable GPU: `}, // libcuda not found, or no loader (nocuda)
 	} {
 		var out bytes.Buffer
 		code := run(context.Background(), append([]string{"bench", "train"}, tc.args...), &out, &out)
