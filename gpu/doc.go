@@ -4,9 +4,20 @@
 // package needs: GEMM with transposes, element-wise operations, the reductions
 // of the layers' backward passes, softmax cross-entropy, im2col/col2im for
 // convolutions, max pooling, layer normalisation and dropout masks. The CPU
-// device is always built and is the default; a CUDA device (issue 6) implements
-// the same interface and must pass the same conformance suite (package
-// gpu/devicetest).
+// device is always built and is the default. The CUDA device (package
+// gpu/cuda/cudadev) implements the same interface and passes the same
+// conformance suite (package gpu/devicetest).
+//
+// # Opening devices
+//
+// Open and OpenAll take specs: "cpu", "cpu:N", "cuda" (OpenAll: every GPU)
+// and "cuda:N". The CUDA device imports this package, so it cannot be
+// imported from here: it registers itself for "cuda" with RegisterOpener
+// when a binary links it (cmd/p2ptrain does, with a blank import). In a
+// binary that does not, CUDA specs report ErrUnavailable with what the
+// driver loader (package gpu/cuda) found. Several devices in one node each
+// train on a share of its batch (package model keeps their parameters
+// identical); a GPU and a CPU may be mixed.
 //
 // # Contract
 //

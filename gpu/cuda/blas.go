@@ -3,7 +3,6 @@ package cuda
 import (
 	"fmt"
 	"strconv"
-	"sync"
 )
 
 // EnvBLAS names the environment variable that points at the cuBLAS library
@@ -64,37 +63,25 @@ func (b *BLAS) symbols() []symbol {
 	}
 }
 
-var (
-	blasMu     sync.Mutex
-	blasLoaded = make(map[string]*BLAS)
-)
+// blasCache holds the cuBLAS libraries loaded, by the path opened.
+var blasCache libCache
 
 // LoadBLAS finds and loads cuBLAS (searched like the driver: $P2PTRAIN_CUBLAS_LIB,
 // the system library path, SearchDirs, the Python wheels'
 // site-packages/nvidia/cublas/lib), preferring the sonames of the CUDA
 // major versions a driver of version driverVersion runs. Its errors match
 // ErrNoGPU: *LibraryNotFoundError or *SymbolMissingError.
-func LoadBLAS(driverVersion int) (*BLAS, error) { return loadBLAS(osEnviron(), driverVersion) }
-
-func loadBLAS(env environ, driverVersion int) (*BLAS, error) {
-	if !LoaderBuilt {
-		return nil, &UnsupportedPlatformError{Platform: platform, NoCUDATag: builtWithoutLoader}
-	}
-	blasMu.Lock()
-	defer blasMu.Unlock()
-	h, opened, err := find(env, blasLib(driverVersion))
+func LoadBLAS(driverVersion int) (*BLAS, error) {
+	l, err := blasCache.load(osEnviron(), blasLib(driverVersion), "cuBLAS", func() library { return &BLAS{} })
 	if err != nil {
 		return nil, err
 	}
-	if b := blasLoaded[opened]; b != nil {
-		return b, nil
-	}
-	b := &BLAS{}
-	if b.lib, err = bindSymbols(h, opened, "cuBLAS", b.symbols()); err != nil {
-		return nil, err
-	}
-	blasLoaded[opened] = b
-	return b, nil
+	return l.(*BLAS), nil
+}
+
+func (b *BLAS) loaded(path string) error {
+	b.lib = path
+	return nil
 }
 
 // Path returns the cuBLAS library loaded.

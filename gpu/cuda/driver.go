@@ -315,3 +315,48 @@ func Enumerate() ([]DeviceInfo, error) {
 	}
 	return d.Devices()
 }
+
+// library is a loaded library other than the driver (cuBLAS, NVRTC): the
+// functions to bind, and what to do once they are bound.
+type library interface {
+	symbols() []symbol
+	// loaded is told the library's file and finishes loading it.
+	loaded(path string) error
+}
+
+// libCache loads libraries of one kind, each file once.
+type libCache struct {
+	mu sync.Mutex
+	m  map[string]library // by the path or soname opened
+}
+
+// load finds lib with env and returns the library loaded from it: the one
+// loaded before from the same file, or fresh() with its symbols bound
+// (missing ones reported as component's) and loaded called.
+func (c *libCache) load(env environ, lib libSpec, component string, fresh func() library) (library, error) {
+	if !LoaderBuilt {
+		return nil, &UnsupportedPlatformError{Platform: platform, NoCUDATag: builtWithoutLoader}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, opened, err := find(env, lib)
+	if err != nil {
+		return nil, err
+	}
+	if l := c.m[opened]; l != nil {
+		return l, nil
+	}
+	l := fresh()
+	path, err := bindSymbols(h, opened, component, l.symbols())
+	if err == nil {
+		err = l.loaded(path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if c.m == nil {
+		c.m = make(map[string]library)
+	}
+	c.m[opened] = l
+	return l, nil
+}

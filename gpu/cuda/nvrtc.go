@@ -5,7 +5,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"sync"
 	"unsafe"
 )
 
@@ -67,10 +66,8 @@ func (n *NVRTC) symbols() []symbol {
 	}
 }
 
-var (
-	nvrtcMu     sync.Mutex
-	nvrtcLoaded = make(map[string]*NVRTC)
-)
+// nvrtcCache holds the NVRTC libraries loaded, by the path opened.
+var nvrtcCache libCache
 
 // LoadNVRTC finds and loads NVRTC (searched like the driver:
 // $P2PTRAIN_NVRTC_LIB, the system library path, SearchDirs, the Python
@@ -78,25 +75,18 @@ var (
 // the CUDA major versions a driver of version driverVersion runs. Its
 // errors match ErrNoGPU: *LibraryNotFoundError, *SymbolMissingError or
 // *StatusError.
-func LoadNVRTC(driverVersion int) (*NVRTC, error) { return loadNVRTC(osEnviron(), driverVersion) }
-
-func loadNVRTC(env environ, driverVersion int) (*NVRTC, error) {
-	if !LoaderBuilt {
-		return nil, &UnsupportedPlatformError{Platform: platform, NoCUDATag: builtWithoutLoader}
-	}
-	nvrtcMu.Lock()
-	defer nvrtcMu.Unlock()
-	h, opened, err := find(env, nvrtcLib(driverVersion))
+func LoadNVRTC(driverVersion int) (*NVRTC, error) {
+	l, err := nvrtcCache.load(osEnviron(), nvrtcLib(driverVersion), "NVRTC", func() library { return &NVRTC{} })
 	if err != nil {
 		return nil, err
 	}
-	if n := nvrtcLoaded[opened]; n != nil {
-		return n, nil
-	}
-	n := &NVRTC{}
-	if n.lib, err = bindSymbols(h, opened, "NVRTC", n.symbols()); err != nil {
-		return nil, err
-	}
+	return l.(*NVRTC), nil
+}
+
+// loaded records the library's path, drops optional functions that came
+// without their partner, and reads the version.
+func (n *NVRTC) loaded(path string) error {
+	n.lib = path
 	if n.nvrtcGetCUBINSize == nil || n.nvrtcGetCUBIN == nil {
 		n.nvrtcGetCUBINSize, n.nvrtcGetCUBIN = nil, nil
 	}
@@ -105,11 +95,10 @@ func loadNVRTC(env environ, driverVersion int) (*NVRTC, error) {
 	}
 	var major, minor int32
 	if err := n.check("nvrtcVersion", n.nvrtcVersion(&major, &minor)); err != nil {
-		return nil, err
+		return err
 	}
 	n.major, n.minor = int(major), int(minor)
-	nvrtcLoaded[opened] = n
-	return n, nil
+	return nil
 }
 
 // Path returns the NVRTC library loaded.

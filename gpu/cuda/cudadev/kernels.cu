@@ -131,21 +131,23 @@ extern "C" __global__ void k_softmax_xent_backward(float *dz, const float *probs
 	}
 }
 
+// nhwc splits the index i of an N×H×W×C tensor into its coordinates.
+__device__ static void nhwc(ll i, ll H, ll W, ll C, ll *n, ll *h, ll *w, ll *c) {
+	*c = i % C;
+	i /= C;
+	*w = i % W;
+	i /= W;
+	*h = i % H;
+	*n = i / H;
+}
+
 // One thread per element of col: col[(n·OH+oh)·OW+ow][(kh·KW+kw)·C+c].
 extern "C" __global__ void k_im2col(float *col, const float *x, ll N, ll H, ll W, ll C, ll KH, ll KW, ll S, ll P,
                                     ll OH, ll OW) {
 	LOOP(i, N * OH * OW * KH * KW * C) {
-		ll t = i;
-		ll c = t % C;
-		t /= C;
-		ll kw = t % KW;
-		t /= KW;
-		ll kh = t % KH;
-		t /= KH;
-		ll ow = t % OW;
-		t /= OW;
-		ll oh = t % OH;
-		ll n = t / OH;
+		ll K = KH * KW * C, n, oh, ow, c, kh, kw, unused;
+		nhwc(i / K, OH, OW, 1, &n, &oh, &ow, &unused);
+		nhwc(i % K, KH, KW, C, &unused, &kh, &kw, &c);
 		ll ih = oh * S - P + kh, iw = ow * S - P + kw;
 		col[i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((n * H + ih) * W + iw) * C + c] : 0.0f;
 	}
@@ -165,13 +167,8 @@ extern "C" __global__ void k_col2im(float *dx, const float *col, ll N, ll H, ll 
                                     ll OH, ll OW) {
 	ll K = KH * KW * C;
 	LOOP(i, N * H * W * C) {
-		ll t = i;
-		ll c = t % C;
-		t /= C;
-		ll iw = t % W;
-		t /= W;
-		ll ih = t % H;
-		ll n = t / H;
+		ll n, ih, iw, c;
+		nhwc(i, H, W, C, &n, &ih, &iw, &c);
 		ll oh0, oh1, ow0, ow1;
 		lo_hi(ih, KH, S, P, OH, &oh0, &oh1);
 		lo_hi(iw, KW, S, P, OW, &ow0, &ow1);
@@ -191,13 +188,8 @@ extern "C" __global__ void k_col2im(float *dx, const float *col, ll N, ll H, ll 
 extern "C" __global__ void k_maxpool(float *y, float *argmax, const float *x, ll N, ll H, ll W, ll C, ll K, ll S,
                                      ll OH, ll OW) {
 	LOOP(o, N * OH * OW * C) {
-		ll t = o;
-		ll c = t % C;
-		t /= C;
-		ll ow = t % OW;
-		t /= OW;
-		ll oh = t % OH;
-		ll n = t / OH;
+		ll n, oh, ow, c;
+		nhwc(o, OH, OW, C, &n, &oh, &ow, &c);
 		const float *img = x + n * H * W * C;
 		ll ih0 = oh * S, iw0 = ow * S;
 		ll pos = ih0 * W + iw0;
@@ -221,13 +213,8 @@ extern "C" __global__ void k_maxpool(float *y, float *argmax, const float *x, ll
 extern "C" __global__ void k_maxpool_backward(float *dx, const float *dy, const float *argmax, ll N, ll H, ll W,
                                               ll C, ll K, ll S, ll OH, ll OW) {
 	LOOP(i, N * H * W * C) {
-		ll t = i;
-		ll c = t % C;
-		t /= C;
-		ll iw = t % W;
-		t /= W;
-		ll ih = t % H;
-		ll n = t / H;
+		ll n, ih, iw, c;
+		nhwc(i, H, W, C, &n, &ih, &iw, &c);
 		ll oh0, oh1, ow0, ow1;
 		lo_hi(ih, K, S, 0, OH, &oh0, &oh1);
 		lo_hi(iw, K, S, 0, OW, &ow0, &ow1);
