@@ -5,7 +5,12 @@
 # It shows progress while they train, then every peer's final accuracy and
 # parameter hash, which agree bit for bit.
 #
-#   PEERS=4 STEPS=500 CODEC=sint8 MODEL=mlp [BINARY=path] scripts/demo.sh
+#   PEERS=4 STEPS=500 CODEC=sint8 MODEL=mlp [BINARY=path] [IDENTITIES=dir] scripts/demo.sh
+#
+# IDENTITIES names a folder of peer identity files 0.key, 1.key, … (p2ptrain
+# keygen --identity); peer I runs with I.key, so repeated runs get the same peer
+# IDs, hence the same ring ranks and data shards (until the link probes re-plan
+# the ring). Without it every peer gets a fresh identity.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 peers="${PEERS:-4}"
@@ -35,6 +40,7 @@ trap cleanup EXIT INT TERM
 # start_peer I [FLAGS...]: runs peer I in the background; stdout in $work/I.out, logs in $work/I.log.
 start_peer() {
   local i="$1"; shift
+  [ -z "${IDENTITIES:-}" ] || set -- --identity "$IDENTITIES/$i.key" "$@"
   "$bin" join --name "peer$i" --cluster demo --listen /ip4/127.0.0.1/tcp/0 \
     --api 127.0.0.1:0 --mdns=false --log-format json \
     --model "$model" --codec "$codec" --steps "$steps" --min-peers "$peers" \
