@@ -21,6 +21,15 @@ import (
 // P = (M + E)Q̂, E = M + E − PQ̂ᵀ, output ΣP·Q̂ᵀ/W; on a Q-step P̂ = orth(P),
 // Q = (M + E)ᵀP̂, E = M + E − P̂Qᵀ, output P̂·ΣQᵀ/W (P and Q being the last sums).
 //
+// ACP-SGD projects each step's M + E onto a basis (Q̂ or P̂) made from the previous
+// step, where PowerSGD's P̂ comes from this step's M + E; so ACP-SGD sends less of
+// the fresh gradient and error feedback sends the rest later, stale. On the
+// trainer's mlp (4 peers, rank 4; TestLowRankTraining in acp_sim_test.go) the
+// sent gradient's cosine with the fp32 mean is about 0.1–0.4 per hidden layer
+// against PowerSGD's 0.5–0.75, and starting ACP-SGD at the learning-rate peak
+// costs about 0.7 pp of final accuracy where starting it after 200 fp32 steps
+// costs about 0.2–0.4 pp.
+//
 // State changes (E, Q, P, the ACP-SGD phase) are committed by the last Absorb of
 // a step, so a step aborted anywhere can be retried from Factor(0, …) with the
 // same gradient. Encode runs a whole single-peer step and writes, per tensor in
