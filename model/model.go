@@ -652,7 +652,10 @@ func NoiseSeed(seed uint64, step int64, rank int) uint64 {
 // caller owns the bucket's slice of Grads (the all-reduce may average in
 // place); ready must not touch other buckets' gradients before their call.
 //
-// It returns the loss and accuracy of the forward pass over all batches.
+// It returns the loss and accuracy of the forward pass over all batches, and
+// then the devices' deferred errors (*DeviceError): a failed device's
+// results are not valid (the CUDA device gives NaN), nor are the buckets
+// already handed to ready.
 func (m *Model) ComputeGradients(batches []Batch, noiseSeed uint64, ready func(bucket int)) (Stats, error) {
 	if len(batches) != len(m.replicas) {
 		return Stats{}, fmt.Errorf("model: %d batches for %d devices", len(batches), len(m.replicas))
@@ -671,7 +674,7 @@ func (m *Model) ComputeGradients(batches []Batch, noiseSeed uint64, ready func(b
 		r := m.replicas[0]
 		st := r.forward(m, batches[0], true, mix(noiseSeed, 0))
 		r.backward(m, batches[0].N(), m.grads, ready)
-		return st, nil
+		return st, m.synchronize()
 	}
 	R := len(m.replicas)
 	stats := make([]Stats, R)
@@ -722,12 +725,36 @@ func (m *Model) ComputeGradients(batches []Batch, noiseSeed uint64, ready func(b
 	for _, s := range stats {
 		st.add(s)
 	}
-	return st, nil
+	return st, m.synchronize()
+}
+
+// DeviceError is a failure a device reported (gpu.Device.Synchronize): the
+// results of the work that failed are not valid, and the device may not
+// recover (a CUDA context is unusable after a kernel fault).
+type DeviceError struct {
+	Device string // the device's name
+	Err    error
+}
+
+func (e *DeviceError) Error() string { return fmt.Sprintf("model: device %s: %v", e.Device, e.Err) }
+
+func (e *DeviceError) Unwrap() error { return e.Err }
+
+// synchronize waits for every replica's device and returns the errors they
+// deferred, each a *DeviceError.
+func (m *Model) synchronize() error {
+	var errs []error
+	for _, r := range m.replicas {
+		if err := r.dev.Synchronize(); err != nil {
+			errs = append(errs, &DeviceError{Device: r.dev.Name(), Err: err})
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Evaluate runs the model in inference mode over a dataset in batches of up
 // to MaxBatch, split across the replicas, and returns the mean loss and the
-// accuracy.
+// accuracy, or the devices' deferred errors (*DeviceError).
 func (m *Model) Evaluate(ds *Dataset) (Stats, error) {
 	if ds.Len() == 0 {
 		return Stats{}, errors.New("model: evaluating on an empty dataset")
@@ -757,7 +784,7 @@ func (m *Model) Evaluate(ds *Dataset) (Stats, error) {
 	for _, s := range stats {
 		st.add(s)
 	}
-	return st, nil
+	return st, m.synchronize()
 }
 
 // HasNonFinite reports whether v contains a NaN or an infinity.

@@ -84,6 +84,9 @@ type TrainConfig struct {
 	WeightDecay float64 `toml:"weight_decay"`
 	// WarmupSteps of linear learning-rate warm-up, then cosine decay to the end.
 	WarmupSteps int `toml:"warmup_steps"`
+	// LowRankWarmupSteps: a low-rank codec (powersgd, acpsgd) starts after
+	// max(WarmupSteps, LowRankWarmupSteps) steps all-reduced in fp32.
+	LowRankWarmupSteps int `toml:"lowrank_warmup_steps"`
 	// ClipNorm clips the global gradient norm (0: off).
 	ClipNorm float64 `toml:"clip_norm"`
 	// Seed shared by the cluster: initialisation and data order.
@@ -240,20 +243,21 @@ func DefaultConfig() Config {
 			Concurrency: allreduce.DefaultConcurrency,
 		},
 		Train: TrainConfig{
-			Model:       "mlp",
-			Hidden:      []int{1024, 1024},
-			Steps:       0,
-			BatchSize:   64,
-			LR:          0.05,
-			Optimizer:   "sgd",
-			Momentum:    0.9,
-			WeightDecay: 0,
-			WarmupSteps: 50,
-			Seed:        1,
-			Devices:     []string{"cpu"},
-			EvalEvery:   200,
-			CheckEvery:  50,
-			MinPeers:    1,
+			Model:              "mlp",
+			Hidden:             []int{1024, 1024},
+			Steps:              0,
+			BatchSize:          64,
+			LR:                 0.05,
+			Optimizer:          "sgd",
+			Momentum:           0.9,
+			WeightDecay:        0,
+			WarmupSteps:        50,
+			LowRankWarmupSteps: 200,
+			Seed:               1,
+			Devices:            []string{"cpu"},
+			EvalEvery:          200,
+			CheckEvery:         50,
+			MinPeers:           1,
 		},
 		Probe: ProbeConfig{
 			Enabled:        true,
@@ -400,7 +404,7 @@ func (t *TrainConfig) validate(bad func(key, format string, args ...any)) {
 		key    string
 		v, min int
 	}{
-		{"train.steps", t.Steps, 0}, {"train.batch_size", t.BatchSize, 1}, {"train.warmup_steps", t.WarmupSteps, 0},
+		{"train.steps", t.Steps, 0}, {"train.batch_size", t.BatchSize, 1}, {"train.warmup_steps", t.WarmupSteps, 0}, {"train.lowrank_warmup_steps", t.LowRankWarmupSteps, 0},
 		{"train.train_samples", t.TrainSamples, 0}, {"train.eval_every", t.EvalEvery, 0}, {"train.eval_samples", t.EvalSamples, 0},
 		{"train.check_every", t.CheckEvery, 0}, {"train.min_peers", t.MinPeers, 1}, {"train.checkpoint_every", t.CheckpointEvery, 0},
 	} {

@@ -82,10 +82,11 @@ type Trainer struct {
 	test    *model.Dataset
 	sampler *model.Sampler
 	codecs  []compress.Codec
-	// plain are fp32 codecs used instead of low-rank ones during the
-	// learning-rate warm-up (as PyTorch's PowerSGD hook does): the first steps
-	// move the weights most, and a rank-r factorisation started from a random
-	// Q loses too much of them.
+	// plain are fp32 codecs used instead of low-rank ones for the first
+	// max(warmup_steps, lowrank_warmup_steps) steps (as PyTorch's PowerSGD
+	// hook does): the first steps move the weights most, and a rank-r
+	// factorisation started from a random Q loses too much of them; ACP-SGD,
+	// which projects onto a basis one step old, needs the longer start.
 	plain    []compress.Codec
 	batches  []model.Batch
 	idx      []int
@@ -233,7 +234,9 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			continue
 		}
 		first = false
-		t.runEpoch(ctx, ep)
+		if err := t.runEpoch(ctx, ep); err != nil {
+			return Result{}, err
+		}
 		if ctx.Err() != nil {
 			return Result{}, ctx.Err()
 		}
@@ -414,8 +417,10 @@ func (t *Trainer) requestEpoch(current uint64) {
 	t.n.gsp.Beat()
 }
 
-// runEpoch trains in ep until the epoch changes, a round fails, or the run ends.
-func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) {
+// runEpoch trains in ep until the epoch changes, a round fails, or the run
+// ends. It returns an error only when training cannot go on: a local device
+// failed (*model.DeviceError).
+func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 	self := t.n.ID().String()
 	aep := allreduce.Epoch{Number: ep.Number, Self: allreduce.PeerID(self)}
 	for _, p := range ep.Order {
@@ -428,7 +433,7 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) {
 		tr.Reset(err)
 		t.log.Error("cannot start all-reduce session", zap.Error(err))
 		t.requestEpoch(ep.Number)
-		return
+		return nil
 	}
 	for _, c := range t.codecs {
 		if lr, ok := c.(compress.LowRank); ok {
@@ -439,12 +444,19 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) {
 	t.log.Info("training in ring epoch", zap.Uint64("epoch", ep.Number), zap.Int("peers", len(ep.Order)),
 		zap.Int("rank", rank), zap.Uint64("step", t.step))
 	failed := false
+	var fatal error
 	for t.step < uint64(t.cfg.Steps) && ctx.Err() == nil {
 		if _, cur := t.n.gsp.Snapshot(); cur.Number != ep.Number {
 			break
 		}
 		if err := t.runStep(ctx, sess, links, rank, len(ep.Order), ep.Number); err != nil {
 			if ctx.Err() != nil {
+				break
+			}
+			if de := (*model.DeviceError)(nil); errors.As(err, &de) {
+				// Retrying on a device that failed would only fail again.
+				fatal = fmt.Errorf("node: training stopped at step %d: %w", t.step, err)
+				failed = true
 				break
 			}
 			t.log.Warn("step failed; retrying it in a new ring epoch", zap.Uint64("step", t.step), zap.Error(err))
@@ -463,9 +475,10 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) {
 	if failed || ctx.Err() != nil {
 		tr.Reset(errEpochChanged)
 		t.requestEpoch(ep.Number)
-		return
+		return fatal
 	}
 	tr.Close()
+	return nil
 }
 
 // runStep computes, all-reduces and applies one step.
@@ -495,7 +508,7 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, links []
 			clear(g)
 		}
 		codec := t.codecs[b]
-		if t.plain != nil && step < uint64(t.cfg.WarmupSteps) {
+		if t.plain != nil && step < uint64(max(t.cfg.WarmupSteps, t.cfg.LowRankWarmupSteps)) {
 			codec = t.plain[b]
 		}
 		bk := allreduce.Bucket{ID: uint32(b), Codec: codec, Data: g, Out: g}
@@ -541,7 +554,7 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, links []
 func (t *Trainer) afterStep() {
 	s := int(t.step)
 	if t.cfg.EvalEvery > 0 && s%t.cfg.EvalEvery == 0 && s < t.cfg.Steps {
-		t.evaluate()
+		_, _ = t.evaluate() // logged; a device error also fails the next step
 	}
 	if t.cfg.CheckEvery > 0 && s%t.cfg.CheckEvery == 0 {
 		h := t.m.ParamHash()
@@ -561,16 +574,16 @@ func (t *Trainer) afterStep() {
 	}
 }
 
-func (t *Trainer) evaluate() model.Stats {
+func (t *Trainer) evaluate() (model.Stats, error) {
 	st, err := t.m.Evaluate(t.test)
 	if err != nil {
 		t.log.Error("evaluation failed", zap.Error(err))
-		return st
+		return st, err
 	}
 	t.lastEval = st.Accuracy()
 	t.n.updateTrain(func(ti *trainInfo) { ti.accuracy = st.Accuracy() })
 	t.log.Info("evaluation", zap.Uint64("step", t.step), zap.Float64("test_loss", st.Loss), zap.Float64("test_accuracy", st.Accuracy()))
-	return st
+	return st, nil
 }
 
 func (t *Trainer) checkpoint() {
@@ -621,7 +634,10 @@ func (t *Trainer) checkParams(ep gossip.Epoch) bool {
 // finish evaluates, writes the final checkpoint, and keeps serving state for a
 // while so a peer whose last round failed can still catch up.
 func (t *Trainer) finish(ctx context.Context) (Result, error) {
-	st := t.evaluate()
+	st, err := t.evaluate()
+	if de := (*model.DeviceError)(nil); errors.As(err, &de) {
+		return Result{}, fmt.Errorf("node: final evaluation: %w", err)
+	}
 	if t.cfg.CheckpointDir != "" {
 		t.checkpoint()
 	}

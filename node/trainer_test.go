@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/p2ptrain/p2ptrain/gossip"
+	"github.com/p2ptrain/p2ptrain/gpu"
 	"github.com/p2ptrain/p2ptrain/model"
 )
 
@@ -36,6 +38,7 @@ func trainConfig(steps, minPeers int, bootstrap ...string) Config {
 	cfg.Train.EvalEvery = 0
 	cfg.Train.CheckEvery = 5
 	cfg.Train.WarmupSteps = 5
+	cfg.Train.LowRankWarmupSteps = 0
 	cfg.Train.LR = 0.1
 	cfg.Allreduce.ChunkBytes = 16 << 10
 	cfg.Allreduce.BucketBytes = 64 << 10
@@ -252,6 +255,10 @@ func TestTrainCheckpointRestart(t *testing.T) {
 			boot := bootstrapTo(peers)
 			cfg := trainConfig(steps, 2, boot...)
 			cfg.Node.Identity = id
+			// The runs are compared bit for bit, so no run may move to
+			// per-link fp16 because a probe of loopback measured one
+			// direction slower: the codecs must not depend on timing.
+			cfg.Allreduce.LinkCodecs = LinkCodecsOff
 			if ckpt != "" {
 				cfg.Train.CheckpointDir = filepath.Join(ckpt, fmt.Sprint(i))
 				cfg.Train.CheckpointEvery = 10
@@ -364,4 +371,53 @@ func TestTrainParamHashMismatchResyncs(t *testing.T) {
 		p.wait(t, time.Minute)
 	}
 	sameResult(t, peers, steps)
+}
+
+// faultyGPU is a stand-in "cuda" device: the CPU device whose Synchronize
+// reports a deferred fault from its failAt-th call on, as a CUDA context does
+// after a kernel fault.
+type faultyGPU struct {
+	*gpu.CPU
+	calls, failAt int
+}
+
+func (d *faultyGPU) Name() string { return "cuda:0 (stand-in)" }
+
+func (d *faultyGPU) Synchronize() error {
+	d.calls++
+	if d.calls >= d.failAt {
+		return errors.New("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered")
+	}
+	return nil
+}
+
+var registerFaultyGPU sync.Once
+
+// TestTrainDeviceFailureStops: a device fault is not retried like a network
+// failure. The peer whose GPU failed stops with an error naming the device
+// and the step; the other peer goes on and finishes alone.
+func TestTrainDeviceFailureStops(t *testing.T) {
+	requireDataset(t)
+	const steps = 30
+	registerFaultyGPU.Do(func() {
+		gpu.RegisterOpener("cuda", func(gpu.Spec) ([]gpu.Device, error) {
+			return []gpu.Device{&faultyGPU{CPU: gpu.NewCPU(0), failAt: 8}}, nil
+		})
+	})
+	healthy := startTrainer(t, trainConfig(steps, 2), nil)
+	cfg := trainConfig(steps, 2, bootstrapTo([]*trainPeer{healthy})...)
+	cfg.Train.Devices = []string{"cuda:0"}
+	faulty := startTrainer(t, cfg, nil)
+
+	faulty.wait(t, time.Minute)
+	var de *model.DeviceError
+	if !errors.As(faulty.err, &de) || de.Device != "cuda:0 (stand-in)" || !strings.Contains(faulty.err.Error(), "ILLEGAL_ADDRESS") ||
+		!strings.Contains(faulty.err.Error(), "training stopped at step 7") {
+		t.Fatalf("faulty peer: err = %v, want a *model.DeviceError naming the device, the fault and step 7", faulty.err)
+	}
+	faulty.n.Close() // as `p2ptrain join` does when training fails: leave the cluster
+	healthy.wait(t, time.Minute)
+	if healthy.err != nil || healthy.res.Step != steps {
+		t.Fatalf("healthy peer: step %d, err %v; want it to finish all %d steps alone", healthy.res.Step, healthy.err, steps)
+	}
 }
