@@ -38,6 +38,9 @@ type cudaStatus struct {
 	Usable        bool   `json:"usable"`
 	Library       string `json:"library,omitempty"`
 	DriverVersion string `json:"driver_version,omitempty"`
+	// CUBLAS and NVRTC are the libraries training on the GPUs loads.
+	CUBLAS string `json:"cublas,omitempty"`
+	NVRTC  string `json:"nvrtc,omitempty"`
 	// Reason classifies Error: library_not_found, symbol_missing,
 	// driver_too_old, driver_error, no_device or unsupported_platform.
 	Reason string `json:"reason,omitempty"`
@@ -55,6 +58,9 @@ func cmdDevices(args []string, stdout, stderr io.Writer) error {
 	if err == nil {
 		devs, derr := d.Devices()
 		rep = buildDevicesReport(d.Path(), d.Version(), devs, derr)
+		if derr == nil {
+			addTrainingLibs(&rep, d.Version())
+		}
 	} else {
 		rep = buildDevicesReport("", 0, nil, err)
 	}
@@ -90,6 +96,23 @@ func buildDevicesReport(lib string, version int, devs []cuda.DeviceInfo, err err
 		})
 	}
 	return rep
+}
+
+// addTrainingLibs loads cuBLAS and NVRTC, which training on the GPUs needs
+// besides the driver, and records their paths in rep, or marks CUDA unusable
+// with the reason the first of them failed.
+func addTrainingLibs(rep *devicesReport, driverVersion int) {
+	b, err := cuda.LoadBLAS(driverVersion)
+	if err == nil {
+		rep.CUDA.CUBLAS = b.Path()
+		var n *cuda.NVRTC
+		if n, err = cuda.LoadNVRTC(driverVersion); err == nil {
+			rep.CUDA.NVRTC = n.Path()
+			return
+		}
+	}
+	rep.CUDA.Usable = false
+	rep.CUDA.Reason, rep.CUDA.Error = cudaReason(err), err.Error()
 }
 
 // cudaReason classifies a loader error for the JSON report.
@@ -129,12 +152,16 @@ func printDevices(w io.Writer, rep devicesReport) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", d.Spec, d.Name, mem, cc, units)
 	}
 	tw.Flush()
+	if rep.CUDA.Library != "" {
+		fmt.Fprintf(w, "\ncuda: driver %s (%s)\n", rep.CUDA.DriverVersion, rep.CUDA.Library)
+	} else {
+		fmt.Fprintln(w)
+	}
 	if !rep.CUDA.Usable {
-		fmt.Fprintf(w, "\ncuda: no usable GPU: %s\n", rep.CUDA.Error)
+		fmt.Fprintf(w, "cuda: no usable GPU: %s\n", rep.CUDA.Error)
 		return
 	}
-	fmt.Fprintf(w, "\ncuda: driver %s (%s)\n", rep.CUDA.DriverVersion, rep.CUDA.Library)
-	fmt.Fprintln(w, "note: training on CUDA devices is not built yet (issue 6); devices = [\"cpu\"] is what runs")
+	fmt.Fprintf(w, "cuda: cuBLAS %s, NVRTC %s; train on them with devices = [\"cuda\"]\n", rep.CUDA.CUBLAS, rep.CUDA.NVRTC)
 }
 
 // cpuName returns the processor's model name where /proc/cpuinfo gives it,

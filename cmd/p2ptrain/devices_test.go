@@ -46,12 +46,16 @@ func TestDevicesNoGPU(t *testing.T) {
 	}
 }
 
-// TestDevicesFakeGPUs runs `p2ptrain devices` against a stand-in driver
-// library that reports two GPUs, through the real loader.
+// TestDevicesFakeGPUs runs `p2ptrain devices` against stand-in driver,
+// cuBLAS and NVRTC libraries whose driver reports two GPUs, through the real
+// loader.
 func TestDevicesFakeGPUs(t *testing.T) {
 	needCUDALoader(t)
-	lib := cudatest.BuildFake(t, t.TempDir(), "libcuda.so.1")
+	fake := cudatest.BuildFakeGPU(t, t.TempDir())
+	lib := fake.Driver
 	t.Setenv(cuda.EnvLibrary, lib)
+	t.Setenv(cuda.EnvBLAS, fake.BLAS)
+	t.Setenv(cuda.EnvNVRTC, fake.NVRTC)
 
 	code, out, _ := runCLI(t, "devices")
 	if code != 0 {
@@ -61,6 +65,7 @@ func TestDevicesFakeGPUs(t *testing.T) {
 		`(?m)^cuda:0\s+Fake GPU Alpha\s+16\.0 GiB\s+8\.6\s+132$`,
 		`(?m)^cuda:1\s+Fake GPU Beta\s+32\.0 GiB\s+9\.5\s+132$`,
 		`(?m)^cuda: driver 12\.4 \(` + regexp.QuoteMeta(lib) + `\)$`,
+		`(?m)^cuda: cuBLAS ` + regexp.QuoteMeta(fake.BLAS) + `, NVRTC ` + regexp.QuoteMeta(fake.NVRTC) + `; train on them with devices = \["cuda"\]$`,
 	} {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("output does not match %s:\n%s", want, out)
@@ -72,7 +77,7 @@ func TestDevicesFakeGPUs(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("invalid JSON: %v\n%s", err, out)
 	}
-	wantCUDA := cudaStatus{Usable: true, Library: lib, DriverVersion: "12.4"}
+	wantCUDA := cudaStatus{Usable: true, Library: lib, DriverVersion: "12.4", CUBLAS: fake.BLAS, NVRTC: fake.NVRTC}
 	if rep.CUDA != wantCUDA {
 		t.Errorf("cuda = %+v, want %+v", rep.CUDA, wantCUDA)
 	}
@@ -82,6 +87,38 @@ func TestDevicesFakeGPUs(t *testing.T) {
 	}
 	if len(rep.Devices) != 3 || !reflect.DeepEqual(rep.Devices[1:], want) {
 		t.Errorf("devices = %+v, want cpu then %+v", rep.Devices, want)
+	}
+}
+
+// TestDevicesWithoutTrainingLibs checks that GPUs the driver reports are
+// listed but not usable when cuBLAS or NVRTC is missing, naming the library.
+func TestDevicesWithoutTrainingLibs(t *testing.T) {
+	needCUDALoader(t)
+	dir := t.TempDir()
+	fake := cudatest.BuildFakeGPU(t, dir)
+	t.Setenv(cuda.EnvLibrary, fake.Driver)
+	for _, tc := range []struct {
+		name, blas, nvrtc, want string
+	}{
+		{"no cuBLAS", filepath.Join(dir, "none", "libcublas.so.12"), fake.NVRTC, "libcublas.so.12 not found"},
+		{"no NVRTC", fake.BLAS, filepath.Join(dir, "none", "libnvrtc.so.12"), "libnvrtc.so.12 not found"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(cuda.EnvBLAS, tc.blas)
+			t.Setenv(cuda.EnvNVRTC, tc.nvrtc)
+			code, out, _ := runCLI(t, "devices")
+			if code != 0 || !strings.Contains(out, "cuda:0") || !strings.Contains(out, "cuda: no usable GPU: ") || !strings.Contains(out, tc.want) {
+				t.Errorf("devices: exit %d, want 0, cuda:0 listed and no usable GPU for want of %s:\n%s", code, tc.want, out)
+			}
+			_, out, _ = runCLI(t, "devices", "--json")
+			var rep devicesReport
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				t.Fatalf("invalid JSON: %v\n%s", err, out)
+			}
+			if rep.CUDA.Usable || rep.CUDA.Reason != "library_not_found" || len(rep.Devices) != 3 {
+				t.Errorf("report = %+v, want 3 devices, unusable, library_not_found", rep)
+			}
+		})
 	}
 }
 
