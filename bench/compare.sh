@@ -11,12 +11,15 @@
 #   gbit     4 hosts at 1gbit, fp32, ring: busbw over the link rate (target ≥ 0.95)
 #   codecs   4 hosts at 100mbit, ring: fp32 against int8, sint8, dyn8 (target ≥ 3.7),
 #            onebit, sign (≥ 20) and qsgd:bits=4 (≥ 7), as time(fp32)/time(codec)
-#   uneven   1 host at 100mbit + 3 at 1gbit, fp32: schedule ring against auto and
-#            proportional (bandwidth shares; target time(ring)/time(this) ≥ 1.4)
+#   uneven   1 host at 100mbit + 3 at 1gbit, fp32: schedule ring against auto,
+#            proportional (bandwidth shares) and ring+links (the ring with
+#            --link-codecs auto: fp16 on the slow host's links); target
+#            time(ring)/time(this) ≥ 1.4
 #
 # A custom comparison instead: --hosts, --rate or --rates, and one or more
 # --codec C and --schedule S (every codec with every schedule; the first codec
-# with the first schedule is the baseline). Codec specs may contain commas
+# with the first schedule is the baseline; a schedule S+links adds
+# --link-codecs auto to S). Codec specs may contain commas
 # (qsgd:bits=4,bucket=512), hence one flag per codec.
 #
 # Common options: --size [64MiB] --rounds [5] --delay --loss --mtu --timeout
@@ -96,11 +99,11 @@ target_of() {
 
 # run_table preset hosts-args...: runs every codec × schedule and prints the table.
 run_table() {
-	local preset=$1 base="" n=0 c s jl log med busbw algbw ratio tgt verdict linkrel min_bps
+	local preset=$1 base="" n=0 c s sched links jl log med busbw algbw ratio tgt verdict linkrel min_bps
 	shift
 	local net=("$@")
 	printf '\n== %s: %s, size %s, %s rounds %s\n' "$preset" "${net[*]}" "$size" "$rounds" "${common[*]:-}"
-	printf '%-28s %-8s %10s %11s %11s %10s %10s  %s\n' codec schedule median_s algbw_gbps busbw_gbps \
+	printf '%-28s %-10s %10s %11s %11s %10s %10s  %s\n' codec schedule median_s algbw_gbps busbw_gbps \
 		busbw/link speedup target
 	min_bps=$(bench_min_bps "${net[@]}")
 	for c in "${codecs[@]}"; do
@@ -108,9 +111,13 @@ run_table() {
 			n=$((n + 1))
 			jl=$work/$preset-$n.jsonl
 			log=$work/$preset-$n.log
-			if ! "$HERE/netns.sh" "${net[@]}" --codec "$c" --schedule "$s" --size "$size" --rounds "$rounds" \
-				--binary "$binary" --out "$jl" "${common[@]}" -- "${extra[@]}" >"$log" 2>&1; then
-				printf '%-28s %-8s %10s   (see %s)\n' "$c" "$s" FAILED "$log"
+			sched=$s links=()
+			if [[ $s == *+links ]]; then # the schedule with per-link codecs
+				sched=${s%+links} links=(--link-codecs auto)
+			fi
+			if ! "$HERE/netns.sh" "${net[@]}" --codec "$c" --schedule "$sched" --size "$size" --rounds "$rounds" \
+				--binary "$binary" --out "$jl" "${common[@]}" -- "${extra[@]}" "${links[@]}" >"$log" 2>&1; then
+				printf '%-28s %-10s %10s   (see %s)\n' "$c" "$s" FAILED "$log"
 				grep -E 'error:' "$log" | tail -n 2 | sed 's/^/    /'
 				trap - EXIT
 				failed=1
@@ -129,7 +136,7 @@ run_table() {
 			elif [ "$preset" = gbit ]; then
 				verdict="busbw/link ≥ 0.95: $(awk -v r="$linkrel" 'BEGIN { print (r >= 0.95 ? "meets" : "below") }')"
 			fi
-			printf '%-28s %-8s %10.3f %11.4f %11.4f %10s %10s  %s\n' "$c" "$s" "$med" "$algbw" "$busbw" \
+			printf '%-28s %-10s %10.3f %11.4f %11.4f %10s %10s  %s\n' "$c" "$s" "$med" "$algbw" "$busbw" \
 				"$linkrel" "$ratio" "$verdict"
 			if [ -n "$out" ]; then
 				sed -E "s/\\}[[:space:]]*\$/,\"compare\":\"$preset\"}/" "$jl" >>"$out"
@@ -165,7 +172,7 @@ for p in "${presets[@]}"; do
 		run_table codecs --hosts 4 --rate 100mbit
 		;;
 	uneven)
-		codecs=(fp32) schedules=(ring auto proportional)
+		codecs=(fp32) schedules=(ring auto proportional ring+links)
 		run_table uneven --rates 100mbit,1gbit,1gbit,1gbit
 		;;
 	custom)

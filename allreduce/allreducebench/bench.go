@@ -286,7 +286,28 @@ func rateMatrix(rates []float64) allreduce.Matrix {
 // codecs o.LinkCodecs asks for, or nil for none or a schedule other than
 // the ring.
 func linkCodecs(o Options, spec string, sch allreduce.Schedule, rates []float64) ([][]*allreduce.LinkCodecs, error) {
-	if o.LinkCodecs == "" || o.LinkCodecs == "off" {
+	order := make([]int, len(rates))
+	for i := range order {
+		order[i] = i
+	}
+	var out [][]*allreduce.LinkCodecs
+	for i := range rates {
+		lk, err := LinkCodecs(o.LinkCodecs, spec, sch, rateMatrix(rates), order, o.SizeBytes, o.Buckets, i)
+		if lk == nil || err != nil {
+			return nil, err
+		}
+		out = append(out, lk)
+	}
+	return out, nil
+}
+
+// LinkCodecs returns the per-link codecs of the peer at rank of ring order
+// over m, one per bucket of the benchmark's equal buckets of sizeBytes, for
+// mode "auto" (allreduce.LinkSpecs' choice) or a codec spec used on the slow
+// links. It returns nil for mode "off" (or "") and for schedules other than
+// the ring; spec must be a codec with per-link variants.
+func LinkCodecs(mode, spec string, sch allreduce.Schedule, m allreduce.Matrix, order []int, sizeBytes, buckets, rank int) ([]*allreduce.LinkCodecs, error) {
+	if mode == "" || mode == "off" {
 		return nil, nil
 	}
 	if _, err := allreduce.LinkCodecSpec(spec); err != nil {
@@ -295,31 +316,22 @@ func linkCodecs(o Options, spec string, sch allreduce.Schedule, rates []float64)
 	if sch != allreduce.ScheduleRing && sch != allreduce.ScheduleAuto {
 		return nil, nil
 	}
-	override := o.LinkCodecs
+	override := mode
 	if override == "auto" {
 		override = ""
 	}
-	w := len(rates)
-	order := make([]int, w)
-	for i := range order {
-		order[i] = i
-	}
-	edges, final, err := allreduce.LinkSpecs(spec, rateMatrix(rates), order, override)
+	edges, final, err := allreduce.LinkSpecs(spec, m, order, override)
 	if err != nil {
 		return nil, err
 	}
-	n := o.SizeBytes / 4
-	out := make([][]*allreduce.LinkCodecs, w)
-	for i := range out {
-		for b := 0; b < o.Buckets; b++ {
-			size := (b+1)*n/o.Buckets - b*n/o.Buckets
-			lk, err := allreduce.NewLinkCodecs(edges, final, i, func(spec string) (compress.Codec, error) {
-				return newCodec(spec, size, i)
-			})
-			if err != nil {
-				return nil, err
-			}
-			out[i] = append(out[i], lk)
+	n := sizeBytes / 4
+	out := make([]*allreduce.LinkCodecs, buckets)
+	for b := range out {
+		size := (b+1)*n/buckets - b*n/buckets
+		if out[b], err = allreduce.NewLinkCodecs(edges, final, rank, func(spec string) (compress.Codec, error) {
+			return newCodec(spec, size, rank)
+		}); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil

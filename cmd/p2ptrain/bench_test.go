@@ -227,7 +227,7 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"allreduce peers", []string{"bench", "allreduce", "--inproc", "--peers", "0"}, "--peers"},
 		{"allreduce latency", []string{"bench", "allreduce", "--inproc", "--latency", "-1ms"}, "--latency"},
 		{"allreduce link codecs", []string{"bench", "allreduce", "--inproc", "--link-codecs", "onebit"}, "--link-codecs: want off, auto or a linear or quantized codec spec"},
-		{"link codecs without inproc", []string{"bench", "allreduce", "--expect", "3", "--link-codecs", "auto"}, "--link-codecs needs --inproc"},
+		{"cluster link codecs", []string{"bench", "allreduce", "--expect", "3", "--link-codecs", "topk"}, "--link-codecs: want off, auto or a linear or quantized codec spec"},
 		{"inproc with expect", []string{"bench", "allreduce", "--inproc", "--expect", "3"}, "--expect is for a cluster member"},
 		{"inproc with listen", []string{"bench", "allreduce", "--inproc", "--listen", "/ip4/127.0.0.1/tcp/0"}, "--listen starts a real peer"},
 		{"peers without inproc", []string{"bench", "allreduce", "--expect", "3", "--peers", "3"}, "--peers needs --inproc"},
@@ -286,6 +286,8 @@ func TestBenchAllreduceCluster(t *testing.T) {
 	}{
 		{"fp32 ring", nil, "none", "ring"},
 		{"sint8 auto", []string{"--codec", "sint8", "--schedule", "auto"}, "sint8:bucket=2048", "auto:"},
+		// fp16 on the edges the probes found slow, if any ("ring+links").
+		{"fp32 ring with per-link codecs", []string{"--schedule", "ring", "--link-codecs", "fp16"}, "none", "ring"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -39,7 +39,7 @@ type benchAllreduceFlags struct {
 
 // inprocOnly and clusterOnly name the flags of one mode.
 var (
-	inprocOnly  = []string{"peers", "bandwidth", "latency", "link-codecs"}
+	inprocOnly  = []string{"peers", "bandwidth", "latency"}
 	clusterOnly = []string{"expect", "timeout"}
 )
 
@@ -59,8 +59,8 @@ func addBenchAllreduceFlags(fs *flag.FlagSet) *benchAllreduceFlags {
 	fs.Var(&f.bandwidth, "bandwidth", "with --inproc: each peer's link `RATE`, both directions: one for all or a comma list "+
 		"per peer (e.g. 1gbit or 100mbit,1gbit,1gbit,1gbit; default unlimited)")
 	fs.DurationVar(&f.latency, "latency", 0, "with --inproc: one-way `DELAY` added to every frame (e.g. 1ms)")
-	fs.StringVar(&f.links, "link-codecs", "off", "with --inproc: per-link codecs of the ring schedule from --bandwidth: `MODE` off, auto "+
-		"(stronger compression of the codec's family on slow links) or a codec spec used on slow links")
+	fs.StringVar(&f.links, "link-codecs", "off", "per-link codecs of the ring schedule from the link rates (--bandwidth with --inproc, "+
+		"else the probes' figures): `MODE` off, auto (stronger compression of the codec's family on slow links) or a codec spec used on slow links")
 	fs.IntVar(&f.expect, "expect", 0, "cluster member: wait until the ring has `N` peers, then measure with them (required without --inproc)")
 	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "cluster member: how long to wait for --expect peers")
 	return f
@@ -128,12 +128,10 @@ func (f *benchAllreduceFlags) validate() error {
 		case f.latency < 0:
 			return usagef("%s: --latency must not be negative, got %v", cmd, f.latency)
 		}
-		if f.links != "off" && f.links != "auto" {
-			if _, err := allreduce.LinkCodecSpec(f.links); err != nil {
-				return usagef("%s: --link-codecs: want off, auto or a linear or quantized codec spec: %v", cmd, err)
-			}
-		}
-		return nil
+		return f.checkLinks(cmd)
+	}
+	if err := f.checkLinks(cmd); err != nil {
+		return err
 	}
 	for _, name := range inprocOnly {
 		if set[name] {
@@ -203,4 +201,14 @@ func printBenchResult(w io.Writer, r allreducebench.Result, asJSON bool) error {
 	}
 	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
+}
+
+// checkLinks validates --link-codecs.
+func (f *benchAllreduceFlags) checkLinks(cmd string) error {
+	if f.links != "off" && f.links != "auto" {
+		if _, err := allreduce.LinkCodecSpec(f.links); err != nil {
+			return usagef("%s: --link-codecs: want off, auto or a linear or quantized codec spec: %v", cmd, err)
+		}
+	}
+	return nil
 }

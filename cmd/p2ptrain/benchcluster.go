@@ -109,6 +109,7 @@ func (f *benchAllreduceFlags) runCluster(ctx context.Context, stdout, stderr io.
 		size:     f.size.n,
 		rounds:   f.rounds,
 		buckets:  f.buckets,
+		links:    f.links,
 	}
 	res, err := b.run(ctx)
 	if err != nil {
@@ -177,6 +178,7 @@ type clusterBench struct {
 	cfg      allreduce.Config
 	spec     string
 	schedule string // "", ring, direct, allgather, proportional or auto
+	links    string // --link-codecs: off, auto or a codec spec
 	size     int
 	rounds   int
 	buckets  int
@@ -208,7 +210,7 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 		wg.Wait()
 	}()
 
-	if b.schedule == "auto" || b.schedule == "proportional" {
+	if b.schedule == "auto" || b.schedule == "proportional" || b.links != "off" {
 		// Plan from measured links: give the background probes time to
 		// measure every pair first (each peer waits on its own view; rank
 		// 0's plan is the one used).
@@ -231,7 +233,14 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 		tr.Reset(err)
 		return allreducebench.Result{}, fmt.Errorf("bench allreduce: %w", err)
 	}
-	times, err := b.measure(ctx, s, mep.Rank(b.self))
+	rank := mep.Rank(b.self)
+	links, err := allreducebench.LinkCodecs(b.links, b.spec, plan.schedule, plan.edgeMatrix(), plan.order, b.size, b.buckets, rank)
+	if err != nil {
+		s.Close()
+		tr.Reset(err)
+		return allreducebench.Result{}, fmt.Errorf("bench allreduce: --link-codecs: %w", err)
+	}
+	times, err := b.measure(ctx, s, rank, links)
 	if err != nil {
 		s.Close()
 		tr.Reset(err)
@@ -248,6 +257,9 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 			return allreducebench.Result{}, err
 		}
 		name = string(s.ScheduleFor(cd.Class()))
+	}
+	if links != nil {
+		name += "+links"
 	}
 	return allreducebench.NewResult(b.size, b.spec, name, len(peers), allreducebench.Median(times)), nil
 }
@@ -290,7 +302,22 @@ type benchPlan struct {
 	order    []int // measurement ring: indices into members
 	schedule allreduce.Schedule
 	shares   []float64 // per rank of order; nil: equal
+	edges    []float64 // bytes/s of ring edge k, from order[k] to order[k+1]
 	name     string    // schedule as reported ("" until the session resolves it)
+}
+
+// edgeMatrix returns a link matrix over the members holding only the ring
+// edges' rates: what allreduce.LinkSpecs needs of the plan.
+func (p benchPlan) edgeMatrix() allreduce.Matrix {
+	w := len(p.order)
+	m := make(allreduce.Matrix, w)
+	for i := range m {
+		m[i] = make([]float64, w)
+	}
+	for k, r := range p.edges {
+		m[p.order[k]][p.order[(k+1)%w]] = r
+	}
+	return m
 }
 
 // localPlan computes this peer's plan from the ring epoch it has adopted
@@ -330,6 +357,13 @@ func (b *clusterBench) localPlan() (benchPlan, error) {
 			return p, err
 		}
 		p.schedule = s
+	}
+	if b.links != "off" {
+		m := linkMatrix(b.n, b.members)
+		p.edges = make([]float64, w)
+		for k := range p.edges {
+			p.edges[k] = m[p.order[k]][p.order[(k+1)%w]]
+		}
 	}
 	return p, nil
 }
@@ -392,7 +426,7 @@ func linkMatrix(n *node.Node, order []string) allreduce.Matrix {
 // fingerprint returns the settings every peer must share, as 8 bytes.
 func (b *clusterBench) fingerprint() [8]byte {
 	h := fnv.New64a()
-	fmt.Fprintf(h, "%d|%s|%s|%d|%d|%d", b.size, b.spec, b.schedule, b.rounds, b.buckets, b.cfg.ChunkBytes)
+	fmt.Fprintf(h, "%d|%s|%s|%d|%d|%d|%s", b.size, b.spec, b.schedule, b.rounds, b.buckets, b.cfg.ChunkBytes, b.links)
 	var fp [8]byte
 	copy(fp[:], h.Sum(nil))
 	return fp
@@ -402,7 +436,8 @@ func (b *clusterBench) fingerprint() [8]byte {
 // (step 2) and returns rank 0's plan.
 //
 // The vector holds the 8 fingerprint bytes b_k of every peer, their squares,
-// and rank 0's plan (schedule code, order, shares; zeros elsewhere). All
+// and rank 0's plan (schedule code, order, shares, edge rates in Mbit/s;
+// zeros elsewhere). All
 // integers stay below 2^24 after summing, so fp32 carries them exactly; the
 // peers' settings agree iff W·Σb_k² = (Σb_k)² for every k.
 func (b *clusterBench) agree(ctx context.Context, ctrlEpoch uint64) (benchPlan, error) {
@@ -414,7 +449,7 @@ func (b *clusterBench) agree(ctx context.Context, ctrlEpoch uint64) (benchPlan, 
 	codes := []allreduce.Schedule{allreduce.ScheduleAuto, allreduce.ScheduleRing, allreduce.ScheduleDirect,
 		allreduce.ScheduleAllGather, allreduce.ScheduleProportional}
 	const fpLen = 8
-	vec := make([]float32, 2*fpLen+1+2*w)
+	vec := make([]float32, 2*fpLen+1+3*w)
 	fp := b.fingerprint()
 	for k, x := range fp {
 		vec[k], vec[fpLen+k] = float32(x), float32(int(x)*int(x))
@@ -427,6 +462,9 @@ func (b *clusterBench) agree(ctx context.Context, ctrlEpoch uint64) (benchPlan, 
 		}
 		for k, s := range local.shares {
 			plan[1+w+k] = float32(s)
+		}
+		for k, r := range local.edges {
+			plan[1+2*w+k] = float32(r * 8 / 1e6)
 		}
 	}
 	ep := allreduce.Epoch{Number: ctrlEpoch, Self: b.self}
@@ -485,6 +523,13 @@ func (b *clusterBench) agree(ctx context.Context, ctrlEpoch uint64) (benchPlan, 
 			got.shares[k] /= total // the same bits on every peer, so the same shares
 		}
 	}
+	if local.edges != nil {
+		got.edges = make([]float64, w)
+		for k := range got.edges {
+			// The same bits on every peer, so the same per-link codecs.
+			got.edges[k] = max(0, float64(out[2*fpLen+1+2*w+k])*float64(w)) * 1e6 / 8
+		}
+	}
 	if b.schedule == "auto" {
 		got.name = "auto:" + string(got.schedule)
 	}
@@ -513,7 +558,7 @@ func (b *clusterBench) allReduce(ctx context.Context, s *allreduce.Session, data
 // measure runs the warm-up and timed rounds (step 3) and the averaging of
 // the times (step 4) on the measurement session; it returns the averaged
 // time of each timed round in seconds.
-func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, rank int) ([]float64, error) {
+func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, rank int, links []*allreduce.LinkCodecs) ([]float64, error) {
 	n := b.size / 4
 	bounds := make([]int, b.buckets+1)
 	for i := range bounds {
@@ -549,7 +594,11 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, rank i
 		rd := s.NewRound(ctx, b.step)
 		for i := b.buckets - 1; i >= 0; i-- {
 			lo, hi := bounds[i], bounds[i+1]
-			if err := rd.Add(allreduce.Bucket{ID: uint32(i), Codec: codecs[i], Data: data[lo:hi], Out: out[lo:hi]}); err != nil {
+			bk := allreduce.Bucket{ID: uint32(i), Codec: codecs[i], Data: data[lo:hi], Out: out[lo:hi]}
+			if links != nil {
+				bk.Links = links[i]
+			}
+			if err := rd.Add(bk); err != nil {
 				break // Wait reports it
 			}
 		}
