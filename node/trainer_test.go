@@ -421,3 +421,87 @@ func TestTrainDeviceFailureStops(t *testing.T) {
 		t.Fatalf("healthy peer: step %d, err %v; want it to finish all %d steps alone", healthy.res.Step, healthy.err, steps)
 	}
 }
+
+// TestTrainPerLinkCodecs: three peers start training on a ring of uniform
+// codecs; injected link figures make one peer slow, the coordinator re-plans
+// with fp16 on that peer's links, and training goes on in the new epoch with
+// every replica still identical.
+func TestTrainPerLinkCodecs(t *testing.T) {
+	requireDataset(t)
+	const steps, w = 40, 3
+	injected := make(chan struct{})
+	var nodes []*Node // written before injected is closed
+	hook := func(step uint64, bucket int, g []float32) {
+		if step != 0 || bucket != 0 {
+			return
+		}
+		// Hold the first step until the per-link epoch is adopted here, so
+		// that most steps run in it.
+		<-injected
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			if _, ep := nodes[0].Gossip().Snapshot(); ep.LinkCodecs != nil {
+				return
+			}
+			time.Sleep(pollInterval)
+		}
+	}
+	var peers []*trainPeer
+	for range w {
+		cfg := trainConfig(steps, w, bootstrapTo(peers)...)
+		cfg.Probe.Enabled = false
+		cfg.Allreduce.Schedule = "ring"
+		peers = append(peers, startTrainerHook(t, cfg, nil, hook))
+	}
+	for _, p := range peers {
+		nodes = append(nodes, p.n)
+	}
+	slow := peers[0].n.ID().String()
+	now := time.Now()
+	for _, p := range peers {
+		for _, q := range peers {
+			if p == q {
+				continue
+			}
+			mbit := 1000.0
+			if p.n.ID().String() == slow || q.n.ID().String() == slow {
+				mbit = 100
+			}
+			p.n.probe.set(LinkStatus{Peer: q.n.ID().String(), MbitS: mbit, RTTMs: 0.2, MeasuredAt: now})
+		}
+		p.n.Gossip().Beat()
+	}
+	close(injected)
+	for _, p := range peers {
+		p.wait(t, 90*time.Second)
+	}
+	res := sameResult(t, peers, steps)
+	_, ep := peers[1].n.Gossip().Snapshot()
+	if ep.FinalCodec != "fp16" || len(ep.LinkCodecs) != w {
+		t.Fatalf("final epoch %+v: want per-link codecs with an fp16 all-gather", ep)
+	}
+	for k, id := range ep.Order {
+		want := "none"
+		if id == slow || ep.Order[(k+1)%w] == slow {
+			want = "fp16"
+		}
+		if ep.LinkCodecs[k] != want {
+			t.Fatalf("epoch %+v: edge %d from %s has %s, want %s", ep, k, id, ep.LinkCodecs[k], want)
+		}
+	}
+	pr := peers[0].progress
+	inLinks := 0
+	for _, p := range pr {
+		if p.Epoch == ep.Number {
+			inLinks++
+		}
+	}
+	if inLinks < steps/2 {
+		t.Fatalf("only %d of %d steps ran in the per-link epoch %d", inLinks, steps, ep.Number)
+	}
+	first, last := meanLoss(pr[:8]), meanLoss(pr[len(pr)-8:])
+	if !(last < 0.8*first) {
+		t.Fatalf("training loss did not fall: first steps %.3f, last steps %.3f", first, last)
+	}
+	t.Logf("%d of %d steps with per-link codecs %v: loss %.3f → %.3f, hash %s", inLinks, steps, ep.LinkCodecs, first, last, res.ParamHash[:16])
+}
