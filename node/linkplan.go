@@ -149,7 +149,10 @@ func scheduleName(s allreduce.Schedule) string {
 	return string(s)
 }
 
-// Plan lays out an epoch of live: allreduce.Choose over the measured links.
+// Plan lays out an epoch of live: allreduce.Choose over the measured links,
+// with per-link codecs on the ring where the codec has them; with schedule
+// auto, the ring with per-link codecs replaces proportional shares when it
+// is predicted faster.
 func (p ringPlanner) Plan(live []string, members []gossip.Member) gossip.EpochPlan {
 	out := gossip.EpochPlan{Order: live, Schedule: scheduleName(p.schedule)}
 	m, _, any := planMatrix(live, members)
@@ -167,8 +170,19 @@ func (p ringPlanner) Plan(live []string, members []gossip.Member) gossip.EpochPl
 	case p.schedule == allreduce.ScheduleProportional:
 		out.Shares = allreduce.Shares(orderedRates(m, plan.Order))
 	}
-	if p.codec != "" && (out.Schedule == "auto" || out.Schedule == string(allreduce.ScheduleRing)) {
+	switch {
+	case p.codec == "":
+	case out.Schedule == "auto" || out.Schedule == string(allreduce.ScheduleRing):
 		out.LinkCodecs, out.FinalCodec = p.linkCodecs(m, plan.Order)
+	case p.schedule == allreduce.ScheduleAuto:
+		// Proportional shares beat the plain ring; the ring with per-link
+		// codecs may beat both (it sends fewer bytes over the slow links
+		// instead of fewer over the slow peer).
+		ring := gossip.EpochPlan{Order: out.Order, Schedule: "auto"}
+		ring.LinkCodecs, ring.FinalCodec = p.linkCodecs(m, plan.Order)
+		if ring.LinkCodecs != nil && p.predictSeconds(m, live, ring) < p.predictSeconds(m, live, out) {
+			return ring
+		}
 	}
 	return out
 }

@@ -338,7 +338,9 @@ func TestPlannerSlowNIC(t *testing.T) {
 		}
 	}
 	members := linkMembers(ids, mbit)
-	p := newRingPlanner(DefaultConfig().Allreduce)
+	cfg := DefaultConfig().Allreduce
+	cfg.LinkCodecs = LinkCodecsOff // else fp16 on b's links beats the shares (TestPlannerLinkCodecs)
+	p := newRingPlanner(cfg)
 	plan := p.Plan(ids, members)
 	if plan.Schedule != "proportional" || len(plan.Shares) != 4 {
 		t.Fatalf("plan %+v, want the proportional schedule", plan)
@@ -366,7 +368,6 @@ func TestPlannerSlowNIC(t *testing.T) {
 		t.Fatal("no replan to the proportional schedule")
 	}
 	// An explicit schedule wins.
-	cfg := DefaultConfig().Allreduce
 	cfg.Schedule = "ring"
 	if plan := newRingPlanner(cfg).Plan(ids, members); plan.Schedule != "ring" || plan.Shares != nil {
 		t.Fatalf("plan %+v with allreduce.schedule = ring", plan)
@@ -554,5 +555,19 @@ func TestPlannerLinkCodecs(t *testing.T) {
 	// Links within SlowLink of each other keep the codec everywhere.
 	if plan := newRingPlanner(cfg).Plan(ids, linkMembers(ids, slowPeer(4, 800, 1000))); plan.LinkCodecs != nil {
 		t.Errorf("near-uniform links: plan %+v", plan)
+	}
+
+	// Schedule auto: proportional shares beat the plain ring here, and the
+	// ring with fp16 on the slow peer's links beats both; without per-link
+	// codecs the shares stay.
+	auto := DefaultConfig().Allreduce
+	plan = newRingPlanner(auto).Plan(ids, members)
+	if plan.Schedule != "auto" || plan.Shares != nil || plan.FinalCodec != "fp16" {
+		t.Errorf("schedule auto: plan %+v, want the ring with per-link codecs", plan)
+	}
+	auto.LinkCodecs = LinkCodecsOff
+	plan = newRingPlanner(auto).Plan(ids, members)
+	if plan.Schedule != string(allreduce.ScheduleProportional) || len(plan.Shares) != 4 || plan.LinkCodecs != nil {
+		t.Errorf("schedule auto, link_codecs off: plan %+v, want proportional shares", plan)
 	}
 }
