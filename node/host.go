@@ -83,6 +83,24 @@ func resourceLimits(maxPeers int) rcmgr.ConcreteLimitConfig {
 	return limits.AutoScale()
 }
 
+// streamWindow is the yamux receive window every stream starts with (the
+// protocol's initial 256 KiB, then one window update). yamux only grows a
+// window that is used up within 4 round trips of its idle-link RTT, which a
+// queue in front of a busy link never allows: a ring neighbour's stream
+// then stalls on window updates queued behind bulk data. On 4 shaped
+// network-namespace hosts at 250 Mbit/s the fp32 ring went from 0.84 to
+// 0.93 of the link rate with it. 4 MiB covers a full 1000-packet interface
+// queue each way at any rate.
+const streamWindow = 4 << 20
+
+// muxer returns go-libp2p's yamux transport with streamWindow.
+func muxer() *yamux.Transport {
+	cfg := *yamux.DefaultTransport
+	cfg.InitialStreamWindowSize = streamWindow
+	cfg.MaxStreamWindowSize = max(cfg.MaxStreamWindowSize, streamWindow)
+	return &cfg
+}
+
 func newHost(p hostParams) (host.Host, *connmgr.BasicConnMgr, error) {
 	cm, err := connmgr.NewConnManager(p.maxPeers+8, 2*p.maxPeers+16, connmgr.WithGracePeriod(time.Minute))
 	if err != nil {
@@ -98,7 +116,7 @@ func newHost(p hostParams) (host.Host, *connmgr.BasicConnMgr, error) {
 		libp2p.Transport(tcp.NewTCPTransport),
 		libp2p.Security(noise.ID, noise.New),
 		libp2p.Security(libp2ptls.ID, libp2ptls.New),
-		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
+		libp2p.Muxer(yamux.ID, muxer()),
 		libp2p.ConnectionManager(cm),
 		libp2p.ResourceManager(rm),
 		libp2p.BandwidthReporter(p.bw),
