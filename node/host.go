@@ -88,10 +88,11 @@ func resourceLimits(maxPeers int) rcmgr.ConcreteLimitConfig {
 // window that is used up within 4 round trips of its idle-link RTT, which a
 // queue in front of a busy link never allows: a ring neighbour's stream
 // then stalls on window updates queued behind bulk data. On 4 shaped
-// network-namespace hosts at 250 Mbit/s the fp32 ring went from 0.84 to
-// 0.93 of the link rate with it. 4 MiB covers a full 1000-packet interface
-// queue each way at any rate.
-const streamWindow = 4 << 20
+// network-namespace hosts (fp32, 64 MiB) 256 KiB / 1 MiB / 4 MiB gave: ring
+// at 250 Mbit/s 0.81 / 0.93 / 0.93 of the link rate; ring with one host at
+// 100 Mbit/s 10.0 / 8.2 / 8.2 s; proportional shares there 6.6 / 6.4 /
+// 6.9 s (more in flight from every peer at once into the slow one).
+const streamWindow = 1 << 20
 
 // muxer returns go-libp2p's yamux transport with streamWindow.
 func muxer() *yamux.Transport {
