@@ -84,14 +84,21 @@ type pacer struct {
 	next time.Time
 }
 
+// pacerSlack is how long a pacer may have sat idle and still start the next
+// frame where the last one ended. A sender that sleeps until its frame is
+// through wakes a little late; a real link had the next frame queued and
+// never idled, so that lateness must not add up frame after frame. (A link
+// idle for longer starts afresh with at most pacerSlack of burst.)
+const pacerSlack = 5 * time.Millisecond
+
 // reserve books n bytes and returns when they are through.
 func (p *pacer) reserve(now time.Time, n int) time.Time {
 	if p == nil || p.rate <= 0 {
 		return now
 	}
 	start := p.next
-	if start.Before(now) {
-		start = now
+	if start.Before(now.Add(-pacerSlack)) {
+		start = now.Add(-pacerSlack)
 	}
 	p.next = start.Add(time.Duration(float64(n) / p.rate * float64(time.Second)))
 	return p.next
