@@ -3,6 +3,7 @@ package allreduce
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -181,4 +182,61 @@ func NewLinkCodecs(edges []string, final string, rank int, mk func(spec string) 
 		*c.dst = cd
 	}
 	return lk, nil
+}
+
+// LinkPlanSeconds predicts the ring time, for a bucket of bytes fp32 bytes
+// in order o over m, of the per-link codecs edges and final (LinkSpecs'
+// results), each link's bytes scaled by its codec's encoded size against
+// spec's: spec's own ring time times what the smaller encodings save.
+func LinkPlanSeconds(m Matrix, o []int, bytes float64, spec string, edges []string, final string) (float64, error) {
+	base, err := EncodedFraction(spec)
+	if err != nil {
+		return 0, err
+	}
+	if len(edges) != len(o) || !(base > 0) {
+		return 0, fmt.Errorf("%w: %d per-link codecs for a ring of %d", ErrConfig, len(edges), len(o))
+	}
+	frac := make([]float64, len(o))
+	for k, e := range edges {
+		f, err := EncodedFraction(e)
+		if err != nil {
+			return 0, err
+		}
+		frac[k] = f / base
+	}
+	fin, err := EncodedFraction(final)
+	if err != nil {
+		return 0, err
+	}
+	return LinkRingSeconds(m, o, bytes, frac, fin/base), nil
+}
+
+// ChooseLinks is Choose for a canonical codec spec with per-link variants
+// (LinkCodecSpec): when Choose picks proportional shares but the ring with
+// LinkSpecs' codecs (override as there) is predicted faster, it returns that
+// ring instead. edges and final are the per-link codecs of the returned
+// ring, nil and "" when every link would use spec or the plan is
+// proportional.
+func ChooseLinks(m Matrix, bytes int, spec, override string) (p Plan, edges []string, final string, err error) {
+	p = Choose(m, bytes)
+	if len(p.Order) < 2 {
+		return p, nil, "", nil
+	}
+	if edges, final, err = LinkSpecs(spec, m, p.Order, override); err != nil {
+		return p, nil, "", err
+	}
+	if final == spec && !slices.ContainsFunc(edges, func(e string) bool { return e != spec }) {
+		return p, nil, "", nil
+	}
+	if p.Schedule == ScheduleProportional {
+		t, err := LinkPlanSeconds(m, p.Order, float64(bytes), spec, edges, final)
+		if err != nil {
+			return p, nil, "", err
+		}
+		if t >= p.ProportionalSeconds {
+			return p, nil, "", nil
+		}
+		p.Schedule, p.Shares = ScheduleRing, nil
+	}
+	return p, edges, final, nil
 }

@@ -153,6 +153,42 @@ func TestChoose(t *testing.T) {
 	}
 }
 
+// TestChooseLinks: where Choose picks proportional shares around a slow
+// peer, fp16 on that peer's ring links is predicted faster and replaces
+// them; a codec without a stronger variant keeps the shares, and uniform
+// links keep the plain ring.
+func TestChooseLinks(t *testing.T) {
+	mbit := 1e6 / 8
+	m := uniform(4, 1000*mbit)
+	for j := range m {
+		m[0][j], m[j][0] = 100*mbit, 100*mbit
+	}
+	p, edges, final, err := ChooseLinks(m, 64<<20, "none", "")
+	if err != nil || p.Schedule != ScheduleRing || p.Shares != nil || final != "fp16" || len(edges) != 4 {
+		t.Fatalf("ChooseLinks = %+v, %v, %q, %v; want the ring with fp16 links", p, edges, final, err)
+	}
+	for k, e := range edges {
+		slow := p.Order[k] == 0 || p.Order[(k+1)%4] == 0
+		if (e == "fp16") != slow {
+			t.Errorf("edge %d (%d → %d) has %s", k, p.Order[k], p.Order[(k+1)%4], e)
+		}
+	}
+	want, err := LinkPlanSeconds(m, p.Order, 64<<20, "none", edges, final)
+	if err != nil || !(want < p.ProportionalSeconds) {
+		t.Errorf("predicted %v s with links, %v s with shares", want, p.ProportionalSeconds)
+	}
+	two, _ := LinkCodecSpec("qsgd:bits=2")
+	if p, edges, _, err := ChooseLinks(m, 64<<20, two, ""); err != nil || p.Schedule != ScheduleProportional || edges != nil {
+		t.Errorf("qsgd:bits=2 (no stronger variant): %+v %v %v; want the shares", p, edges, err)
+	}
+	if p, edges, _, err := ChooseLinks(uniform(4, 1000*mbit), 64<<20, "none", ""); err != nil || p.Schedule != ScheduleRing || edges != nil {
+		t.Errorf("uniform: %+v %v %v; want the plain ring", p, edges, err)
+	}
+	if _, err := LinkPlanSeconds(m, p.Order, 1, "none", edges[:2], final); !errors.Is(err, ErrConfig) {
+		t.Errorf("2 codecs for a ring of 4: %v, want ErrConfig", err)
+	}
+}
+
 func TestLinkSpec(t *testing.T) {
 	for _, tc := range []struct {
 		spec string

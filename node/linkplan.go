@@ -152,7 +152,7 @@ func scheduleName(s allreduce.Schedule) string {
 // Plan lays out an epoch of live: allreduce.Choose over the measured links,
 // with per-link codecs on the ring where the codec has them; with schedule
 // auto, the ring with per-link codecs replaces proportional shares when it
-// is predicted faster.
+// is predicted faster (allreduce.ChooseLinks).
 func (p ringPlanner) Plan(live []string, members []gossip.Member) gossip.EpochPlan {
 	out := gossip.EpochPlan{Order: live, Schedule: scheduleName(p.schedule)}
 	m, _, any := planMatrix(live, members)
@@ -160,6 +160,16 @@ func (p ringPlanner) Plan(live []string, members []gossip.Member) gossip.EpochPl
 		return out
 	}
 	plan := allreduce.Choose(m, p.bucketBytes)
+	var edges []string
+	var final string
+	switch {
+	case p.codec == "":
+	case p.schedule == allreduce.ScheduleAuto:
+		// err is impossible: both specs were validated.
+		plan, edges, final, _ = allreduce.ChooseLinks(m, p.bucketBytes, p.codec, p.override)
+	case p.schedule == allreduce.ScheduleRing:
+		edges, final = p.linkCodecs(m, plan.Order)
+	}
 	out.Order = make([]string, len(plan.Order))
 	for k, i := range plan.Order {
 		out.Order[k] = live[i]
@@ -170,20 +180,7 @@ func (p ringPlanner) Plan(live []string, members []gossip.Member) gossip.EpochPl
 	case p.schedule == allreduce.ScheduleProportional:
 		out.Shares = allreduce.Shares(orderedRates(m, plan.Order))
 	}
-	switch {
-	case p.codec == "":
-	case out.Schedule == "auto" || out.Schedule == string(allreduce.ScheduleRing):
-		out.LinkCodecs, out.FinalCodec = p.linkCodecs(m, plan.Order)
-	case p.schedule == allreduce.ScheduleAuto:
-		// Proportional shares beat the plain ring; the ring with per-link
-		// codecs may beat both (it sends fewer bytes over the slow links
-		// instead of fewer over the slow peer).
-		ring := gossip.EpochPlan{Order: out.Order, Schedule: "auto"}
-		ring.LinkCodecs, ring.FinalCodec = p.linkCodecs(m, plan.Order)
-		if ring.LinkCodecs != nil && p.predictSeconds(m, live, ring) < p.predictSeconds(m, live, out) {
-			return ring
-		}
-	}
+	out.LinkCodecs, out.FinalCodec = edges, final
 	return out
 }
 
@@ -245,26 +242,10 @@ func (p ringPlanner) predictSeconds(m allreduce.Matrix, ids []string, plan gossi
 	return allreduce.RingSeconds(m, o, float64(bytes))
 }
 
-// linkSeconds predicts the ring time of plan's per-link codecs, each link's
-// bytes scaled by its codec's encoded size against the configured codec's.
+// linkSeconds predicts the ring time of plan's per-link codecs.
 func (p ringPlanner) linkSeconds(m allreduce.Matrix, o []int, plan gossip.EpochPlan) (float64, bool) {
-	base, err := allreduce.EncodedFraction(p.codec)
-	if err != nil || base <= 0 {
-		return 0, false
-	}
-	frac := make([]float64, len(o))
-	for k, spec := range plan.LinkCodecs {
-		f, err := allreduce.EncodedFraction(spec)
-		if err != nil {
-			return 0, false
-		}
-		frac[k] = f / base
-	}
-	final, err := allreduce.EncodedFraction(plan.FinalCodec)
-	if err != nil {
-		return 0, false
-	}
-	return allreduce.LinkRingSeconds(m, o, float64(p.bucketBytes), frac, final/base), true
+	t, err := allreduce.LinkPlanSeconds(m, o, float64(p.bucketBytes), p.codec, plan.LinkCodecs, plan.FinalCodec)
+	return t, err == nil
 }
 
 // orderedRates returns the peers' interface rates in ring order o.

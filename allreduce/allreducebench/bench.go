@@ -149,7 +149,10 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		var order []int
 		var shares []float64
 		if o.Schedule == "auto" {
-			p := allreduce.Choose(m, o.SizeBytes)
+			p, err := Choose(o.LinkCodecs, spec, m, o.SizeBytes)
+			if err != nil {
+				return Result{}, err
+			}
 			order, shares = p.Order, p.Shares
 			cfg.Schedule = p.Schedule
 			schedName = "auto:" + string(p.Schedule)
@@ -316,11 +319,7 @@ func LinkCodecs(mode, spec string, sch allreduce.Schedule, m allreduce.Matrix, o
 	if sch != allreduce.ScheduleRing && sch != allreduce.ScheduleAuto {
 		return nil, nil
 	}
-	override := mode
-	if override == "auto" {
-		override = ""
-	}
-	edges, final, err := allreduce.LinkSpecs(spec, m, order, override)
+	edges, final, err := allreduce.LinkSpecs(spec, m, order, overrideOf(mode))
 	if err != nil {
 		return nil, err
 	}
@@ -342,4 +341,29 @@ func bw(x float64) float64 {
 		return 1e15
 	}
 	return x
+}
+
+// overrideOf returns the LinkSpecs override of a per-link codec mode: none
+// for "auto", else the mode's codec spec.
+func overrideOf(mode string) string {
+	if mode == "auto" {
+		return ""
+	}
+	return mode
+}
+
+// Choose is the plan of schedule auto: allreduce.Choose, or with per-link
+// codecs on (mode "auto" or a spec, not "off") allreduce.ChooseLinks, as a
+// training cluster's coordinator picks it. spec must then have per-link
+// variants.
+func Choose(mode, spec string, m allreduce.Matrix, bytes int) (allreduce.Plan, error) {
+	if mode == "" || mode == "off" {
+		return allreduce.Choose(m, bytes), nil
+	}
+	spec, err := allreduce.LinkCodecSpec(spec)
+	if err != nil {
+		return allreduce.Plan{}, err
+	}
+	p, _, _, err := allreduce.ChooseLinks(m, bytes, spec, overrideOf(mode))
+	return p, err
 }

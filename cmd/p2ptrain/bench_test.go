@@ -201,6 +201,15 @@ func TestBenchAllreduceInproc(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(out, "size 64KiB  codec int8:bucket=2048  schedule direct  peers 2") {
 		t.Fatalf("line form: exit %d\n%s%s", code, out, stderr)
 	}
+	// Schedule auto with per-link codecs picks what a training cluster
+	// picks: fp16 on the slow peer's ring links rather than shares.
+	for links, want := range map[string]string{"off": "auto:proportional", "auto": "auto:ring+links"} {
+		code, out, stderr = runCLI(t, "bench", "allreduce", "--inproc", "--peers", "4", "--size", "256KiB", "--rounds", "1",
+			"--schedule", "auto", "--bandwidth", "100mbit,1gbit,1gbit,1gbit", "--link-codecs", links, "--json")
+		if r := checkAllreduceJSON(t, out, 4, 256<<10); code != 0 || r["schedule"] != want {
+			t.Errorf("--link-codecs %s: exit %d, schedule %v, want %s\n%s", links, code, r["schedule"], want, stderr)
+		}
+	}
 }
 
 func TestBenchFlagErrors(t *testing.T) {
@@ -228,6 +237,8 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"allreduce latency", []string{"bench", "allreduce", "--inproc", "--latency", "-1ms"}, "--latency"},
 		{"allreduce link codecs", []string{"bench", "allreduce", "--inproc", "--link-codecs", "onebit"}, "--link-codecs: want off, auto or a linear or quantized codec spec"},
 		{"cluster link codecs", []string{"bench", "allreduce", "--expect", "3", "--link-codecs", "topk"}, "--link-codecs: want off, auto or a linear or quantized codec spec"},
+		{"cluster link codecs for sint8", []string{"bench", "allreduce", "--expect", "3", "--codec", "sint8", "--link-codecs", "auto", "--listen", "/ip4/127.0.0.1/tcp/0"},
+			"--link-codecs auto: allreduce: invalid configuration: codec sint8:bucket=2048 is shared-scale"},
 		{"inproc with expect", []string{"bench", "allreduce", "--inproc", "--expect", "3"}, "--expect is for a cluster member"},
 		{"inproc with listen", []string{"bench", "allreduce", "--inproc", "--listen", "/ip4/127.0.0.1/tcp/0"}, "--listen starts a real peer"},
 		{"peers without inproc", []string{"bench", "allreduce", "--expect", "3", "--peers", "3"}, "--peers needs --inproc"},

@@ -48,7 +48,8 @@ func addBenchAllreduceFlags(fs *flag.FlagSet) *benchAllreduceFlags {
 	f.peer = addPeerFlags(fs)
 	fs.Var(&f.size, "size", "fp32 buffer `BYTES` all-reduced each round (e.g. 4MiB, 64MiB, 1GiB)")
 	fs.StringVar(&f.schedule, "schedule", "", "`SCHEDULE`: ring, direct, allgather, proportional (bandwidth shares) or auto "+
-		"(allreduce.Choose picks ring or proportional and the order); default: the codec's own "+
+		"(picks ring or proportional and the order from the link rates, like a training cluster; with --link-codecs "+
+		"the ring with per-link codecs where predicted faster); default: the codec's own "+
 		"(a cluster member: [allreduce] schedule of --config, where auto means the codec's own)")
 	fs.IntVar(&f.rounds, "rounds", 5, "timed `ROUNDS` after one warm-up round (the median counts)")
 	fs.BoolVar(&f.json, "json", false, "print one JSON object {size_bytes, codec, schedule, peers, median_s, algbw_gbps, busbw_gbps}")

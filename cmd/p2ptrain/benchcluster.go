@@ -88,6 +88,11 @@ func (f *benchAllreduceFlags) runCluster(ctx context.Context, stdout, stderr io.
 	if err != nil {
 		return usagef("bench allreduce: --codec: %v", err)
 	}
+	if f.links != "off" {
+		if _, err := allreduce.LinkCodecSpec(spec); err != nil {
+			return usagef("bench allreduce: --link-codecs %s: %v", f.links, err)
+		}
+	}
 	n, log, leave, err := startPeer(ctx, cfg, stdout, stderr)
 	if err != nil {
 		return err
@@ -339,7 +344,10 @@ func (b *clusterBench) localPlan() (benchPlan, error) {
 	case "auto", "proportional":
 		m := linkMatrix(b.n, b.members)
 		if b.schedule == "auto" {
-			c := allreduce.Choose(m, b.size)
+			c, err := allreducebench.Choose(b.links, b.spec, m, b.size)
+			if err != nil {
+				return p, err
+			}
 			p.order, p.schedule, p.shares = c.Order, c.Schedule, c.Shares
 			p.name = "auto:" + string(c.Schedule)
 		} else {
