@@ -448,15 +448,7 @@ func (d *CPU) MaxPoolBackward(dx, dy, argmax Buffer, s PoolShape) {
 
 // LayerNorm normalises rows of x.
 func (d *CPU) LayerNorm(y, mean, rstd, x, gamma, beta Buffer, rows, cols int, eps float32) {
-	if rows < 0 || cols <= 0 {
-		panic(fmt.Sprintf("gpu: %s: LayerNorm rows=%d cols=%d", d.name, rows, cols))
-	}
-	out := d.at(y, rows*cols, "LayerNorm y")
-	in := d.at(x, rows*cols, "LayerNorm x")
-	mu := d.at(mean, rows, "LayerNorm mean")
-	rs := d.at(rstd, rows, "LayerNorm rstd")
-	ga := d.at(gamma, cols, "LayerNorm gamma")
-	be := d.at(beta, cols, "LayerNorm beta")
+	out, mu, rs, in, ga, be := LayerNormViews(d.name, d.at, y, mean, rstd, x, gamma, beta, rows, cols)
 	for r := 0; r < rows; r++ {
 		xr := in[r*cols : r*cols+cols]
 		yr := out[r*cols : r*cols+cols]
@@ -481,17 +473,7 @@ func (d *CPU) LayerNorm(y, mean, rstd, x, gamma, beta Buffer, rows, cols int, ep
 
 // LayerNormBackward computes the gradients of LayerNorm.
 func (d *CPU) LayerNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma Buffer, rows, cols int) {
-	if rows < 0 || cols <= 0 {
-		panic(fmt.Sprintf("gpu: %s: LayerNormBackward rows=%d cols=%d", d.name, rows, cols))
-	}
-	gx := d.at(dx, rows*cols, "LayerNormBackward dx")
-	gg := d.at(dgamma, cols, "LayerNormBackward dgamma")
-	gb := d.at(dbeta, cols, "LayerNormBackward dbeta")
-	g := d.at(dy, rows*cols, "LayerNormBackward dy")
-	in := d.at(x, rows*cols, "LayerNormBackward x")
-	mu := d.at(mean, rows, "LayerNormBackward mean")
-	rs := d.at(rstd, rows, "LayerNormBackward rstd")
-	ga := d.at(gamma, cols, "LayerNormBackward gamma")
+	gx, gg, gb, g, in, mu, rs, ga := LayerNormBackwardViews(d.name, d.at, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, cols)
 	clear(gg)
 	clear(gb)
 	for r := 0; r < rows; r++ {

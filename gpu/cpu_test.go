@@ -80,6 +80,15 @@ func TestCPUMisuse(t *testing.T) {
 		{"foreign buffer", func() { a.Copy(x, y) }},
 		{"length mismatch", func() { z, _ := a.Alloc(3); a.Add(x, x, z) }},
 		{"view out of range", func() { a.View(x, 2, 3) }},
+		{"layer norm without columns", func() { a.LayerNorm(x, x, x, x, x, x, 1, 0, 1e-5) }},
+		{"layer norm gamma too short", func() {
+			g, _ := a.Alloc(1)
+			a.LayerNorm(x, x, x, x, g, x, 2, 2, 1e-5)
+		}},
+		{"layer norm backward rstd too short", func() {
+			r, _ := a.Alloc(1)
+			a.LayerNormBackward(x, x, x, x, x, x, r, x, 2, 2)
+		}},
 		{"bad label", func() {
 			p, _ := a.Alloc(2)
 			l, _ := a.Alloc(1)

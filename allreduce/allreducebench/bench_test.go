@@ -47,17 +47,7 @@ func TestModel(t *testing.T) {
 // (virtual) time; off and other schedules leave the codec alone.
 func TestModelLinkCodecs(t *testing.T) {
 	mixed := []float64{100 * mbit, 1000 * mbit, 1000 * mbit, 1000 * mbit}
-	run := func(o Options) Result {
-		var r Result
-		synctest.Test(t, func(t *testing.T) {
-			var err error
-			if r, err = Run(context.Background(), o); err != nil {
-				t.Fatal(err)
-			}
-		})
-		t.Log(r)
-		return r
-	}
+	run := func(o Options) Result { return runModel(t, o) }
 	o := Options{Peers: 4, SizeBytes: 2 << 20, Rounds: 1, Bandwidth: mixed, Schedule: "ring"}
 	off := run(o)
 	o.LinkCodecs = "auto"
@@ -84,17 +74,7 @@ func TestTargets(t *testing.T) {
 	if os.Getenv("P2PTRAIN_BENCH") == "" {
 		t.Skip("set P2PTRAIN_BENCH=1")
 	}
-	run := func(o Options) Result {
-		var r Result
-		synctest.Test(t, func(t *testing.T) {
-			var err error
-			if r, err = Run(context.Background(), o); err != nil {
-				t.Fatal(err)
-			}
-		})
-		t.Log(r)
-		return r
-	}
+	run := func(o Options) Result { return runModel(t, o) }
 	size := 64 << 20
 	base := run(Options{Peers: 4, SizeBytes: size, Rounds: 1, Bandwidth: []float64{1000 * mbit}})
 	t.Logf("fp32 1Gbit: busbw/link = %.3f", base.BusBWGbps)
@@ -155,4 +135,19 @@ func TestBucketSizes(t *testing.T) {
 			t.Logf("%d buckets of %s: %s", nb, FormatBytes((64<<20)/nb), r)
 		})
 	}
+}
+
+// runModel runs the benchmark o under the network model (virtual time) and
+// logs its result.
+func runModel(t *testing.T, o Options) Result {
+	t.Helper()
+	var r Result
+	synctest.Test(t, func(t *testing.T) {
+		var err error
+		if r, err = Run(context.Background(), o); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Log(r)
+	return r
 }

@@ -503,31 +503,13 @@ func (d *Device) MaxPoolBackward(dx, dy, argmax gpu.Buffer, s gpu.PoolShape) {
 
 // LayerNorm normalises rows of x.
 func (d *Device) LayerNorm(y, mean, rstd, x, gamma, beta gpu.Buffer, rows, cols int, eps float32) {
-	if rows < 0 || cols <= 0 {
-		panic(fmt.Sprintf("gpu: %s: LayerNorm rows=%d cols=%d", d.name, rows, cols))
-	}
-	out := d.at(y, rows*cols, "LayerNorm y")
-	in := d.at(x, rows*cols, "LayerNorm x")
-	mu := d.at(mean, rows, "LayerNorm mean")
-	rs := d.at(rstd, rows, "LayerNorm rstd")
-	ga := d.at(gamma, cols, "LayerNorm gamma")
-	be := d.at(beta, cols, "LayerNorm beta")
+	out, mu, rs, in, ga, be := gpu.LayerNormViews(d.name, d.at, y, mean, rstd, x, gamma, beta, rows, cols)
 	d.launch(kLayerNorm, rows, out, mu, rs, in, ga, be, rows, cols, eps)
 }
 
 // LayerNormBackward computes the gradients of LayerNorm.
 func (d *Device) LayerNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma gpu.Buffer, rows, cols int) {
-	if rows < 0 || cols <= 0 {
-		panic(fmt.Sprintf("gpu: %s: LayerNormBackward rows=%d cols=%d", d.name, rows, cols))
-	}
-	gx := d.at(dx, rows*cols, "LayerNormBackward dx")
-	gg := d.at(dgamma, cols, "LayerNormBackward dgamma")
-	gb := d.at(dbeta, cols, "LayerNormBackward dbeta")
-	g := d.at(dy, rows*cols, "LayerNormBackward dy")
-	in := d.at(x, rows*cols, "LayerNormBackward x")
-	mu := d.at(mean, rows, "LayerNormBackward mean")
-	rs := d.at(rstd, rows, "LayerNormBackward rstd")
-	ga := d.at(gamma, cols, "LayerNormBackward gamma")
+	gx, gg, gb, g, in, mu, rs, ga := gpu.LayerNormBackwardViews(d.name, d.at, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, cols)
 	if rows == 0 {
 		d.Fill(gg, 0)
 		d.Fill(gb, 0)
