@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what p2ptrain's demo and tests need on a Debian machine with Go:
-# the Fashion-MNIST dataset package and iproute2 (network namespaces, tc).
+# the Fashion-MNIST dataset package, iproute2 (network namespaces, tc), and
+# gcc and g++ (the CUDA device's tests build stand-in CUDA libraries with them;
+# without them those tests skip).
 # Safe to run repeatedly; installs only what is missing.
 set -euo pipefail
 
@@ -8,6 +10,8 @@ need=()
 dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || need+=(dataset-fashion-mnist)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v tc >/dev/null 2>&1 || need+=(iproute2)
+command -v gcc >/dev/null 2>&1 || need+=(gcc)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
 
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
