@@ -3,7 +3,8 @@
 # Linux network namespaces behind a bridge, each host's link shaped with tc.
 #
 # Usage:
-#   bench/netns.sh [options] [-- extra p2ptrain flags]
+#   bench/netns.sh [options] [-- extra p2ptrain flags]   ({host} in them becomes h1, h2, ...;
+#                                   e.g. -- --cpuprofile /tmp/cpu-{host}.pprof)
 #   bench/netns.sh --smoke          CI: 3 hosts, 100mbit, 4MiB, 2 rounds, < 60 s
 #   bench/netns.sh --check [...]    build the network, measure each link, no daemons
 #   bench/netns.sh --cleanup        remove what an earlier (crashed, --keep) run left
@@ -465,7 +466,7 @@ start_daemon() { # host
 		--name "h$i" --cluster netns-bench --mdns=false)
 	[ "$has_identity" = 0 ] || args+=(--identity "$work/h$i.identity")
 	[ "$i" = 1 ] || args+=(--bootstrap "$boot")
-	args+=("${extra[@]}")
+	args+=("${extra[@]//\{host\}/h$i}")
 	echo "ip netns exec $(host_ns "$i") $binary ${args[*]}" >"$work/h$i.cmd"
 	timeout -k 5 "$timeout_s" ip netns exec "$(host_ns "$i")" "$binary" "${args[@]}" \
 		>"$work/h$i.out" 2>"$work/h$i.err" </dev/null 9>&- &

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -196,6 +198,11 @@ func TestBenchAllreduceInproc(t *testing.T) {
 	if r["codec"] != "none" || r["schedule"] != "ring" {
 		t.Fatalf("codec %v schedule %v", r["codec"], r["schedule"])
 	}
+	prof := filepath.Join(t.TempDir(), "cpu.pprof")
+	code, _, stderr = runCLI(t, "bench", "allreduce", "--inproc", "--peers", "2", "--size", "64KiB", "--rounds", "1", "--cpuprofile", prof)
+	if st, err := os.Stat(prof); code != 0 || err != nil || st.Size() == 0 {
+		t.Fatalf("--cpuprofile: exit %d, %v\n%s", code, err, stderr)
+	}
 	code, out, stderr = runCLI(t, "bench", "allreduce", "--inproc", "--peers", "2", "--size", "64KiB", "--rounds", "1",
 		"--codec", "int8", "--bandwidth", "1gbit,10gbit", "--latency", "100us")
 	if code != 0 || !strings.HasPrefix(out, "size 64KiB  codec int8:bucket=2048  schedule direct  peers 2") {
@@ -229,6 +236,7 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"allreduce codec", []string{"bench", "allreduce", "--inproc", "--codec", "qsgd:bits=3"}, "--codec"},
 		{"allreduce schedule", []string{"bench", "allreduce", "--inproc", "--schedule", "star"}, `--schedule: allreduce: invalid configuration: schedule "star"`},
 		{"allreduce rounds", []string{"bench", "allreduce", "--inproc", "--rounds", "-1"}, "--rounds"},
+		{"allreduce cpuprofile", []string{"bench", "allreduce", "--inproc", "--cpuprofile", "/nonexistent/dir/cpu.pprof"}, "--cpuprofile: open /nonexistent/dir/cpu.pprof"},
 		{"allreduce chunk", []string{"bench", "allreduce", "--inproc", "--chunk", "0"}, "--chunk"},
 		{"allreduce buckets", []string{"bench", "allreduce", "--inproc", "--buckets", "0"}, "--buckets"},
 		{"allreduce bandwidth unit", []string{"bench", "allreduce", "--inproc", "--bandwidth", "10mbps"}, "flag -bandwidth"},

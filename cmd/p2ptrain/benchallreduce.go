@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
@@ -35,6 +38,8 @@ type benchAllreduceFlags struct {
 
 	expect  int
 	timeout time.Duration
+
+	cpuProfile string
 }
 
 // inprocOnly and clusterOnly name the flags of one mode.
@@ -64,6 +69,7 @@ func addBenchAllreduceFlags(fs *flag.FlagSet) *benchAllreduceFlags {
 		"else the probes' figures): `MODE` off, auto (stronger compression of the codec's family on slow links) or a codec spec used on slow links")
 	fs.IntVar(&f.expect, "expect", 0, "cluster member: wait until the ring has `N` peers, then measure with them (required without --inproc)")
 	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "cluster member: how long to wait for --expect peers")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the whole run to `FILE` (read it with `go tool pprof`)")
 	return f
 }
 
@@ -78,10 +84,39 @@ func cmdBenchAllreduce(ctx context.Context, args []string, stdout, stderr io.Wri
 	if err := f.validate(); err != nil {
 		return err
 	}
-	if f.inproc {
-		return f.runInproc(ctx, stdout)
+	stop, err := startCPUProfile(f.cpuProfile)
+	if err != nil {
+		return err
 	}
-	return f.runCluster(ctx, stdout, stderr)
+	if f.inproc {
+		err = f.runInproc(ctx, stdout)
+	} else {
+		err = f.runCluster(ctx, stdout, stderr)
+	}
+	return errors.Join(err, stop())
+}
+
+// startCPUProfile starts Go's CPU profiler writing to path ("" profiles
+// nothing); the returned function stops it and closes the file.
+func startCPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, usagef("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile %s: %w", path, err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("--cpuprofile %s: %w", path, err)
+		}
+		return nil
+	}, nil
 }
 
 // validate checks the flags of both modes; every error names its flag.
