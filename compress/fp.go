@@ -89,6 +89,10 @@ func put4(d []float32, a, b, c, e float32, add bool) {
 
 // encodeF32 writes src as little-endian fp32.
 func encodeF32(out []byte, src []float32) {
+	if b := f32Memory(src); b != nil {
+		copy(out[:len(b)], b)
+		return
+	}
 	for len(src) >= 2 && len(out) >= 8 {
 		binary.LittleEndian.PutUint64(out, uint64(math.Float32bits(src[0]))|uint64(math.Float32bits(src[1]))<<32)
 		src, out = src[2:], out[8:]
@@ -100,6 +104,17 @@ func encodeF32(out []byte, src []float32) {
 
 // decodeF32 writes or adds little-endian fp32 values.
 func decodeF32(dst []float32, src []byte, add bool) {
+	if v := f32View(src, len(dst)); v != nil {
+		if !add {
+			copy(dst, v)
+			return
+		}
+		dst = dst[:len(v)]
+		for i, x := range v {
+			dst[i] += x
+		}
+		return
+	}
 	for len(dst) >= 2 && len(src) >= 8 {
 		x := binary.LittleEndian.Uint64(src)
 		a, b := math.Float32frombits(uint32(x)), math.Float32frombits(uint32(x>>32))
