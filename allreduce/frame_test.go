@@ -46,7 +46,7 @@ func TestFrameRoundTrip(t *testing.T) {
 func TestReadWriteFrame(t *testing.T) {
 	var buf bytes.Buffer
 	for _, f := range [][]byte{[]byte("a"), {}, bytes.Repeat([]byte{7}, 100)} {
-		if err := allreduce.WriteFrame(&buf, f, nil); err != nil {
+		if _, err := allreduce.WriteFrame(&buf, f, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -56,7 +56,7 @@ func TestReadWriteFrame(t *testing.T) {
 			t.Fatalf("got %d bytes, %v; want %d", len(f), err, want)
 		}
 	}
-	allreduce.WriteFrame(&buf, make([]byte, 101), nil)
+	_, _ = allreduce.WriteFrame(&buf, make([]byte, 101), nil)
 	if _, err := allreduce.ReadFrame(&buf, 100, nil); !errors.Is(err, allreduce.ErrFrameTooLarge) {
 		t.Fatalf("got %v, want ErrFrameTooLarge", err)
 	}

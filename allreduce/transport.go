@@ -94,14 +94,16 @@ type Transport interface {
 }
 
 // WriteFrame writes frame to w as a 4-byte little-endian length prefix
-// followed by the frame, in one Write call (so a libp2p/mocknet stream sends
-// it as one message).
-func WriteFrame(w io.Writer, frame []byte, buf []byte) error {
+// followed by the frame, in one Write call (so a message-oriented stream,
+// such as a yamux stream under Noise, sends it without a separate tiny
+// message for the prefix). The prefix and frame are assembled in buf, which
+// is returned, grown if it had to be, for the next call to reuse.
+func WriteFrame(w io.Writer, frame []byte, buf []byte) ([]byte, error) {
 	buf = append(buf[:0], 0, 0, 0, 0)
 	binary.LittleEndian.PutUint32(buf, uint32(len(frame)))
 	buf = append(buf, frame...)
 	_, err := w.Write(buf)
-	return err
+	return buf, err
 }
 
 // ReadFrame reads one length-prefixed frame written by WriteFrame. A length

@@ -317,7 +317,7 @@ func (t *streamTransport) Send(ctx context.Context, to allreduce.PeerID, frame [
 		}
 	}
 	stop := context.AfterFunc(ctx, func() { l.s.Reset() })
-	err = allreduce.WriteFrame(l.s, frame, l.buf)
+	l.buf, err = allreduce.WriteFrame(l.s, frame, l.buf)
 	stop()
 	t.rn.sent.Add(uint64(4 + len(frame)))
 	if err != nil {
