@@ -28,14 +28,18 @@
 #   --binary PATH      p2ptrain binary to run; without it bin/p2ptrain is (re)built
 #                      with `go build` (incremental, so cheap when up to date)
 #   --out FILE         append each host's JSON object (plus host, rate, delay, loss,
-#                      mtu, hosts) as one line to FILE (JSON Lines)
+#                      mtu, swarm_key, hosts) as one line to FILE (JSON Lines)
 #   --timeout S        seconds the daemons may run before they are killed and the run
 #                      fails [estimated from size, rate and rounds, at least 90]
 #   --logdir DIR       keep every host's stdout/stderr there (default: a temporary
 #                      directory, removed after a successful run, kept after a failure)
 #   --check            only build the network and verify it: each host sends to the
 #                      next one for ~1.5 s, the measured rate is compared with the
-#                      shaped one (fails when a link is faster than 1.1× its rate)
+#                      shaped one (fails when a link is faster than 1.1× its rate);
+#                      then every host sends to the next at once for ~3 s (plain TCP
+#                      in a ring: what the machine's CPUs allow all links together)
+#   --open             run the daemons without a swarm key (--open): Noise encryption
+#                      only, no private-network stream cipher; shows what the swarm key costs
 #   --keep             leave the namespaces up at the end (inspect with
 #                      `ip netns exec p2pt-h1 ...`; remove with --cleanup)
 #   -h, --help         this text
@@ -54,7 +58,7 @@
 # its multiaddr /ip4/10.77.0.11/tcp/4001/p2p/<id> is known before it starts; all
 # hosts share a swarm key and run
 #   p2ptrain bench allreduce --expect N --size S --codec C --schedule S --rounds N --json
-#     --listen /ip4/10.77.0.(10+i)/tcp/4001 --swarm-key K --identity F --name hi
+#     --listen /ip4/10.77.0.(10+i)/tcp/4001 --swarm-key K (--open with --open) --identity F --name hi
 #     --cluster netns-bench --mdns=false [--bootstrap <host 1>] [extra flags]
 # Each prints one JSON object {"size_bytes","codec","schedule","peers","median_s",
 # "algbw_gbps","busbw_gbps"} on stdout and exits; the script prints each host's line,
@@ -74,7 +78,7 @@ LOCK=/run/lock/p2pt-netns.lock
 
 hosts="" rate="1gbit" rates="" delay="" loss="" mtu=1500
 size="64MiB" codec="fp32" schedule="ring" rounds=5
-binary="" out="" timeout_s="" logdir="" mode="bench" keep=0 smoke=0
+binary="" out="" timeout_s="" logdir="" mode="bench" keep=0 smoke=0 open=0
 extra=()
 
 say() { printf 'netns: %s\n' "$*" >&2; }
@@ -103,6 +107,7 @@ while [ $# -gt 0 ]; do
 	--check) mode=check; shift ;;
 	--cleanup) mode=cleanup; shift ;;
 	--keep) keep=1; shift ;;
+	--open) open=1; shift ;;
 	--smoke) smoke=1; shift ;;
 	-h | --help) help; exit 0 ;;
 	--) shift; extra=("$@"); break ;;
@@ -429,7 +434,43 @@ check_links() {
 if [ "$mode" = check ] || [ "$smoke" = 1 ]; then
 	check_links || die "link check failed"
 fi
+# check_ring measures every link at once, host i sending to host i+1 as a ring
+# all-reduce does, for ~3 s: the plain-TCP ceiling of the ring on this machine
+# (on a small one, the CPUs shared by every host's flows bound it).
+check_ring() {
+	local i j p bps bytes srvs=() snds=() mbit ratio
+	[ "$hosts" -ge 2 ] || return 0
+	for ((i = 1; i <= hosts; i++)); do
+		timeout 40 ip netns exec "$(host_ns "$i")" "$work/netcheck" serve \
+			--listen "$(host_ip "$i"):5202" --timeout 30s 2>/dev/null 9>&- &
+		srvs+=($!)
+	done
+	for ((i = 1; i <= hosts; i++)); do
+		j=$((i % hosts + 1))
+		bps=$(rate_bps "${rate_list[i - 1]}")
+		[ "$(rate_bps "${rate_list[j - 1]}")" -ge "$bps" ] || bps=$(rate_bps "${rate_list[j - 1]}")
+		bytes=$(awk -v b="$bps" 'BEGIN { x = b / 8 * 3; if (x < 262144) x = 262144; printf "%d\n", x }')
+		timeout 35 ip netns exec "$(host_ns "$i")" "$work/netcheck" send \
+			--to "$(host_ip "$j"):5202" --bytes "$bytes" --timeout 30s >"$work/ring$i.json" 9>&- &
+		snds+=($!)
+	done
+	local ok=1
+	for p in "${snds[@]}"; do wait "$p" || ok=0; done
+	kill "${srvs[@]}" 2>/dev/null || true
+	wait "${srvs[@]}" 2>/dev/null || true
+	[ "$ok" = 1 ] || { say "check: ring: a transfer failed"; return 1; }
+	for ((i = 1; i <= hosts; i++)); do
+		j=$((i % hosts + 1))
+		bps=$(rate_bps "${rate_list[i - 1]}")
+		[ "$(rate_bps "${rate_list[j - 1]}")" -ge "$bps" ] || bps=$(rate_bps "${rate_list[j - 1]}")
+		mbit=$(sed -nE 's/.*"mbit_s":([0-9.eE+-]+).*/\1/p' "$work/ring$i.json")
+		ratio=$(awk -v m="$mbit" -v b="$bps" 'BEGIN { printf "%.3f\n", m * 1e6 / b }')
+		printf 'check: ring, all at once: h%d -> h%d  %8.1f Mbit/s  ratio %s\n' "$i" "$j" "$mbit" "$ratio"
+	done
+}
+
 if [ "$mode" = check ]; then
+	check_ring || die "ring check failed"
 	status=0
 	exit 0
 fi
@@ -462,8 +503,13 @@ pids=()
 start_daemon() { # host
 	local i=$1 args
 	args=(bench allreduce --expect "$hosts" --size "$size" --codec "$p2p_codec" --schedule "$schedule"
-		--rounds "$rounds" --json --listen "/ip4/$(host_ip "$i")/tcp/$PORT" --swarm-key "$work/swarm.key"
+		--rounds "$rounds" --json --listen "/ip4/$(host_ip "$i")/tcp/$PORT"
 		--name "h$i" --cluster netns-bench --mdns=false)
+	if [ "$open" = 1 ]; then
+		args+=(--open)
+	else
+		args+=(--swarm-key "$work/swarm.key")
+	fi
 	[ "$has_identity" = 0 ] || args+=(--identity "$work/h$i.identity")
 	[ "$i" = 1 ] || args+=(--bootstrap "$boot")
 	args+=("${extra[@]//\{host\}/h$i}")
@@ -556,7 +602,7 @@ done
 ts=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 for ((i = 1; i <= hosts; i++)); do
 	line=$(sed -E 's/[[:space:]]*\}[[:space:]]*$//' <<<"${lines[i - 1]}")
-	line="$line,\"host\":\"h$i\",\"hosts\":$hosts,\"rate\":\"${rate_list[i - 1]}\",\"delay\":\"${delay:-0ms}\",\"loss\":\"${loss:-0%}\",\"mtu\":$mtu,\"time\":\"$ts\"}"
+	line="$line,\"host\":\"h$i\",\"hosts\":$hosts,\"rate\":\"${rate_list[i - 1]}\",\"delay\":\"${delay:-0ms}\",\"loss\":\"${loss:-0%}\",\"mtu\":$mtu,\"swarm_key\":$([ "$open" = 1 ] && echo false || echo true),\"time\":\"$ts\"}"
 	echo "$line"
 	[ -z "$out" ] || echo "$line" >>"$out"
 done
