@@ -22,7 +22,7 @@
 # --link-codecs auto to S). Codec specs may contain commas
 # (qsgd:bits=4,bucket=512), hence one flag per codec.
 #
-# Common options: --size [64MiB] --rounds [5] --delay --loss --mtu --timeout
+# Common options: --size [64MiB] --rounds [5] --delay --loss --mtu --queue --open --timeout
 # --binary PATH (default: build bin/p2ptrain once) --out FILE (every host's JSON
 # line of every run, with "compare" naming the preset, appended as JSON Lines).
 #
@@ -51,7 +51,8 @@ while [ $# -gt 0 ]; do
 	--rounds) need_arg "$@"; rounds=$2; shift 2 ;;
 	--binary) need_arg "$@"; binary=$2; shift 2 ;;
 	--out) need_arg "$@"; out=$2; shift 2 ;;
-	--delay | --loss | --mtu | --timeout) need_arg "$@"; common+=("$1" "$2"); shift 2 ;;
+	--delay | --loss | --mtu | --queue | --timeout) need_arg "$@"; common+=("$1" "$2"); shift 2 ;;
+	--open) common+=("$1"); shift ;;
 	-h | --help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
 	--) shift; extra=("$@"); break ;;
 	*) usage_err "unknown argument $1" ;;

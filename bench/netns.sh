@@ -20,6 +20,9 @@
 #                      (netem; without netem, a classic-BPF tc filter on the bridge port)
 #   --mtu M            MTU of every link [1500]; TCP goodput is 1448/1514 = 0.956 of the
 #                      shaped rate at 1500 (tc counts the Ethernet header), 0.993 at 9000
+#   --queue P          packets each shaped link may queue (a pfifo under the htb class, in
+#                      both directions) [the kernel's default: the device's txqueuelen,
+#                      1000, i.e. 120 ms at 100mbit]; e.g. 100 for a shallow switch buffer
 #   --size S           all-reduced buffer size [64MiB]
 #   --codec C          codec spec, e.g. fp32, int8, qsgd:bits=4 [fp32]; fp32 is passed
 #                      to p2ptrain as its name for plain float32, "none"
@@ -76,7 +79,7 @@ SUBNET=10.77.0
 PORT=4001
 LOCK=/run/lock/p2pt-netns.lock
 
-hosts="" rate="1gbit" rates="" delay="" loss="" mtu=1500
+hosts="" rate="1gbit" rates="" delay="" loss="" mtu=1500 queue=""
 size="64MiB" codec="fp32" schedule="ring" rounds=5
 binary="" out="" timeout_s="" logdir="" mode="bench" keep=0 smoke=0 open=0
 extra=()
@@ -96,6 +99,7 @@ while [ $# -gt 0 ]; do
 	--delay) need_arg "$@"; delay=$2; shift 2 ;;
 	--loss) need_arg "$@"; loss=$2; shift 2 ;;
 	--mtu) need_arg "$@"; mtu=$2; shift 2 ;;
+	--queue) need_arg "$@"; queue=$2; shift 2 ;;
 	--size) need_arg "$@"; size=$2; shift 2 ;;
 	--codec) need_arg "$@"; codec=$2; shift 2 ;;
 	--schedule) need_arg "$@"; schedule=$2; shift 2 ;;
@@ -232,6 +236,7 @@ for r in "${rate_list[@]}"; do
 	if [ -z "$min_bps" ] || [ "$b" -lt "$min_bps" ]; then min_bps=$b; fi
 done
 int_in "$mtu" 576 65000 || usage_err "--mtu must be 576..65000"
+[ -z "$queue" ] || int_in "$queue" 2 100000 || usage_err "--queue must be 2..100000 packets"
 int_in "$rounds" 1 100000 || usage_err "--rounds must be a positive integer"
 [ -z "$delay" ] || [[ "$delay" =~ ^[0-9]+(\.[0-9]+)?(s|ms|us)$ ]] || usage_err "bad --delay '$delay' (want e.g. 1ms, 500us)"
 [ -z "$loss" ] || [[ "$loss" =~ ^[0-9]+(\.[0-9]+)?%$ ]] || usage_err "bad --loss '$loss' (want e.g. 0.1%)"
@@ -339,7 +344,9 @@ shape() { # ns dev rate with_netem
 	if [ "$netem" = 1 ] && [ "$use_netem" = 1 ]; then
 		[ -z "$delay" ] || args+=(delay "$delay")
 		[ -z "$loss" ] || args+=(loss "$loss")
-		nsx "$ns" tc qdisc add dev "$dev" parent 1:1 handle 10: netem "${args[@]}" limit 100000
+		nsx "$ns" tc qdisc add dev "$dev" parent 1:1 handle 10: netem "${args[@]}" limit "${queue:-100000}"
+	elif [ -n "$queue" ]; then
+		nsx "$ns" tc qdisc add dev "$dev" parent 1:1 handle 10: pfifo limit "$queue"
 	fi
 }
 
@@ -390,7 +397,7 @@ build_network() {
 	done
 }
 
-say "$hosts hosts, rates ${rate_list[*]}, delay ${delay:-0}, loss ${loss:-0%}, mtu $mtu; logs in $work"
+say "$hosts hosts, rates ${rate_list[*]}, delay ${delay:-0}, loss ${loss:-0%}, mtu $mtu, queue ${queue:-default}; logs in $work"
 build_network
 
 # --- check: measure every link with the netcheck probe ---------------------------
