@@ -23,6 +23,8 @@
 #   --queue P          packets each shaped link may queue (a pfifo under the htb class, in
 #                      both directions) [the kernel's default: the device's txqueuelen,
 #                      1000, i.e. 120 ms at 100mbit]; e.g. 100 for a shallow switch buffer
+#   --cc NAME          TCP congestion control of every host (sysctl in its namespace):
+#                      cubic, bbr, reno, ... as the kernel offers [the kernel's default]
 #   --size S           all-reduced buffer size [64MiB]
 #   --codec C          codec spec, e.g. fp32, int8, qsgd:bits=4 [fp32]; fp32 is passed
 #                      to p2ptrain as its name for plain float32, "none"
@@ -79,7 +81,7 @@ SUBNET=10.77.0
 PORT=4001
 LOCK=/run/lock/p2pt-netns.lock
 
-hosts="" rate="1gbit" rates="" delay="" loss="" mtu=1500 queue=""
+hosts="" rate="1gbit" rates="" delay="" loss="" mtu=1500 queue="" cc=""
 size="64MiB" codec="fp32" schedule="ring" rounds=5
 binary="" out="" timeout_s="" logdir="" mode="bench" keep=0 smoke=0 open=0
 extra=()
@@ -100,6 +102,7 @@ while [ $# -gt 0 ]; do
 	--loss) need_arg "$@"; loss=$2; shift 2 ;;
 	--mtu) need_arg "$@"; mtu=$2; shift 2 ;;
 	--queue) need_arg "$@"; queue=$2; shift 2 ;;
+	--cc) need_arg "$@"; cc=$2; shift 2 ;;
 	--size) need_arg "$@"; size=$2; shift 2 ;;
 	--codec) need_arg "$@"; codec=$2; shift 2 ;;
 	--schedule) need_arg "$@"; schedule=$2; shift 2 ;;
@@ -237,6 +240,9 @@ for r in "${rate_list[@]}"; do
 done
 int_in "$mtu" 576 65000 || usage_err "--mtu must be 576..65000"
 [ -z "$queue" ] || int_in "$queue" 2 100000 || usage_err "--queue must be 2..100000 packets"
+if [ -n "$cc" ] && ! grep -qw -- "$cc" /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null; then
+	usage_err "--cc $cc: not one of this kernel's congestion controls ($(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null))"
+fi
 int_in "$rounds" 1 100000 || usage_err "--rounds must be a positive integer"
 [ -z "$delay" ] || [[ "$delay" =~ ^[0-9]+(\.[0-9]+)?(s|ms|us)$ ]] || usage_err "bad --delay '$delay' (want e.g. 1ms, 500us)"
 [ -z "$loss" ] || [[ "$loss" =~ ^[0-9]+(\.[0-9]+)?%$ ]] || usage_err "bad --loss '$loss' (want e.g. 0.1%)"
@@ -387,6 +393,7 @@ build_network() {
 		ip netns add "$ns"
 		no_ipv6 "$ns"
 		ip -n "$ns" link set lo up
+		[ -z "$cc" ] || nsx "$ns" sysctl -q -w net.ipv4.tcp_congestion_control="$cc"
 		ip -n "$BR_NS" link add "h$i" mtu "$mtu" type veth peer name eth0 mtu "$mtu" netns "$ns"
 		ip -n "$BR_NS" link set "h$i" master br0 up
 		ip -n "$ns" addr add "$(host_ip "$i")/24" dev eth0
@@ -397,7 +404,7 @@ build_network() {
 	done
 }
 
-say "$hosts hosts, rates ${rate_list[*]}, delay ${delay:-0}, loss ${loss:-0%}, mtu $mtu, queue ${queue:-default}; logs in $work"
+say "$hosts hosts, rates ${rate_list[*]}, delay ${delay:-0}, loss ${loss:-0%}, mtu $mtu, queue ${queue:-default}, tcp ${cc:-default}; logs in $work"
 build_network
 
 # --- check: measure every link with the netcheck probe ---------------------------
