@@ -24,7 +24,8 @@
 #                      both directions) [the kernel's default: the device's txqueuelen,
 #                      1000, i.e. 120 ms at 100mbit]; e.g. 100 for a shallow switch buffer
 #   --cc NAME          TCP congestion control of every host (sysctl in its namespace):
-#                      cubic, bbr, reno, ... as the kernel offers [the kernel's default]
+#                      one of /proc/sys/net/ipv4/tcp_allowed_congestion_control (a
+#                      namespace may not pick others) [the root namespace's default]
 #   --size S           all-reduced buffer size [64MiB]
 #   --codec C          codec spec, e.g. fp32, int8, qsgd:bits=4 [fp32]; fp32 is passed
 #                      to p2ptrain as its name for plain float32, "none"
@@ -240,8 +241,8 @@ for r in "${rate_list[@]}"; do
 done
 int_in "$mtu" 576 65000 || usage_err "--mtu must be 576..65000"
 [ -z "$queue" ] || int_in "$queue" 2 100000 || usage_err "--queue must be 2..100000 packets"
-if [ -n "$cc" ] && ! grep -qw -- "$cc" /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null; then
-	usage_err "--cc $cc: not one of this kernel's congestion controls ($(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null))"
+if [ -n "$cc" ] && ! grep -qw -- "$cc" /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null; then
+	usage_err "--cc $cc: not one a network namespace may use here ($(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null))"
 fi
 int_in "$rounds" 1 100000 || usage_err "--rounds must be a positive integer"
 [ -z "$delay" ] || [[ "$delay" =~ ^[0-9]+(\.[0-9]+)?(s|ms|us)$ ]] || usage_err "bad --delay '$delay' (want e.g. 1ms, 500us)"
