@@ -410,15 +410,36 @@ build_network
 
 # --- check: measure every link with the netcheck probe ---------------------------
 
+# link_bps prints the rate (bit/s) of the path from host I to host J: the
+# slower of their two links.
+link_bps() { # i j
+	local a b
+	a=$(rate_bps "${rate_list[$1 - 1]}")
+	b=$(rate_bps "${rate_list[$2 - 1]}")
+	if [ "$a" -le "$b" ]; then echo "$a"; else echo "$b"; fi
+}
+
+# probe_bytes prints how much netcheck sends to keep a link of BPS bit/s busy
+# for SECONDS (at least 256 KiB).
+probe_bytes() { # bps seconds
+	awk -v b="$1" -v s="$2" 'BEGIN { x = b / 8 * s; if (x < 262144) x = 262144; printf "%d\n", x }'
+}
+
+# link_ratio prints netcheck's measured Mbit/s (from its JSON, $1) and its
+# ratio to BPS bit/s ($2), separated by a space.
+link_ratio() { # json bps
+	local mbit
+	mbit=$(sed -nE 's/.*"mbit_s":([0-9.eE+-]+).*/\1/p' <<<"$1")
+	awk -v m="$mbit" -v b="$2" 'BEGIN { printf "%s %.3f\n", m, m * 1e6 / b }'
+}
+
 check_links() {
-	local i j bps bytes res mbit rtt ratio fail=0 exp_bps
+	local i j bytes res mbit rtt ratio fail=0 exp_bps
 	for ((i = 1; i <= hosts; i++)); do
 		j=$((i % hosts + 1))
 		[ "$i" != "$j" ] || { say "check: one host, nothing to measure"; return 0; }
-		exp_bps=$(rate_bps "${rate_list[i - 1]}")
-		bps=$(rate_bps "${rate_list[j - 1]}")
-		[ "$bps" -ge "$exp_bps" ] || exp_bps=$bps
-		bytes=$(awk -v b="$exp_bps" 'BEGIN { x = b / 8 * 1.5; if (x < 262144) x = 262144; printf "%d\n", x }')
+		exp_bps=$(link_bps "$i" "$j")
+		bytes=$(probe_bytes "$exp_bps" 1.5)
 		timeout 40 ip netns exec "$(host_ns "$j")" "$work/netcheck" serve \
 			--listen "$(host_ip "$j"):5201" --timeout 30s 2>/dev/null 9>&- &
 		local srv=$!
@@ -431,9 +452,8 @@ check_links() {
 		}
 		kill "$srv" 2>/dev/null || true
 		wait "$srv" 2>/dev/null || true
-		mbit=$(sed -nE 's/.*"mbit_s":([0-9.eE+-]+).*/\1/p' <<<"$res")
+		read -r mbit ratio <<<"$(link_ratio "$res" "$exp_bps")"
 		rtt=$(sed -nE 's/.*"rtt_ms":([0-9.eE+-]+).*/\1/p' <<<"$res")
-		ratio=$(awk -v m="$mbit" -v b="$exp_bps" 'BEGIN { printf "%.3f\n", m * 1e6 / b }')
 		printf 'check: h%d -> h%d  %8.1f Mbit/s  shaped %8.1f Mbit/s  ratio %s  rtt %s ms\n' \
 			"$i" "$j" "$mbit" "$(awk -v b="$exp_bps" 'BEGIN { print b / 1e6 }')" "$ratio" "$rtt"
 		if awk -v r="$ratio" 'BEGIN { exit !(r > 1.10) }'; then
@@ -453,7 +473,7 @@ fi
 # all-reduce does, for ~3 s: the plain-TCP ceiling of the ring on this machine
 # (on a small one, the CPUs shared by every host's flows bound it).
 check_ring() {
-	local i j p bps bytes srvs=() snds=() mbit ratio
+	local i j p srvs=() snds=() bps=() mbit ratio ok=1
 	[ "$hosts" -ge 2 ] || return 0
 	for ((i = 1; i <= hosts; i++)); do
 		timeout 40 ip netns exec "$(host_ns "$i")" "$work/netcheck" serve \
@@ -462,25 +482,18 @@ check_ring() {
 	done
 	for ((i = 1; i <= hosts; i++)); do
 		j=$((i % hosts + 1))
-		bps=$(rate_bps "${rate_list[i - 1]}")
-		[ "$(rate_bps "${rate_list[j - 1]}")" -ge "$bps" ] || bps=$(rate_bps "${rate_list[j - 1]}")
-		bytes=$(awk -v b="$bps" 'BEGIN { x = b / 8 * 3; if (x < 262144) x = 262144; printf "%d\n", x }')
+		bps[i]=$(link_bps "$i" "$j")
 		timeout 35 ip netns exec "$(host_ns "$i")" "$work/netcheck" send \
-			--to "$(host_ip "$j"):5202" --bytes "$bytes" --timeout 30s >"$work/ring$i.json" 9>&- &
+			--to "$(host_ip "$j"):5202" --bytes "$(probe_bytes "${bps[i]}" 3)" --timeout 30s >"$work/ring$i.json" 9>&- &
 		snds+=($!)
 	done
-	local ok=1
 	for p in "${snds[@]}"; do wait "$p" || ok=0; done
 	kill "${srvs[@]}" 2>/dev/null || true
 	wait "${srvs[@]}" 2>/dev/null || true
 	[ "$ok" = 1 ] || { say "check: ring: a transfer failed"; return 1; }
 	for ((i = 1; i <= hosts; i++)); do
-		j=$((i % hosts + 1))
-		bps=$(rate_bps "${rate_list[i - 1]}")
-		[ "$(rate_bps "${rate_list[j - 1]}")" -ge "$bps" ] || bps=$(rate_bps "${rate_list[j - 1]}")
-		mbit=$(sed -nE 's/.*"mbit_s":([0-9.eE+-]+).*/\1/p' "$work/ring$i.json")
-		ratio=$(awk -v m="$mbit" -v b="$bps" 'BEGIN { printf "%.3f\n", m * 1e6 / b }')
-		printf 'check: ring, all at once: h%d -> h%d  %8.1f Mbit/s  ratio %s\n' "$i" "$j" "$mbit" "$ratio"
+		read -r mbit ratio <<<"$(link_ratio "$(cat "$work/ring$i.json")" "${bps[i]}")"
+		printf 'check: ring, all at once: h%d -> h%d  %8.1f Mbit/s  ratio %s\n' "$i" "$((i % hosts + 1))" "$mbit" "$ratio"
 	done
 }
 
@@ -615,9 +628,11 @@ for ((i = 1; i <= hosts; i++)); do
 done
 
 ts=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+swarm_key=true
+[ "$open" = 0 ] || swarm_key=false
 for ((i = 1; i <= hosts; i++)); do
 	line=$(sed -E 's/[[:space:]]*\}[[:space:]]*$//' <<<"${lines[i - 1]}")
-	line="$line,\"host\":\"h$i\",\"hosts\":$hosts,\"rate\":\"${rate_list[i - 1]}\",\"delay\":\"${delay:-0ms}\",\"loss\":\"${loss:-0%}\",\"mtu\":$mtu,\"swarm_key\":$([ "$open" = 1 ] && echo false || echo true),\"time\":\"$ts\"}"
+	line="$line,\"host\":\"h$i\",\"hosts\":$hosts,\"rate\":\"${rate_list[i - 1]}\",\"delay\":\"${delay:-0ms}\",\"loss\":\"${loss:-0%}\",\"mtu\":$mtu,\"swarm_key\":$swarm_key,\"time\":\"$ts\"}"
 	echo "$line"
 	[ -z "$out" ] || echo "$line" >>"$out"
 done
