@@ -120,6 +120,8 @@ func NewSession(ep Epoch, t Transport, cfg Config) (*Session, error) {
 		done:   make(chan struct{}),
 		out:    make([]*outQueue, len(ep.Peers)),
 	}
+	// Every queue exists before any goroutine starts: a reader that fails at
+	// once calls fail → wakeFlush, which walks all of s.out.
 	for i := range ep.Peers {
 		if i == s.rank {
 			continue
@@ -127,7 +129,12 @@ func NewSession(ep Epoch, t Transport, cfg Config) (*Session, error) {
 		q := &outQueue{ready: make(chan struct{}, 1)}
 		q.idle = sync.NewCond(&q.mu)
 		s.out[i] = q
-		s.wg.Add(2)
+	}
+	s.wg.Add(2 * (len(ep.Peers) - 1))
+	for i := range ep.Peers {
+		if i == s.rank {
+			continue
+		}
 		go s.readLoop(i)
 		go s.writeLoop(i)
 	}
