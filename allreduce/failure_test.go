@@ -3,6 +3,7 @@ package allreduce_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"runtime"
 	"testing"
@@ -236,4 +237,38 @@ func TestClosedSession(t *testing.T) {
 			t.Fatalf("got %v, out %v", err, out)
 		}
 	})
+}
+
+// failingTransport fails every Recv at once, as a transport whose links are
+// already broken when the session starts.
+type failingTransport struct{}
+
+func (failingTransport) Send(ctx context.Context, to allreduce.PeerID, frame []byte) error {
+	return errors.New("link down")
+}
+func (failingTransport) Recv(ctx context.Context, from allreduce.PeerID) ([]byte, error) {
+	return nil, errors.New("link down")
+}
+func (failingTransport) Reset(error) {}
+
+// TestSessionFailsDuringConstruction: readers that fail while NewSession is
+// still starting the others must find every send queue built (under -race
+// this caught readers walking the queues the constructor was still filling).
+func TestSessionFailsDuringConstruction(t *testing.T) {
+	const w = 16
+	ep := allreduce.Epoch{Number: 1, Self: "peer-00"}
+	for i := range w {
+		ep.Peers = append(ep.Peers, allreduce.PeerID(fmt.Sprintf("peer-%02d", i)))
+	}
+	for range 20 {
+		s, err := allreduce.NewSession(ep, failingTransport{}, allreduce.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = s.AllReduce(context.Background(), 0, allreduce.Bucket{ID: 0, Codec: fakeFP32{}, Data: make([]float32, 64), Out: make([]float32, 64)})
+		if err == nil {
+			t.Fatal("all-reduce over broken links succeeded")
+		}
+		s.Close()
+	}
 }
