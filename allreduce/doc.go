@@ -65,8 +65,8 @@
 // an invalid frame fails the round, never panics, and never makes this
 // package allocate past the maximum frame.
 //
-// The package imports no networking code: node implements Transport over
-// libp2p streams (ProtocolID, WriteFrame/ReadFrame framing), memtransport
+// The package imports no networking code: package protocol/ringstream
+// implements Transport over libp2p streams (WriteFrame/ReadFrame framing), memtransport
 // implements it in memory, allreducebench benchmarks over shaped memtransport
 // links.
 package allreduce

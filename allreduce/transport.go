@@ -7,10 +7,6 @@ import (
 	"io"
 )
 
-// ProtocolID is the libp2p protocol the node's Transport implementation
-// speaks for all-reduce frames.
-const ProtocolID = "/p2ptrain/allreduce/1.0.0"
-
 // PeerID identifies a peer of a ring epoch (node uses the libp2p peer ID string).
 type PeerID string
 
@@ -56,8 +52,8 @@ func (e Epoch) validate() error {
 	return nil
 }
 
-// Transport carries frames between the peers of one ring epoch. node
-// implements it over libp2p streams (protocol ProtocolID, one long-lived
+// Transport carries frames between the peers of one ring epoch. Package
+// protocol/ringstream implements it over libp2p streams (one long-lived
 // stream per peer pair per epoch, opened lazily, frames written with
 // WriteFrame and read with ReadFrame); memtransport implements it in memory.
 //
@@ -91,6 +87,17 @@ type Transport interface {
 	Recv(ctx context.Context, from PeerID) ([]byte, error)
 	// Reset aborts every link of this peer in this epoch.
 	Reset(reason error)
+}
+
+// EpochTransport is a Transport opened for one ring epoch by its owner
+// (package protocol/ringstream's Service.Open).
+type EpochTransport interface {
+	Transport
+	// Close ends the epoch gracefully (frames already sent are delivered);
+	// call it after closing the epoch's Session.
+	Close() error
+	// Sent returns the bytes Send wrote successfully in this epoch.
+	Sent() uint64
 }
 
 // WriteFrame writes frame to w as a 4-byte little-endian length prefix

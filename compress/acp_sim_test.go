@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/p2ptrain/p2ptrain/data"
 	"github.com/p2ptrain/p2ptrain/gpu"
 	"github.com/p2ptrain/p2ptrain/model"
 )
@@ -39,7 +40,7 @@ func TestLowRankTraining(t *testing.T) {
 	if len(specs) == 0 {
 		t.Skip("set LOWRANK_TRAIN to a list of codecs to train with")
 	}
-	train, test, err := model.LoadFashionMNIST("")
+	train, test, err := data.LoadFashionMNIST("")
 	if err != nil {
 		t.Skip(err)
 	}
@@ -92,7 +93,7 @@ type simConfig struct {
 
 // simTrain runs one training with spec, the peers summed in the order that
 // perm picks, and returns the test accuracy.
-func simTrain(t *testing.T, spec string, cfg simConfig, train, test *model.Dataset, perm uint64) float64 {
+func simTrain(t *testing.T, spec string, cfg simConfig, train, test *data.Dataset, perm uint64) float64 {
 	const world, per, seed = 4, 64, 1
 	m, err := model.New("mlp", model.Config{Hidden: []int{1024, 1024}, BucketBytes: 25 << 20, MaxBatch: per},
 		[]gpu.Device{gpu.NewCPU(0)}, seed)
@@ -104,7 +105,7 @@ func simTrain(t *testing.T, spec string, cfg simConfig, train, test *model.Datas
 	if err != nil {
 		t.Fatal(err)
 	}
-	smp := model.NewSampler(seed, train.Len())
+	smp := data.NewSampler(seed, train.Len())
 	buckets := m.Buckets()
 	codecs := make([][]Codec, world) // [rank][bucket], seeded as node.NewTrainer does
 	for r := range codecs {

@@ -2,6 +2,8 @@ package gossip
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,7 +23,6 @@ const MaxMessageSize = 64 << 10
 // Limits on message fields, checked by Validate.
 const (
 	maxAddrs     = 32
-	maxDevices   = 64
 	maxMembers   = 1024
 	maxStringLen = 256
 	// MaxLinks bounds the link figures of one heartbeat.
@@ -66,21 +67,18 @@ type Heartbeat struct {
 	Addrs   []string `json:"addrs"`
 	Version string   `json:"version"`
 	Step    uint64   `json:"step"`
-	Devices []string `json:"devices"`
 	// Seq increases with every heartbeat and departure of the sender, across
 	// restarts (it is derived from the sender's clock), so stale messages are ignored.
 	Seq uint64 `json:"seq"`
 	// Epoch is the ring epoch the sender has adopted (Number 0: none yet).
 	Epoch Epoch `json:"epoch"`
-	// Ready says the sender has stopped stepping in Ready.Epoch and holds the
-	// state of Ready.Step completed steps: the members of an epoch start
-	// training together from the highest such step.
-	Ready *Ready `json:"ready,omitempty"`
 	// WantEpoch asks the coordinator for a new epoch numbered above it (a
 	// failed round needs a fresh ring even when membership is unchanged).
 	WantEpoch uint64 `json:"want_epoch,omitempty"`
-	// Check is the sender's parameter hash after a given step.
-	Check *ParamCheck `json:"check,omitempty"`
+	// App is the application's payload (the trainer's position in an epoch,
+	// its parameter checks, its devices): opaque to gossip, which bounds only
+	// its size (MaxAppBytes) and carries it to every member.
+	App []byte `json:"app,omitempty"`
 	// Links are the sender's latest measurements of its links to other
 	// members (at most MaxLinks, one per peer).
 	Links []LinkFigure `json:"links,omitempty"`
@@ -120,16 +118,14 @@ func checkLinks(links []LinkFigure) error {
 
 func finiteNonNegative(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
 
-// Ready is a member's training position at the start of an epoch.
-type Ready struct {
-	Epoch uint64 `json:"epoch"`
-	Step  uint64 `json:"step"`
-}
+// MaxAppBytes bounds a heartbeat's application payload.
+const MaxAppBytes = 4096
 
-// ParamCheck is a parameter hash after Step completed steps.
-type ParamCheck struct {
-	Step uint64 `json:"step"`
-	Hash string `json:"hash"`
+func checkApp(app []byte) error {
+	if len(app) > MaxAppBytes {
+		return fmt.Errorf("%w: application payload of %d bytes (max %d)", ErrMalformed, len(app), MaxAppBytes)
+	}
+	return nil
 }
 
 // Leave announces a clean departure.
@@ -165,6 +161,15 @@ type Epoch struct {
 func (e Epoch) Equal(o Epoch) bool {
 	return e.Number == o.Number && e.StartStep == o.StartStep && e.Coordinator == o.Coordinator &&
 		slices.Equal(e.Order, o.Order) && e.Plan().Equal(o.Plan())
+}
+
+// Digest identifies the epoch by its content: two epochs with one number
+// but different members, coordinators or layouts have different digests
+// (the first 8 bytes of the SHA-256 of its JSON encoding, in hex).
+func (e Epoch) Digest() string {
+	b, _ := json.Marshal(e) // a struct of strings, numbers and slices: cannot fail
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
 }
 
 // Plan returns the epoch's layout.
@@ -287,13 +292,6 @@ func checkStrings(what string, ss []string, limit int) error {
 	return nil
 }
 
-func (c *ParamCheck) validate() error {
-	if c == nil {
-		return nil
-	}
-	return checkString("parameter hash", c.Hash, true)
-}
-
 // Encode marshals an envelope after validating it.
 func Encode(e *Envelope) ([]byte, error) {
 	b, err := json.Marshal(e)
@@ -353,9 +351,8 @@ func (e *Envelope) validate(author string) error {
 			checkString("name", h.Name, false),
 			checkString("version", h.Version, true),
 			checkStrings("addrs", h.Addrs, maxAddrs),
-			checkStrings("devices", h.Devices, maxDevices),
+			checkApp(h.App),
 			h.Epoch.validate(),
-			h.Check.validate(),
 			checkLinks(h.Links),
 		} {
 			if err != nil {

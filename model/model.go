@@ -579,7 +579,7 @@ func (r *replica) forward(m *Model, b Batch, train bool, seed uint64) Stats {
 	r.dev.CopyToDevice(lab.Buf, r.hostY[:n])
 	for i, l := range r.layers {
 		if s, ok := l.(seeder); ok {
-			s.SetSeed(mix(seed, uint64(i)))
+			s.SetSeed(MixSeed(seed, uint64(i)))
 		}
 		x = l.Forward(x, train)
 	}
@@ -625,8 +625,8 @@ func (r *replica) backward(m *Model, n int, dst []float32, done func(int)) {
 	}
 }
 
-// mix derives a sub-seed.
-func mix(seed, k uint64) uint64 {
+// MixSeed derives sub-seed k of seed (a splitmix-style finaliser).
+func MixSeed(seed, k uint64) uint64 {
 	z := seed ^ (k+1)*0x9e3779b97f4a7c15
 	z = (z ^ (z >> 31)) * 0xbf58476d1ce4e5b9
 	return z ^ (z >> 29)
@@ -635,12 +635,12 @@ func mix(seed, k uint64) uint64 {
 // NoiseSeed derives the seed for a step's random layers (dropout) from the
 // cluster seed, the step and the rank of the device's batch.
 func NoiseSeed(seed uint64, step int64, rank int) uint64 {
-	return mix(mix(seed, uint64(step)), uint64(rank))
+	return MixSeed(MixSeed(seed, uint64(step)), uint64(rank))
 }
 
 // ComputeGradients runs forward and backward on every replica, replica i on
 // batches[i] (len(batches) must equal the number of devices), with random
-// layers seeded from mix(noiseSeed, i).
+// layers seeded from MixSeed(noiseSeed, i).
 //
 // Each replica's gradient is the mean over its batch; the local gradient in
 // Grads is their sample-weighted average, summed in replica order. As soon as
@@ -672,7 +672,7 @@ func (m *Model) ComputeGradients(batches []Batch, noiseSeed uint64, ready func(b
 	}
 	if len(m.replicas) == 1 {
 		r := m.replicas[0]
-		st := r.forward(m, batches[0], true, mix(noiseSeed, 0))
+		st := r.forward(m, batches[0], true, MixSeed(noiseSeed, 0))
 		r.backward(m, batches[0].N(), m.grads, ready)
 		return st, m.synchronize()
 	}
@@ -689,7 +689,7 @@ func (m *Model) ComputeGradients(batches []Batch, noiseSeed uint64, ready func(b
 		go func() {
 			defer wg.Done()
 			defer close(chans[i])
-			stats[i] = r.forward(m, batches[i], true, mix(noiseSeed, uint64(i)))
+			stats[i] = r.forward(m, batches[i], true, MixSeed(noiseSeed, uint64(i)))
 			r.backward(m, batches[i].N(), r.staging, func(k int) { chans[i] <- k })
 		}()
 	}
@@ -752,10 +752,20 @@ func (m *Model) synchronize() error {
 	return errors.Join(errs...)
 }
 
+// Samples is a labelled sample set that Evaluate walks in order.
+type Samples interface {
+	// Len returns the number of samples.
+	Len() int
+	// SampleLen returns the number of values per sample.
+	SampleLen() int
+	// Slice returns samples [lo, hi).
+	Slice(lo, hi int) Batch
+}
+
 // Evaluate runs the model in inference mode over a dataset in batches of up
 // to MaxBatch, split across the replicas, and returns the mean loss and the
 // accuracy, or the devices' deferred errors (*DeviceError).
-func (m *Model) Evaluate(ds *Dataset) (Stats, error) {
+func (m *Model) Evaluate(ds Samples) (Stats, error) {
 	if ds.Len() == 0 {
 		return Stats{}, errors.New("model: evaluating on an empty dataset")
 	}

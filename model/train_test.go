@@ -3,8 +3,6 @@ package model
 import (
 	"math"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"testing"
 	"time"
 
@@ -13,7 +11,7 @@ import (
 
 // synthetic makes n samples of a learnable 10-class problem: each class has
 // a fixed random prototype image; a sample is its prototype plus noise.
-func synthetic(seed uint64, n int) *Dataset {
+func synthetic(seed uint64, n int) *samples {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	proto := make([][]float32, 10)
 	pr := rand.New(rand.NewPCG(99, 99)) // prototypes shared by all splits
@@ -23,7 +21,7 @@ func synthetic(seed uint64, n int) *Dataset {
 			proto[c][i] = float32(pr.NormFloat64())
 		}
 	}
-	ds := &Dataset{x: make([]float32, n*784), y: make([]uint8, n), shape: []int{28, 28, 1}, classes: 10}
+	ds := &samples{x: make([]float32, n*784), y: make([]uint8, n)}
 	for s := 0; s < n; s++ {
 		c := rng.IntN(10)
 		ds.y[s] = uint8(c)
@@ -34,9 +32,33 @@ func synthetic(seed uint64, n int) *Dataset {
 	return ds
 }
 
+// samples is an in-memory sample set of 28×28 images (package data's
+// Dataset, which imports this package, in miniature).
+type samples struct {
+	x []float32
+	y []uint8
+}
+
+func (s *samples) Len() int       { return len(s.y) }
+func (s *samples) SampleLen() int { return 784 }
+func (s *samples) Slice(lo, hi int) Batch {
+	return Batch{X: s.x[lo*784 : hi*784], Y: s.y[lo:hi]}
+}
+func (s *samples) Subset(n int) *samples { return &samples{x: s.x[:n*784], y: s.y[:n]} }
+
+// Gather copies the samples at idx into dst.
+func (s *samples) Gather(dst Batch, idx []int) Batch {
+	dst.X, dst.Y = dst.X[:0], dst.Y[:0]
+	for _, k := range idx {
+		dst.X = append(dst.X, s.x[k*784:(k+1)*784]...)
+		dst.Y = append(dst.Y, s.y[k])
+	}
+	return dst
+}
+
 // trainRun trains name for steps steps of batch on ds with one replica per
 // device and returns the first and last few steps' mean loss and the hash.
-func trainRun(t testing.TB, name string, cfg Config, devs int, ds *Dataset, steps, batch int, oc OptimConfig) (first, last float64, hash string, m *Model) {
+func trainRun(t testing.TB, name string, cfg Config, devs int, ds *samples, steps, batch int, oc OptimConfig) (first, last float64, hash string, m *Model) {
 	var ds_ []gpu.Device
 	for i := 0; i < devs; i++ {
 		ds_ = append(ds_, gpu.NewCPU(i))
@@ -49,14 +71,14 @@ func trainRun(t testing.TB, name string, cfg Config, devs int, ds *Dataset, step
 	if err != nil {
 		t.Fatal(err)
 	}
-	smp := NewSampler(7, ds.Len())
+	rng := rand.New(rand.NewPCG(7, 7))
 	var idx []int
 	batches := make([]Batch, devs)
 	const window = 5
 	for step := int64(0); step < int64(steps); step++ {
-		idx, err = smp.Indices(idx, step, 0, 1, batch*devs)
-		if err != nil {
-			t.Fatal(err)
+		idx = idx[:0]
+		for range batch * devs {
+			idx = append(idx, rng.IntN(ds.Len()))
 		}
 		for d := range batches {
 			batches[d] = ds.Gather(batches[d], idx[d*batch:(d+1)*batch])
@@ -201,74 +223,6 @@ func BenchmarkStepMLP64(b *testing.B) { benchStep(b, "mlp", 64) }
 
 // BenchmarkStepCNN64 is BenchmarkStepMLP64 for the cnn.
 func BenchmarkStepCNN64(b *testing.B) { benchStep(b, "cnn", 64) }
-
-// TestFashionMNISTEpoch trains the mlp (or $P2PTRAIN_MODEL) for one epoch
-// (or $P2PTRAIN_EPOCHS, with $P2PTRAIN_OPT and $P2PTRAIN_LR) on the real data with
-// SGD+momentum at a global batch of 64×4 and reports the test accuracy. It is
-// slow, so it runs only with P2PTRAIN_LONG=1 and the dataset installed.
-func TestFashionMNISTEpoch(t *testing.T) {
-	if os.Getenv("P2PTRAIN_LONG") == "" {
-		t.Skip("set P2PTRAIN_LONG=1 to train an epoch on Fashion-MNIST")
-	}
-	train, test, err := LoadFashionMNIST("")
-	if err != nil {
-		t.Skip(err)
-	}
-	name := os.Getenv("P2PTRAIN_MODEL")
-	if name == "" {
-		name = "mlp"
-	}
-	const batch, world = 64, 4
-	m, err := New(name, Config{MaxBatch: batch * world}, []gpu.Device{gpu.NewCPU(0)}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	epochs := 1
-	if e, err := strconv.Atoi(os.Getenv("P2PTRAIN_EPOCHS")); err == nil && e > 0 {
-		epochs = e
-	}
-	steps := int64(epochs * train.Len() / (batch * world))
-	lr := 0.05
-	if v, err := strconv.ParseFloat(os.Getenv("P2PTRAIN_LR"), 64); err == nil {
-		lr = v
-	}
-	opt, err := NewOptimizer(OptimConfig{Name: os.Getenv("P2PTRAIN_OPT"), LR: lr, WarmupSteps: 20, TotalSteps: steps, WeightDecay: 5e-4}, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	smp := NewSampler(3, train.Len())
-	var idx []int
-	bt := Batch{}
-	start := time.Now()
-	for step := int64(0); step < steps; step++ {
-		// The four ranks' shards together form the global batch.
-		idx = idx[:0]
-		for r := 0; r < world; r++ {
-			part, err := smp.Indices(nil, step, r, world, batch)
-			if err != nil {
-				t.Fatal(err)
-			}
-			idx = append(idx, part...)
-		}
-		bt = train.Gather(bt, idx)
-		st, err := m.ComputeGradients([]Batch{bt}, 0, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.ApplyGradients(opt, step)
-		if step%100 == 0 {
-			t.Logf("step %d loss %.4f acc %.3f", step, st.Loss, st.Accuracy())
-		}
-	}
-	el := time.Since(start)
-	ev, err := m.Evaluate(test)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%s %s lr=%g: %d epoch(s) (%d steps of %d) in %v (%.0f samples/s): test loss %.4f accuracy %.4f",
-		name, opt.Config().Name, lr, epochs, steps, batch*world, el.Round(time.Second), float64(steps)*batch*world/el.Seconds(), ev.Loss, ev.Accuracy())
-}
 
 // TestEvaluate checks that evaluation over several replicas and partial
 // batches agrees with one replica, and that errors are reported.

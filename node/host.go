@@ -2,7 +2,6 @@ package node
 
 import (
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
@@ -18,14 +17,9 @@ import (
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
 	ma "github.com/multiformats/go-multiaddr"
-	manet "github.com/multiformats/go-multiaddr/net"
-)
-
-// Protocol IDs of p2ptrain's stream protocols.
-const (
-	ProtocolAllreduce protocol.ID = "/p2ptrain/allreduce/1.0.0"
-	ProtocolState     protocol.ID = "/p2ptrain/state/1.0.0"
-	ProtocolProbe     protocol.ID = "/p2ptrain/probe/1.0.0"
+	"github.com/p2ptrain/p2ptrain/protocol/probe"
+	"github.com/p2ptrain/p2ptrain/protocol/ringstream"
+	"github.com/p2ptrain/p2ptrain/protocol/statesync"
 )
 
 // hostParams is what building a libp2p host needs beyond the config.
@@ -35,16 +29,6 @@ type hostParams struct {
 	listen   []ma.Multiaddr
 	maxPeers int
 	bw       *metrics.BandwidthCounter
-}
-
-func isLoopback(a ma.Multiaddr) bool {
-	ip, err := manet.ToIP(a)
-	if err != nil {
-		// DNS names: only "localhost" counts as loopback.
-		v, err := a.ValueForProtocol(ma.P_DNS4)
-		return err == nil && v == "localhost"
-	}
-	return ip.IsLoopback() && !ip.Equal(net.IPv4zero)
 }
 
 // resourceLimits returns libp2p's auto-scaled defaults with explicit limits for
@@ -72,9 +56,9 @@ func resourceLimits(maxPeers int) rcmgr.ConcreteLimitConfig {
 		perPeer  int
 		peerMemo int64
 	}{
-		{ProtocolAllreduce, 8, 1 << 30, 8, 256 << 20},
-		{ProtocolState, 2, 256 << 20, 2, 128 << 20},
-		{ProtocolProbe, 2, 64 << 20, 2, 32 << 20},
+		{ringstream.ID, 8, 1 << 30, 8, 256 << 20},
+		{statesync.ID, 2, 256 << 20, 2, 128 << 20},
+		{probe.ID, 2, 64 << 20, 2, 32 << 20},
 	} {
 		base, inc := per(p.streams, p.memory)
 		limits.AddProtocolLimit(p.id, base, inc)

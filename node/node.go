@@ -1,7 +1,9 @@
 // Package node is the running p2ptrain peer: the libp2p host (identity,
 // private network, transports, connection and resource managers), discovery
 // (bootstrap, mDNS, peer exchange through gossip), membership and ring epochs
-// (through package gossip) and the local HTTP API.
+// (through package gossip), the local HTTP API, and the stream protocols it
+// wires onto the host (protocol/ringstream, protocol/statesync,
+// protocol/probe). A trainer (package train) uses it through train.Cluster.
 package node
 
 import (
@@ -27,7 +29,13 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
+	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/gossip"
+	"github.com/p2ptrain/p2ptrain/internal/ctxutil"
+	"github.com/p2ptrain/p2ptrain/plan"
+	"github.com/p2ptrain/p2ptrain/protocol/probe"
+	"github.com/p2ptrain/p2ptrain/protocol/ringstream"
+	"github.com/p2ptrain/p2ptrain/protocol/statesync"
 )
 
 // Version is the software version, reported in heartbeats and /status.
@@ -38,23 +46,25 @@ const leaveGrace = 300 * time.Millisecond
 
 // Node is one running peer. Create it with New; stop it with Close.
 type Node struct {
-	cfg  Config
-	log  *zap.Logger
-	host host.Host
-	cm   *connmgr.BasicConnMgr
-	bw   *metrics.BandwidthCounter
-	gsp  *gossip.Service
-	mdns interface{ Close() error }
-	api  *apiServer
-	ring *ringNet
-	// probe measures links to the members (probe.go).
-	probe *prober
+	cfg   config.Config
+	log   *zap.Logger
+	host  host.Host
+	cm    *connmgr.BasicConnMgr
+	bw    *metrics.BandwidthCounter
+	gsp   *gossip.Service
+	mdns  interface{ Close() error }
+	api   *apiServer
+	ring  *ringstream.Service
+	state *statesync.Server
+	probe *probe.Prober
 
 	mu        sync.Mutex
 	step      uint64
 	neighbors []peer.ID
-	stateSrc  StateSource
-	train     trainInfo
+	// app and wantEpoch are what the trainer announces (train.Cluster).
+	app       []byte
+	wantEpoch uint64
+	training  Training
 
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -64,13 +74,13 @@ type Node struct {
 
 // New validates cfg, starts the libp2p host, discovery, gossip and the API.
 // ctx carries values only: the node runs until Close.
-func New(ctx context.Context, cfg Config, log *zap.Logger) (*Node, error) {
+func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	var listen []ma.Multiaddr
 	for _, s := range cfg.Node.Listen {
-		a, _ := ParseListenAddr(s) // validated above
+		a, _ := config.ParseListenAddr(s) // validated above
 		listen = append(listen, a)
 	}
 	var psk pnet.PSK
@@ -80,7 +90,7 @@ func New(ctx context.Context, cfg Config, log *zap.Logger) (*Node, error) {
 			return nil, err
 		}
 	}
-	if psk == nil && !slices.ContainsFunc(listen, func(a ma.Multiaddr) bool { return !isLoopback(a) }) {
+	if psk == nil && !slices.ContainsFunc(listen, func(a ma.Multiaddr) bool { return !config.IsLoopback(a) }) {
 		log.Info("no swarm key: loopback-only peer")
 	} else if psk == nil {
 		log.Warn("no swarm key: this is an open cluster; anyone who can reach the listen addresses can join")
@@ -97,9 +107,9 @@ func New(ctx context.Context, cfg Config, log *zap.Logger) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n.ring = newRingNet(n.host, cfg.Allreduce.Session(nil).MaxFrame(), log.Named("allreduce"))
-	n.ring.learnAddrs = n.learnAddrs
-	n.probe = newProber(n.host, cfg.Probe, log.Named("probe"))
+	n.ring = ringstream.New(n.host, cfg.Allreduce.Session(nil).MaxFrame(), n.learnAddrs, log.Named("allreduce"))
+	n.state = statesync.NewServer(n.host, log.Named("state"))
+	n.probe = probe.New(n.host, cfg.Probe.Prober(), log.Named("probe"))
 	// The node lives until Close, not until the caller's context ends: Close
 	// still needs gossip to announce the departure.
 	ctx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -109,7 +119,7 @@ func New(ctx context.Context, cfg Config, log *zap.Logger) (*Node, error) {
 		Timing:   gossip.DefaultTiming(cfg.Gossip.Heartbeat.D(), cfg.Gossip.FailureTimeout.D()),
 		Self:     n.selfHeartbeat,
 
-		Planner:     newRingPlanner(cfg.Allreduce),
+		Planner:     plan.NewPlanner(cfg.Allreduce.Planner()),
 		ReplanEvery: cfg.Probe.ReplanInterval.D(),
 	}, log.Named("gossip"))
 	if err != nil {
@@ -136,11 +146,11 @@ func New(ctx context.Context, cfg Config, log *zap.Logger) (*Node, error) {
 		n.wg.Add(1)
 		go func() {
 			defer n.wg.Done()
-			n.probe.run(ctx, n.probeTargets)
+			n.probe.Run(ctx, n.probeTargets)
 		}()
 	}
 	for _, s := range cfg.Node.Bootstrap {
-		a, _ := ParseBootstrapAddr(s) // validated above
+		a, _ := config.ParseBootstrapAddr(s) // validated above
 		info, err := peer.AddrInfoFromP2pAddr(a)
 		if err != nil {
 			n.Close()
@@ -176,17 +186,10 @@ func loadOrGenerateIdentity(path string, log *zap.Logger) (crypto.PrivKey, error
 	return priv, nil
 }
 
-// EpochTransport is the all-reduce transport of one ring epoch.
-type EpochTransport interface {
-	allreduce.Transport
-	// Close ends the epoch gracefully (frames already sent are delivered).
-	Close() error
-}
-
 // OpenTransport returns the all-reduce transport of one ring epoch over
 // libp2p streams. Close it when the epoch ends normally (after closing the
 // allreduce.Session); a failed session resets it.
-func (n *Node) OpenTransport(ep allreduce.Epoch) EpochTransport { return n.ring.open(ep) }
+func (n *Node) OpenTransport(ep allreduce.Epoch) allreduce.EpochTransport { return n.ring.Open(ep) }
 
 // ID returns the peer ID.
 func (n *Node) ID() peer.ID { return n.host.ID() }
@@ -224,13 +227,6 @@ func (n *Node) APIAddr() string {
 	return n.api.addr()
 }
 
-// SetStep records the current training step (reported in heartbeats and /status).
-func (n *Node) SetStep(step uint64) {
-	n.mu.Lock()
-	n.step = step
-	n.mu.Unlock()
-}
-
 func (n *Node) selfHeartbeat() gossip.Heartbeat {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -243,11 +239,9 @@ func (n *Node) selfHeartbeat() gossip.Heartbeat {
 		Addrs:     addrs,
 		Version:   Version,
 		Step:      n.step,
-		Devices:   n.cfg.Train.Devices,
-		Ready:     n.train.ready,
-		WantEpoch: n.train.wantEpoch,
-		Check:     n.train.check,
-		Links:     n.probe.figures(),
+		App:       n.app,
+		WantEpoch: n.wantEpoch,
+		Links:     n.probe.Figures(),
 	}
 }
 
@@ -376,7 +370,7 @@ func (n *Node) bootstrap(ctx context.Context, info peer.AddrInfo) {
 			if err != nil {
 				n.log.Warn("bootstrap peer unreachable; retrying", zap.Stringer("peer", info.ID),
 					zap.Duration("retry_in", backoff), zap.Error(err))
-				if !sleepCtx(ctx, backoff) {
+				if !ctxutil.Sleep(ctx, backoff) {
 					return
 				}
 				backoff = min(2*backoff, maxBackoff)
@@ -385,20 +379,9 @@ func (n *Node) bootstrap(ctx context.Context, info peer.AddrInfo) {
 			n.log.Info("connected to bootstrap peer", zap.Stringer("peer", info.ID))
 			backoff = 500 * time.Millisecond
 		}
-		if !sleepCtx(ctx, 5*time.Second) {
+		if !ctxutil.Sleep(ctx, 5*time.Second) {
 			return
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
@@ -440,7 +423,7 @@ func (n *Node) Close() error {
 		if n.mdns != nil {
 			errs = append(errs, n.mdns.Close())
 		}
-		n.ring.close()
+		n.ring.Close()
 		errs = append(errs, n.gsp.Close())
 		n.cancel()
 		n.wg.Wait()
@@ -459,7 +442,7 @@ func (n *Node) Kill() error {
 		if n.mdns != nil {
 			n.mdns.Close()
 		}
-		n.ring.close()
+		n.ring.Close()
 		err := n.gsp.Close()
 		n.cancel()
 		n.wg.Wait()

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/gossip"
 )
 
@@ -31,19 +32,19 @@ const (
 )
 
 // testConfig is a loopback-only peer with fast failure detection and no mDNS.
-func testConfig(bootstrap ...string) Config {
-	cfg := DefaultConfig()
+func testConfig(bootstrap ...string) config.Config {
+	cfg := config.DefaultConfig()
 	cfg.Node.Cluster = "test"
 	cfg.Node.Listen = []string{"/ip4/127.0.0.1/tcp/0"}
 	cfg.Node.Bootstrap = bootstrap
 	cfg.Node.MDNS = false
 	cfg.Node.API = ""
-	cfg.Gossip.Heartbeat = Duration(testHeartbeat)
-	cfg.Gossip.FailureTimeout = Duration(testFailAfter)
+	cfg.Gossip.Heartbeat = config.Duration(testHeartbeat)
+	cfg.Gossip.FailureTimeout = config.Duration(testFailAfter)
 	return cfg
 }
 
-func startNode(t *testing.T, cfg Config, log *zap.Logger) *Node {
+func startNode(t *testing.T, cfg config.Config, log *zap.Logger) *Node {
 	t.Helper()
 	if log == nil {
 		// P2PTRAIN_TEST_LOG=debug|info shows more of what the peers do.

@@ -53,11 +53,29 @@ type RingStatus struct {
 	FinalCodec string   `json:"final_codec,omitempty"`
 }
 
+// Training is what a trainer reports for /status and /metrics.
+type Training struct {
+	Active       bool
+	Loss         float64 // negative: none yet
+	Accuracy     float64 // negative: none yet
+	ParamHash    string
+	SamplesPerS  float64
+	BytesPerStep float64
+	Codec        string
+}
+
+// SetTraining records the trainer's latest figures.
+func (n *Node) SetTraining(t Training) {
+	n.mu.Lock()
+	n.training = t
+	n.mu.Unlock()
+}
+
 // Status returns the peer's current status.
 func (n *Node) Status() Status {
 	members, epoch := n.gsp.Snapshot()
 	n.mu.Lock()
-	step, ti := n.step, n.train
+	step, ti := n.step, n.training
 	n.mu.Unlock()
 	now := time.Now()
 	st := Status{
@@ -78,21 +96,21 @@ func (n *Node) Status() Status {
 			LinkCodecs:  epoch.LinkCodecs,
 			FinalCodec:  epoch.FinalCodec,
 		},
-		Links: n.probe.figures(),
+		Links: n.probe.Figures(),
 	}
 	if st.Links == nil {
 		st.Links = []gossip.LinkFigure{}
 	}
-	if ti.active {
+	if ti.Active {
 		ptr := func(v float64) *float64 { return &v }
-		if ti.loss >= 0 {
-			st.Loss = ptr(ti.loss)
+		if ti.Loss >= 0 {
+			st.Loss = ptr(ti.Loss)
 		}
-		if ti.accuracy >= 0 {
-			st.Accuracy = ptr(ti.accuracy)
+		if ti.Accuracy >= 0 {
+			st.Accuracy = ptr(ti.Accuracy)
 		}
-		st.ParamHash, st.Codec = ti.paramHash, ti.codec
-		st.SamplesPerS, st.BytesPerStep = ptr(ti.samplesPerS), ptr(ti.bytesPerStep)
+		st.ParamHash, st.Codec = ti.ParamHash, ti.Codec
+		st.SamplesPerS, st.BytesPerStep = ptr(ti.SamplesPerS), ptr(ti.BytesPerStep)
 	}
 	if st.Ring.Order == nil {
 		st.Ring.Order = []string{}

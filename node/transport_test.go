@@ -3,13 +3,14 @@ package node
 import (
 	"context"
 	"errors"
-	"go.uber.org/zap/zaptest"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"go.uber.org/zap/zaptest"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/compress"

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/p2ptrain/p2ptrain/data"
 	"github.com/p2ptrain/p2ptrain/gpu"
 	"github.com/p2ptrain/p2ptrain/model"
 
@@ -83,7 +84,7 @@ func cmdBenchTrain(ctx context.Context, args []string, stdout, stderr io.Writer)
 }
 
 // benchTrain measures one device set.
-func benchTrain(ctx context.Context, specs []string, name string, batch, warmup, steps int, data string) (trainBenchResult, error) {
+func benchTrain(ctx context.Context, specs []string, name string, batch, warmup, steps int, source string) (trainBenchResult, error) {
 	r := trainBenchResult{Model: name, BatchPerDevice: batch, Steps: steps}
 	devs, err := gpu.OpenAll(specs)
 	if err != nil {
@@ -99,7 +100,7 @@ func benchTrain(ctx context.Context, specs []string, name string, batch, warmup,
 	for _, d := range devs {
 		r.Devices = append(r.Devices, d.Name())
 	}
-	ds, kind, err := benchData(data, batch*len(devs))
+	ds, kind, err := benchData(source, batch*len(devs))
 	if err != nil {
 		return r, err
 	}
@@ -113,7 +114,7 @@ func benchTrain(ctx context.Context, specs []string, name string, batch, warmup,
 	if err != nil {
 		return r, err
 	}
-	smp := model.NewSampler(1, ds.Len())
+	smp := data.NewSampler(1, ds.Len())
 	batches := make([]model.Batch, len(devs))
 	var idx []int
 	var start time.Time
@@ -153,16 +154,16 @@ func benchTrain(ctx context.Context, specs []string, name string, batch, warmup,
 	return r, nil
 }
 
-// benchData returns the training set data asks for ("fashion", "synthetic"
+// benchData returns the training set source names ("fashion", "synthetic"
 // or "auto") with at least n samples, and which it is.
-func benchData(data string, n int) (*model.Dataset, string, error) {
-	switch data {
+func benchData(source string, n int) (*data.Dataset, string, error) {
+	switch source {
 	case "fashion", "auto":
-		train, _, err := model.LoadFashionMNIST("")
+		train, _, err := data.LoadFashionMNIST("")
 		if err == nil && train.Len() >= n {
 			return train, "fashion", nil
 		}
-		if data == "fashion" {
+		if source == "fashion" {
 			if err == nil {
 				err = fmt.Errorf("Fashion-MNIST has %d samples, fewer than one step's %d", train.Len(), n)
 			}
@@ -172,12 +173,12 @@ func benchData(data string, n int) (*model.Dataset, string, error) {
 	case "synthetic":
 		return syntheticData(max(n, 1024)), "synthetic", nil
 	}
-	return nil, "", usagef("bench train: --data %q (want fashion, synthetic or auto)", data)
+	return nil, "", usagef("bench train: --data %q (want fashion, synthetic or auto)", source)
 }
 
 // syntheticData makes n random 28×28 images with random labels: the speed
 // of a step does not depend on what the pixels are.
-func syntheticData(n int) *model.Dataset {
+func syntheticData(n int) *data.Dataset {
 	rng := rand.New(rand.NewPCG(1, 2))
 	img := make([]byte, n*28*28)
 	for i := range img {
@@ -187,7 +188,7 @@ func syntheticData(n int) *model.Dataset {
 	for i := range lab {
 		lab[i] = byte(rng.UintN(10))
 	}
-	ds, err := model.NewDataset(&model.IDX{Dims: []int{n, 28, 28}, Data: img}, &model.IDX{Dims: []int{n}, Data: lab}, 10)
+	ds, err := data.NewDataset(&data.IDX{Dims: []int{n, 28, 28}, Data: img}, &data.IDX{Dims: []int{n}, Data: lab}, 10)
 	if err != nil {
 		panic(err) // the dimensions above are consistent
 	}

@@ -7,15 +7,14 @@ import (
 	"os"
 	"strings"
 
+	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/pelletier/go-toml/v2"
-
-	"github.com/p2ptrain/p2ptrain/node"
 )
 
 // loadConfig reads a TOML config file over the defaults. Unknown keys and bad
 // values are usage errors that name the key.
-func loadConfig(path string) (node.Config, error) {
-	cfg := node.DefaultConfig()
+func loadConfig(path string) (config.Config, error) {
+	cfg := config.DefaultConfig()
 	if path == "" {
 		return cfg, nil
 	}
@@ -29,7 +28,7 @@ func loadConfig(path string) (node.Config, error) {
 	return cfg, nil
 }
 
-func decodeConfig(data []byte, cfg *node.Config) error {
+func decodeConfig(data []byte, cfg *config.Config) error {
 	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
 	err := dec.Decode(cfg)
 	var strict *toml.StrictMissingError

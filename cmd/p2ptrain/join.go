@@ -11,7 +11,9 @@ import (
 	"go.uber.org/zap/exp/zapslog"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/node"
+	"github.com/p2ptrain/p2ptrain/train"
 )
 
 // peerFlags are the flags shared by every command that runs a peer.
@@ -57,7 +59,7 @@ func addPeerFlags(fs *flag.FlagSet) *peerFlags {
 }
 
 // resolve loads the config file and applies the flags given on the command line.
-func (p *peerFlags) resolve() (node.Config, error) {
+func (p *peerFlags) resolve() (config.Config, error) {
 	cfg, err := loadConfig(p.config)
 	if err != nil {
 		return cfg, err
@@ -95,7 +97,7 @@ func (p *peerFlags) resolve() (node.Config, error) {
 }
 
 // newLogger builds the process logger on stderr and routes libp2p's logs into it.
-func newLogger(cfg node.LogConfig, stderr io.Writer) (*zap.Logger, error) {
+func newLogger(cfg config.Log, stderr io.Writer) (*zap.Logger, error) {
 	level, err := zapcore.ParseLevel(cfg.Level)
 	if err != nil {
 		return nil, usagef("log.level: %v", err)
@@ -138,7 +140,12 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		<-ctx.Done()
 		return nil
 	}
-	tr, err := node.NewTrainer(n, progressPrinter(stderr, log))
+	tr, err := train.New(n, cfg.Train, cfg.Allreduce, train.Options{
+		Log:      log,
+		Progress: progressPrinter(stderr, log),
+		Status:   func(s train.Status) { n.SetTraining(trainingStatus(s)) },
+		Linger:   2 * cfg.Gossip.FailureTimeout.D(),
+	})
 	if err != nil {
 		return err
 	}
@@ -157,7 +164,7 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 // announcePeer prints the peer's ID and the addresses to dial it at (scripts
 // parse the lines after "dial this peer at:").
-func announcePeer(stdout io.Writer, n *node.Node, cfg node.Config) {
+func announcePeer(stdout io.Writer, n *node.Node, cfg config.Config) {
 	fmt.Fprintf(stdout, "p2ptrain %s peer %s (cluster %q)\n", version(), n.ID(), cfg.Node.Cluster)
 	fmt.Fprintln(stdout, "dial this peer at:")
 	for _, a := range n.AddrStrings() {
@@ -170,7 +177,7 @@ func announcePeer(stdout io.Writer, n *node.Node, cfg node.Config) {
 
 // startPeer builds the logger, starts the node and prints its addresses. leave
 // announces the departure, stops the node and flushes the log.
-func startPeer(ctx context.Context, cfg node.Config, stdout, stderr io.Writer) (n *node.Node, log *zap.Logger, leave func(), err error) {
+func startPeer(ctx context.Context, cfg config.Config, stdout, stderr io.Writer) (n *node.Node, log *zap.Logger, leave func(), err error) {
 	log, err = newLogger(cfg.Log, stderr)
 	if err != nil {
 		return nil, nil, nil, err
@@ -191,3 +198,9 @@ func startPeer(ctx context.Context, cfg node.Config, stdout, stderr io.Writer) (
 }
 
 func version() string { return node.Version }
+
+// trainingStatus converts the trainer's status for the node's /status.
+func trainingStatus(s train.Status) node.Training {
+	return node.Training{Active: s.Active, Loss: s.Loss, Accuracy: s.Accuracy, ParamHash: s.ParamHash,
+		SamplesPerS: s.SamplesPerS, BytesPerStep: s.BytesPerStep, Codec: s.Codec}
+}

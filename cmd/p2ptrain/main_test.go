@@ -9,9 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/pelletier/go-toml/v2"
-
-	"github.com/p2ptrain/p2ptrain/node"
 )
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -134,7 +133,7 @@ func TestShippedConfigIsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("config.toml: %v", err)
 	}
-	def := node.DefaultConfig()
+	def := config.DefaultConfig()
 	if !reflect.DeepEqual(cfg, def) {
 		t.Fatalf("config.toml differs from the defaults:\nfile:     %+v\ndefaults: %+v", cfg, def)
 	}

@@ -5,9 +5,8 @@ import (
 	"io"
 	"os"
 
+	"github.com/p2ptrain/p2ptrain/train"
 	"go.uber.org/zap"
-
-	"github.com/p2ptrain/p2ptrain/node"
 )
 
 // isTerminal reports whether w is a character device (a terminal).
@@ -22,9 +21,9 @@ func isTerminal(w io.Writer) bool {
 
 // progressPrinter returns the step callback: a one-line display redrawn in
 // place on a terminal, a structured log line every 10 steps otherwise.
-func progressPrinter(w io.Writer, log *zap.Logger) func(node.Progress) {
+func progressPrinter(w io.Writer, log *zap.Logger) func(train.Progress) {
 	if isTerminal(w) {
-		return func(p node.Progress) {
+		return func(p train.Progress) {
 			acc := "-"
 			if p.Accuracy >= 0 {
 				acc = fmt.Sprintf("%.2f%%", 100*p.Accuracy)
@@ -33,7 +32,7 @@ func progressPrinter(w io.Writer, log *zap.Logger) func(node.Progress) {
 				p.Step, p.Steps, p.Loss, acc, p.SamplesPerS, humanBytes(p.BytesPerStep), p.Peers, p.Epoch)
 		}
 	}
-	return func(p node.Progress) {
+	return func(p train.Progress) {
 		if p.Step%10 != 0 && p.Step != p.Steps {
 			return
 		}

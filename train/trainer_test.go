@@ -1,4 +1,4 @@
-package node
+package train
 
 import (
 	"context"
@@ -11,24 +11,57 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/p2ptrain/p2ptrain/config"
+	"github.com/p2ptrain/p2ptrain/data"
 	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/gpu"
 	"github.com/p2ptrain/p2ptrain/model"
+	"github.com/p2ptrain/p2ptrain/node"
+	"github.com/p2ptrain/p2ptrain/node/nodetest"
+	"github.com/p2ptrain/p2ptrain/plan"
+	"github.com/p2ptrain/p2ptrain/protocol/probe"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
 )
 
 // These tests train a small mlp on a slice of Fashion-MNIST (Debian's
 // dataset-fashion-mnist, installed by scripts/setup.sh) with in-process peers.
 
+// fashion is the dataset, loaded once and shared read-only by every peer.
+var fashion struct {
+	once        sync.Once
+	train, test *data.Dataset
+	err         error
+}
+
 func requireDataset(t *testing.T) {
 	t.Helper()
-	if _, err := model.FindFashionMNIST(); err != nil {
-		t.Fatalf("%v (run scripts/setup.sh)", err)
+	fashion.once.Do(func() { fashion.train, fashion.test, fashion.err = data.LoadFashionMNIST("") })
+	if fashion.err != nil {
+		t.Fatalf("%v (run scripts/setup.sh)", fashion.err)
 	}
 }
 
+func eventually(t *testing.T, within time.Duration, what string, cond func() error) time.Duration {
+	t.Helper()
+	return nodetest.Eventually(t, within, what, cond)
+}
+
+// stateOn returns p's state in n's view.
+func stateOn(n *node.Node, p peer.ID) gossip.State {
+	members, _ := n.View()
+	for _, m := range members {
+		if m.PeerID == p.String() {
+			return m.State
+		}
+	}
+	return gossip.Dead
+}
+
 // trainConfig is a fast training setup: a small mlp, small batches, a slice of the data.
-func trainConfig(steps, minPeers int, bootstrap ...string) Config {
-	cfg := testConfig(bootstrap...)
+func trainConfig(steps, minPeers int, bootstrap ...string) config.Config {
+	cfg := nodetest.Config(bootstrap...)
 	cfg.Train.Steps = steps
 	cfg.Train.MinPeers = minPeers
 	cfg.Train.Hidden = []int{64}
@@ -46,7 +79,7 @@ func trainConfig(steps, minPeers int, bootstrap ...string) Config {
 }
 
 type trainPeer struct {
-	n      *Node
+	n      *node.Node
 	tr     *Trainer
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -57,28 +90,32 @@ type trainPeer struct {
 	progress []Progress
 }
 
-func startTrainer(t *testing.T, cfg Config, onProgress func(*trainPeer, Progress)) *trainPeer {
+func startTrainer(t *testing.T, cfg config.Config, onProgress func(*trainPeer, Progress)) *trainPeer {
 	t.Helper()
 	return startTrainerHook(t, cfg, onProgress, nil)
 }
 
 // startTrainerHook is startTrainer with a hook on every local gradient bucket.
-func startTrainerHook(t *testing.T, cfg Config, onProgress func(*trainPeer, Progress), gradHook func(uint64, int, []float32)) *trainPeer {
+func startTrainerHook(t *testing.T, cfg config.Config, onProgress func(*trainPeer, Progress), gradHook func(uint64, int, []float32)) *trainPeer {
 	t.Helper()
-	p := &trainPeer{n: startNode(t, cfg, nil), done: make(chan struct{})}
-	tr, err := NewTrainer(p.n, func(pr Progress) {
-		p.mu.Lock()
-		p.progress = append(p.progress, pr)
-		p.mu.Unlock()
-		if onProgress != nil {
-			onProgress(p, pr)
-		}
+	p := &trainPeer{n: nodetest.Start(t, cfg, nil), done: make(chan struct{})}
+	tr, err := New(p.n, cfg.Train, cfg.Allreduce, Options{
+		Log: zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel)),
+		Progress: func(pr Progress) {
+			p.mu.Lock()
+			p.progress = append(p.progress, pr)
+			p.mu.Unlock()
+			if onProgress != nil {
+				onProgress(p, pr)
+			}
+		},
+		Linger:   2 * cfg.Gossip.FailureTimeout.D(),
+		Train:    fashion.train,
+		Test:     fashion.test,
+		GradHook: gradHook,
 	})
 	if err != nil {
 		t.Fatalf("trainer: %v", err)
-	}
-	if gradHook != nil {
-		tr.gradHook = gradHook
 	}
 	p.tr = tr
 	ctx, cancel := context.WithCancel(context.Background())
@@ -213,7 +250,9 @@ func TestTrainLateJoinerSyncs(t *testing.T) {
 			return
 		}
 		once.Do(func() {
-			joiner = startTrainer(t, trainConfig(steps, 1, boot), nil)
+			// min_peers 3: a joiner that has not yet heard of the cluster must not
+			// start a ring of its own.
+			joiner = startTrainer(t, trainConfig(steps, 3, boot), nil)
 			close(joined)
 			eventually(t, 20*time.Second, "joiner is a member", func() error {
 				if st := stateOn(p.n, joiner.n.ID()); st != gossip.Alive {
@@ -243,7 +282,7 @@ func TestTrainCheckpointRestart(t *testing.T) {
 	dir := t.TempDir()
 	ids := []string{filepath.Join(dir, "a.key"), filepath.Join(dir, "b.key")}
 	for _, p := range ids {
-		if _, err := WriteIdentity(p); err != nil {
+		if _, err := node.WriteIdentity(p); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -258,7 +297,7 @@ func TestTrainCheckpointRestart(t *testing.T) {
 			// The runs are compared bit for bit, so no run may move to
 			// per-link fp16 because a probe of loopback measured one
 			// direction slower: the codecs must not depend on timing.
-			cfg.Allreduce.LinkCodecs = LinkCodecsOff
+			cfg.Allreduce.LinkCodecs = plan.LinkCodecsOff
 			if ckpt != "" {
 				cfg.Train.CheckpointDir = filepath.Join(ckpt, fmt.Sprint(i))
 				cfg.Train.CheckpointEvery = 10
@@ -430,7 +469,7 @@ func TestTrainPerLinkCodecs(t *testing.T) {
 	requireDataset(t)
 	const steps, w = 40, 3
 	injected := make(chan struct{})
-	var nodes []*Node // written before injected is closed
+	var nodes []*node.Node // written before injected is closed
 	hook := func(step uint64, bucket int, g []float32) {
 		if step != 0 || bucket != 0 {
 			return
@@ -440,7 +479,7 @@ func TestTrainPerLinkCodecs(t *testing.T) {
 		<-injected
 		deadline := time.Now().Add(20 * time.Second)
 		for time.Now().Before(deadline) {
-			if _, ep := nodes[0].Gossip().Snapshot(); ep.LinkCodecs != nil {
+			if _, ep := nodes[0].View(); ep.LinkCodecs != nil {
 				return
 			}
 			time.Sleep(pollInterval)
@@ -467,16 +506,15 @@ func TestTrainPerLinkCodecs(t *testing.T) {
 			if p.n.ID().String() == slow || q.n.ID().String() == slow {
 				mbit = 100
 			}
-			p.n.probe.set(LinkStatus{Peer: q.n.ID().String(), MbitS: mbit, RTTMs: 0.2, MeasuredAt: now})
+			p.n.InjectLink(probe.LinkStatus{Peer: q.n.ID().String(), MbitS: mbit, RTTMs: 0.2, MeasuredAt: now})
 		}
-		p.n.Gossip().Beat()
 	}
 	close(injected)
 	for _, p := range peers {
 		p.wait(t, 90*time.Second)
 	}
 	res := sameResult(t, peers, steps)
-	_, ep := peers[1].n.Gossip().Snapshot()
+	_, ep := peers[1].n.View()
 	if ep.FinalCodec != "fp16" || len(ep.LinkCodecs) != w {
 		t.Fatalf("final epoch %+v: want per-link codecs with an fp16 all-gather", ep)
 	}

@@ -1,4 +1,4 @@
-package model
+package data
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/p2ptrain/p2ptrain/model"
 )
 
 // idxBytes encodes an unsigned-byte IDX file.
@@ -66,7 +68,7 @@ func TestReadIDX(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Equal(x.Dims, tc.dims) || len(x.Data) != numel(tc.dims) {
+			if !slices.Equal(x.Dims, tc.dims) || len(x.Data) != product(tc.dims) {
 				t.Fatalf("dims %v, %d bytes", x.Dims, len(x.Data))
 			}
 		})
@@ -81,7 +83,7 @@ func FuzzReadIDX(f *testing.F) {
 	f.Add([]byte{0, 0, 8, 3, 0, 0, 0, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		x, err := ReadIDX(bytes.NewReader(b))
-		if err == nil && len(x.Data) != numel(x.Dims) {
+		if err == nil && len(x.Data) != product(x.Dims) {
 			t.Fatalf("dims %v but %d bytes", x.Dims, len(x.Data))
 		}
 	})
@@ -135,7 +137,7 @@ func TestLoadFashionMNIST(t *testing.T) {
 		if b.Y[0] != 3 || b.X[0] != float32((3.0/255-pixelMean)/pixelStd) {
 			t.Errorf("sample 3: label %d, first pixel %v", b.Y[0], b.X[0])
 		}
-		g := train.Gather(Batch{}, []int{7, 2})
+		g := train.Gather(model.Batch{}, []int{7, 2})
 		if g.Y[0] != 7 || g.Y[1] != 2 || g.X[784] != train.x[2*784] {
 			t.Errorf("Gather: %v", g.Y)
 		}
@@ -261,3 +263,11 @@ func TestSampler(t *testing.T) {
 }
 
 var pinnedShard = []int{964, 297, 557, 851}
+
+func product(dims []int) int {
+	n := 1
+	for _, d := range dims {
+		n *= d
+	}
+	return n
+}

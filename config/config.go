@@ -1,4 +1,7 @@
-package node
+// Package config is config.toml: every section's keys with their defaults,
+// and Validate, which reports every invalid value at once, each naming its
+// key. config.toml at the repository root documents the same keys.
+package config
 
 import (
 	"errors"
@@ -9,12 +12,15 @@ import (
 	"time"
 
 	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
 	"go.uber.org/zap"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/compress"
 	"github.com/p2ptrain/p2ptrain/gpu"
 	"github.com/p2ptrain/p2ptrain/model"
+	"github.com/p2ptrain/p2ptrain/plan"
+	"github.com/p2ptrain/p2ptrain/protocol/probe"
 )
 
 // Duration is a time.Duration written in config files as "5s", "250ms"...
@@ -39,17 +45,17 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 // Config is the whole of config.toml; config.toml at the repository root
 // documents every key and its default.
 type Config struct {
-	Node      NodeConfig      `toml:"node"`
-	Gossip    GossipConfig    `toml:"gossip"`
-	Allreduce AllreduceConfig `toml:"allreduce"`
-	Train     TrainConfig     `toml:"train"`
-	Probe     ProbeConfig     `toml:"probe"`
-	Log       LogConfig       `toml:"log"`
+	Node      Node      `toml:"node"`
+	Gossip    Gossip    `toml:"gossip"`
+	Allreduce Allreduce `toml:"allreduce"`
+	Train     Train     `toml:"train"`
+	Probe     Probe     `toml:"probe"`
+	Log       Log       `toml:"log"`
 }
 
-// ProbeConfig is the [probe] section: background link measurements and the
+// Probe is the [probe] section: background link measurements and the
 // ring layout built on them.
-type ProbeConfig struct {
+type Probe struct {
 	// Enabled turns this peer's probing on (it always answers others' probes).
 	Enabled bool `toml:"enabled"`
 	// Interval is the least time between two probes of the same peer.
@@ -64,8 +70,8 @@ type ProbeConfig struct {
 	ReplanInterval Duration `toml:"replan_interval"`
 }
 
-// TrainConfig is the [train] section: what the cluster trains and how.
-type TrainConfig struct {
+// Train is the [train] section: what the cluster trains and how.
+type Train struct {
 	// Model: "mlp" or "cnn".
 	Model string `toml:"model"`
 	// Hidden widths of the mlp.
@@ -111,8 +117,8 @@ type TrainConfig struct {
 	CheckpointEvery int `toml:"checkpoint_every"`
 }
 
-// AllreduceConfig is the [allreduce] section: how gradients cross the ring.
-type AllreduceConfig struct {
+// Allreduce is the [allreduce] section: how gradients cross the ring.
+type Allreduce struct {
 	// Codec is the gradient codec spec ("none", "sint8", "qsgd:bits=4", ...).
 	Codec string `toml:"codec"`
 	// Schedule: auto, ring, direct, allgather or proportional.
@@ -133,41 +139,8 @@ type AllreduceConfig struct {
 	FrameTimeout Duration `toml:"frame_timeout"`
 }
 
-// Values of allreduce.link_codecs besides a codec spec.
-const (
-	LinkCodecsAuto = "auto"
-	LinkCodecsOff  = "off"
-)
-
-// validateLinkCodecs checks link_codecs: auto, off, or a per-link codec
-// spec, which also needs a per-link allreduce.codec.
-func (a AllreduceConfig) validateLinkCodecs() error {
-	switch a.LinkCodecs {
-	case LinkCodecsAuto, LinkCodecsOff:
-		return nil
-	case "":
-		return fmt.Errorf(`empty; want "auto", "off" or a codec spec`)
-	}
-	if _, err := allreduce.LinkCodecSpec(a.LinkCodecs); err != nil {
-		return fmt.Errorf("%q: %w", a.LinkCodecs, err)
-	}
-	if _, err := allreduce.LinkCodecSpec(a.Codec); err != nil {
-		return fmt.Errorf("%q needs a linear or quantized allreduce.codec: %w", a.LinkCodecs, err)
-	}
-	return nil
-}
-
-// linkOverride returns the link_codecs spec that replaces the automatic
-// choice on slow links ("" for auto and off).
-func (a AllreduceConfig) linkOverride() string {
-	if a.LinkCodecs == LinkCodecsAuto || a.LinkCodecs == LinkCodecsOff {
-		return ""
-	}
-	return a.LinkCodecs
-}
-
 // Session returns the allreduce configuration of these settings.
-func (a AllreduceConfig) Session(log *zap.Logger) allreduce.Config {
+func (a Allreduce) Session(log *zap.Logger) allreduce.Config {
 	sch, _ := allreduce.ParseSchedule(a.Schedule) // validated by Config.Validate
 	return allreduce.Config{
 		ChunkBytes:   a.ChunkBytes,
@@ -178,8 +151,8 @@ func (a AllreduceConfig) Session(log *zap.Logger) allreduce.Config {
 	}
 }
 
-// NodeConfig is the [node] section: identity, network and discovery.
-type NodeConfig struct {
+// Node is the [node] section: identity, network and discovery.
+type Node struct {
 	// Cluster names the training cluster; peers of other clusters are ignored.
 	Cluster string `toml:"cluster"`
 	// Name is a human-readable peer name (default: the host name).
@@ -203,16 +176,16 @@ type NodeConfig struct {
 	MaxPeers int `toml:"max_peers"`
 }
 
-// GossipConfig is the [gossip] section: heartbeats and failure detection.
-type GossipConfig struct {
+// Gossip is the [gossip] section: heartbeats and failure detection.
+type Gossip struct {
 	// Heartbeat is the interval between heartbeats.
 	Heartbeat Duration `toml:"heartbeat"`
 	// FailureTimeout is the silence after which a peer is declared dead.
 	FailureTimeout Duration `toml:"failure_timeout"`
 }
 
-// LogConfig is the [log] section.
-type LogConfig struct {
+// Log is the [log] section.
+type Log struct {
 	// Level: debug, info, warn or error.
 	Level string `toml:"level"`
 	// Format: console or json.
@@ -222,7 +195,7 @@ type LogConfig struct {
 // DefaultConfig returns the defaults documented in config.toml.
 func DefaultConfig() Config {
 	return Config{
-		Node: NodeConfig{
+		Node: Node{
 			Cluster:   "p2ptrain",
 			Listen:    []string{"/ip4/0.0.0.0/tcp/4001"},
 			Bootstrap: []string{},
@@ -230,19 +203,19 @@ func DefaultConfig() Config {
 			API:       "127.0.0.1:7420",
 			MaxPeers:  64,
 		},
-		Gossip: GossipConfig{
+		Gossip: Gossip{
 			Heartbeat:      Duration(time.Second),
 			FailureTimeout: Duration(5 * time.Second),
 		},
-		Allreduce: AllreduceConfig{
+		Allreduce: Allreduce{
 			Codec:       "none",
 			Schedule:    "auto",
-			LinkCodecs:  LinkCodecsAuto,
+			LinkCodecs:  plan.LinkCodecsAuto,
 			ChunkBytes:  allreduce.DefaultChunkBytes,
 			BucketBytes: allreduce.DefaultBucketBytes,
 			Concurrency: allreduce.DefaultConcurrency,
 		},
-		Train: TrainConfig{
+		Train: Train{
 			Model:              "mlp",
 			Hidden:             []int{1024, 1024},
 			Steps:              0,
@@ -259,14 +232,14 @@ func DefaultConfig() Config {
 			CheckEvery:         50,
 			MinPeers:           1,
 		},
-		Probe: ProbeConfig{
+		Probe: Probe{
 			Enabled:        true,
 			Interval:       Duration(30 * time.Second),
 			MaxBytes:       4 << 20,
 			DutyCycle:      0.02,
 			ReplanInterval: Duration(time.Minute),
 		},
-		Log: LogConfig{Level: "info", Format: "console"},
+		Log: Log{Level: "info", Format: "console"},
 	}
 }
 
@@ -293,7 +266,7 @@ func (c *Config) Validate() error {
 			bad(fmt.Sprintf("node.listen[%d]", i), "%v", err)
 			continue
 		}
-		if c.Node.SwarmKey == "" && !c.Node.Open && !isLoopback(a) {
+		if c.Node.SwarmKey == "" && !c.Node.Open && !IsLoopback(a) {
 			bad(fmt.Sprintf("node.listen[%d]", i), "refusing to listen on %s without a swarm key: anyone who can reach it could join.\n"+
 				"  Create a key with `p2ptrain keygen --swarm-key swarm.key`, copy it to every machine and pass --swarm-key swarm.key,\n"+
 				"  or set open = true in [node] (or pass --open) to run an open cluster; loopback addresses need neither", s)
@@ -328,7 +301,7 @@ func (c *Config) Validate() error {
 	if _, err := allreduce.ParseSchedule(c.Allreduce.Schedule); err != nil {
 		bad("allreduce.schedule", "%v", err)
 	}
-	if err := c.Allreduce.validateLinkCodecs(); err != nil {
+	if err := plan.ValidateLinkCodecs(c.Allreduce.LinkCodecs, c.Allreduce.Codec); err != nil {
 		bad("allreduce.link_codecs", "%v", err)
 	}
 	if c.Allreduce.ChunkBytes < 4096 || c.Allreduce.ChunkBytes > 64<<20 || c.Allreduce.ChunkBytes%4 != 0 {
@@ -347,8 +320,8 @@ func (c *Config) Validate() error {
 	if iv := c.Probe.Interval.D(); iv < time.Second || iv > 24*time.Hour {
 		bad("probe.interval", "%s is outside 1s..24h", iv)
 	}
-	if c.Probe.MaxBytes < probeMinBytes || c.Probe.MaxBytes > MaxProbeBytes {
-		bad("probe.max_bytes", "%d is outside %d..%d", c.Probe.MaxBytes, probeMinBytes, MaxProbeBytes)
+	if c.Probe.MaxBytes < probe.MinBytes || c.Probe.MaxBytes > probe.MaxBytes {
+		bad("probe.max_bytes", "%d is outside %d..%d", c.Probe.MaxBytes, probe.MinBytes, probe.MaxBytes)
 	}
 	if !(c.Probe.DutyCycle > 0 && c.Probe.DutyCycle <= 0.5) {
 		bad("probe.duty_cycle", "%g must be in (0, 0.5]", c.Probe.DutyCycle)
@@ -393,7 +366,7 @@ func ParseBootstrapAddr(s string) (ma.Multiaddr, error) {
 	return a, nil
 }
 
-func (t *TrainConfig) validate(bad func(key, format string, args ...any)) {
+func (t *Train) validate(bad func(key, format string, args ...any)) {
 	if !slices.Contains(model.Names(), t.Model) {
 		bad("train.model", "%q is not one of %s", t.Model, strings.Join(model.Names(), ", "))
 	}
@@ -438,4 +411,26 @@ func (t *TrainConfig) validate(bad func(key, format string, args ...any)) {
 			bad(fmt.Sprintf("train.devices[%d]", i), "%v", err)
 		}
 	}
+}
+
+// IsLoopback reports whether a is a loopback address (127.0.0.0/8, ::1 or
+// the DNS name localhost).
+func IsLoopback(a ma.Multiaddr) bool {
+	ip, err := manet.ToIP(a)
+	if err != nil {
+		// DNS names: only "localhost" counts as loopback.
+		v, err := a.ValueForProtocol(ma.P_DNS4)
+		return err == nil && v == "localhost"
+	}
+	return ip.IsLoopback() && !ip.Equal(net.IPv4zero)
+}
+
+// Prober returns the probe protocol's settings.
+func (p Probe) Prober() probe.Config {
+	return probe.Config{Interval: p.Interval.D(), MaxBytes: p.MaxBytes, DutyCycle: p.DutyCycle}
+}
+
+// Planner returns the ring planner's settings.
+func (a Allreduce) Planner() plan.Settings {
+	return plan.Settings{Schedule: a.Schedule, BucketBytes: a.BucketBytes, Codec: a.Codec, LinkCodecs: a.LinkCodecs}
 }

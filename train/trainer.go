@@ -1,4 +1,9 @@
-package node
+// Package train runs the data-parallel training loop of one peer: local
+// gradients on every device, a ring all-reduce per fusion bucket overlapping
+// backward, and the optimizer step. It re-forms on ring-epoch changes,
+// retries failed steps and brings peers that fell behind up to date through
+// state sync. It sees the running peer only through the Cluster interface.
+package train
 
 import (
 	"context"
@@ -12,14 +17,18 @@ import (
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
 	"go.uber.org/zap"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/config"
+	"github.com/p2ptrain/p2ptrain/data"
 	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/gpu"
+	"github.com/p2ptrain/p2ptrain/internal/ctxutil"
 	"github.com/p2ptrain/p2ptrain/model"
+	"github.com/p2ptrain/p2ptrain/plan"
+	"github.com/p2ptrain/p2ptrain/protocol/statesync"
 )
 
 // pollInterval is how often the trainer re-reads the membership view while it
@@ -27,21 +36,7 @@ import (
 const pollInterval = 20 * time.Millisecond
 
 // errEpochChanged: a newer epoch was adopted while the trainer waited.
-var errEpochChanged = errors.New("node: ring epoch changed")
-
-// trainInfo is what the trainer publishes in heartbeats and /status.
-type trainInfo struct {
-	active       bool
-	ready        *gossip.Ready
-	wantEpoch    uint64
-	check        *gossip.ParamCheck
-	loss         float64
-	accuracy     float64
-	paramHash    string
-	samplesPerS  float64
-	bytesPerStep float64
-	codec        string
-}
+var errEpochChanged = errors.New("train: ring epoch changed")
 
 // Progress is reported after every training step.
 type Progress struct {
@@ -69,18 +64,21 @@ type Result struct {
 // the optimizer step; it re-forms on epoch changes, retries failed steps, and
 // brings peers that fell behind (joiners) up to date through state transfer.
 type Trainer struct {
-	n        *Node
-	cfg      TrainConfig
-	arCfg    AllreduceConfig
+	c        Cluster
+	self     string
+	cfg      config.Train
+	arCfg    config.Allreduce
 	log      *zap.Logger
 	progress func(Progress)
+	report   func(Status)
+	linger   time.Duration
 
 	devs    []gpu.Device
 	m       *model.Model
 	opt     *model.Optimizer
-	train   *model.Dataset
-	test    *model.Dataset
-	sampler *model.Sampler
+	train   *data.Dataset
+	test    *data.Dataset
+	sampler *data.Sampler
 	codecs  []compress.Codec
 	// plain are fp32 codecs used instead of low-rank ones for the first
 	// max(warmup_steps, lowrank_warmup_steps) steps (as PyTorch's PowerSGD
@@ -99,6 +97,11 @@ type Trainer struct {
 	// gradHook, when set (tests), sees every local gradient bucket before it is sent.
 	gradHook func(step uint64, bucket int, g []float32)
 
+	// payload is what this peer's heartbeats carry; status what it reports.
+	// Both are written by the training goroutine only.
+	payload Payload
+	status  Status
+
 	// minEpoch is the lowest epoch number this peer may train in: after a
 	// failure in epoch N it waits for N+1 (which it asked the coordinator for).
 	minEpoch uint64
@@ -109,22 +112,46 @@ type Trainer struct {
 	forceSync bool
 }
 
-// NewTrainer builds the model, optimizer, data and codecs for the node's
-// [train] and [allreduce] settings, resuming from the latest checkpoint if
-// one exists. progress (may be nil) is called after every step.
-func NewTrainer(n *Node, progress func(Progress)) (*Trainer, error) {
-	cfg := n.cfg.Train
-	t := &Trainer{n: n, cfg: cfg, arCfg: n.cfg.Allreduce, log: n.log.Named("train"), progress: progress, lastEval: -1}
+// Options are a Trainer's optional collaborators.
+type Options struct {
+	// Log is the logger (nil: none).
+	Log *zap.Logger
+	// Progress, when set, is called after every step.
+	Progress func(Progress)
+	// Status, when set, is called whenever the trainer's status changes.
+	Status func(Status)
+	// Linger is how long Run keeps serving the final state after the last
+	// step, so that a peer whose last round failed can still catch up.
+	Linger time.Duration
+	// Train and Test, when set, are the datasets (else they are loaded
+	// from train.data_dir); they are only read, so peers may share them.
+	Train, Test *data.Dataset
+	// GradHook, when set (tests), sees every local gradient bucket before
+	// it is sent.
+	GradHook func(step uint64, bucket int, g []float32)
+}
+
+// New builds the model, optimizer, data and codecs for the [train] and
+// [allreduce] settings, resuming from the latest checkpoint if one exists.
+func New(c Cluster, cfg config.Train, ar config.Allreduce, o Options) (*Trainer, error) {
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	t := &Trainer{c: c, self: c.Self(), cfg: cfg, arCfg: ar, log: o.Log.Named("train"), progress: o.Progress,
+		report: o.Status, linger: o.Linger, gradHook: o.GradHook, lastEval: -1}
 	var err error
 	if t.devs, err = gpu.OpenAll(cfg.Devices); err != nil {
-		return nil, fmt.Errorf("node: train.devices: %w", err)
+		return nil, fmt.Errorf("train: train.devices: %w", err)
 	}
-	if t.train, t.test, err = model.LoadFashionMNIST(cfg.DataDir); err != nil {
-		t.Close()
-		if errors.Is(err, model.ErrNoDataset) {
-			return nil, fmt.Errorf("%w\n  install it with `apt-get install dataset-fashion-mnist` (scripts/setup.sh does), or set train.data_dir", err)
+	t.train, t.test = o.Train, o.Test
+	if t.train == nil || t.test == nil {
+		if t.train, t.test, err = data.LoadFashionMNIST(cfg.DataDir); err != nil {
+			t.Close()
+			if errors.Is(err, data.ErrNoDataset) {
+				return nil, fmt.Errorf("%w\n  install it with `apt-get install dataset-fashion-mnist` (scripts/setup.sh does), or set train.data_dir", err)
+			}
+			return nil, err
 		}
-		return nil, err
 	}
 	if cfg.TrainSamples > 0 && cfg.TrainSamples < t.train.Len() {
 		t.train = t.train.Subset(cfg.TrainSamples)
@@ -145,13 +172,13 @@ func NewTrainer(n *Node, progress func(Progress)) (*Trainer, error) {
 		t.Close()
 		return nil, err
 	}
-	t.sampler = model.NewSampler(cfg.Seed, t.train.Len())
+	t.sampler = data.NewSampler(cfg.Seed, t.train.Len())
 	t.batches = make([]model.Batch, len(t.devs))
 	for b := range t.m.Buckets() {
 		c, err := t.newCodec(t.arCfg.Codec, b)
 		if err != nil {
 			t.Close()
-			return nil, fmt.Errorf("node: allreduce.codec: %w", err)
+			return nil, fmt.Errorf("train: allreduce.codec: %w", err)
 		}
 		t.codecs = append(t.codecs, c)
 		if c.Class() == compress.ClassLowRank {
@@ -171,7 +198,7 @@ func NewTrainer(n *Node, progress func(Progress)) (*Trainer, error) {
 		case errors.Is(err, model.ErrNoCheckpoint):
 		case err != nil:
 			t.Close()
-			return nil, fmt.Errorf("node: resume from %s: %w", cfg.CheckpointDir, err)
+			return nil, fmt.Errorf("train: resume from %s: %w", cfg.CheckpointDir, err)
 		default:
 			if err := t.m.Restore(c, t.opt); err != nil {
 				t.Close()
@@ -181,23 +208,27 @@ func NewTrainer(n *Node, progress func(Progress)) (*Trainer, error) {
 			t.log.Info("resumed from checkpoint", zap.Int64("step", c.Step), zap.String("param_hash", t.m.ParamHash()))
 		}
 	}
-	n.SetStep(t.step)
-	n.updateTrain(func(ti *trainInfo) {
-		ti.active = true
-		ti.codec = t.codecs[0].Spec()
-		ti.loss, ti.accuracy = -1, -1
-		ti.paramHash = t.m.ParamHash()
-	})
-	n.SetStateSource(t.serveState)
+	t.payload.Devices = cfg.Devices
+	t.status = Status{Active: true, Step: t.step, Steps: uint64(cfg.Steps), Codec: t.codecs[0].Spec(), Loss: -1, Accuracy: -1, ParamHash: t.m.ParamHash()}
+	t.publish()
+	c.ServeState(t.serveState)
 	t.log.Info("training", zap.String("model", cfg.Model), zap.Int("params", t.m.NumParams()),
 		zap.Int("buckets", len(t.codecs)), zap.String("codec", t.codecs[0].Spec()),
 		zap.Strings("devices", cfg.Devices), zap.Int("steps", cfg.Steps))
 	return t, nil
 }
 
-// Close frees the model and devices.
+// publish sends the payload and reports the status.
+func (t *Trainer) publish() {
+	t.c.Announce(t.payload.Encode(), t.step)
+	if t.report != nil {
+		t.report(t.status)
+	}
+}
+
+// Close frees the model and devices and stops serving state.
 func (t *Trainer) Close() {
-	t.n.SetStateSource(nil)
+	t.c.ServeState(nil)
 	if t.m != nil {
 		t.m.Close()
 	}
@@ -208,7 +239,7 @@ func (t *Trainer) serveState(step uint64) ([]byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.step != step {
-		return nil, fmt.Errorf("%w: at step %d", ErrStateUnavailable, t.step)
+		return nil, fmt.Errorf("%w: at step %d", statesync.ErrUnavailable, t.step)
 	}
 	return t.m.Checkpoint(t.opt, int64(step), t.cfgHash).Marshal(), nil
 }
@@ -247,10 +278,10 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 // waitEpoch waits for an adopted epoch that includes this peer (and, before
 // the first step, has at least train.min_peers members).
 func (t *Trainer) waitEpoch(ctx context.Context, first bool) (gossip.Epoch, error) {
-	self := t.n.ID().String()
+	self := t.self
 	logged := false
 	for {
-		_, ep := t.n.gsp.Snapshot()
+		_, ep := t.c.View()
 		if ep.Number >= t.minEpoch && slices.Contains(ep.Order, self) && (!first || len(ep.Order) >= t.cfg.MinPeers) {
 			return ep, nil
 		}
@@ -258,7 +289,7 @@ func (t *Trainer) waitEpoch(ctx context.Context, first bool) (gossip.Epoch, erro
 			t.log.Info("waiting for peers", zap.Int("have", len(ep.Order)), zap.Int("min_peers", t.cfg.MinPeers))
 			logged = true
 		}
-		if !sleepCtx(ctx, pollInterval) {
+		if !ctxutil.Sleep(ctx, pollInterval) {
 			return gossip.Epoch{}, ctx.Err()
 		}
 	}
@@ -267,22 +298,22 @@ func (t *Trainer) waitEpoch(ctx context.Context, first bool) (gossip.Epoch, erro
 // enter announces this peer ready in ep, waits for every member, and brings
 // this peer's state up to the most advanced member's.
 func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
-	t.n.updateTrain(func(ti *trainInfo) { ti.ready = &gossip.Ready{Epoch: ep.Number, Step: t.step} })
-	t.n.gsp.Beat()
+	t.payload.Ready = &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: t.step}
+	t.publish()
 	var target uint64
 	var ready map[string]uint64
 	for {
-		members, cur := t.n.gsp.Snapshot()
-		if cur.Number != ep.Number {
+		members, cur := t.c.View()
+		if !sameEpoch(cur, ep) {
 			return errEpochChanged
 		}
 		ready = map[string]uint64{}
 		for _, m := range members {
-			if m.Ready != nil && m.Ready.Epoch == ep.Number {
-				ready[m.PeerID] = m.Ready.Step
+			if r := payloadOf(m).Ready; r.In(ep) {
+				ready[m.PeerID] = r.Step
 			}
 		}
-		ready[t.n.ID().String()] = t.step
+		ready[t.self] = t.step
 		all := true
 		for _, p := range ep.Order {
 			s, ok := ready[p]
@@ -292,14 +323,14 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 		if all {
 			break
 		}
-		if !sleepCtx(ctx, pollInterval) {
+		if !ctxutil.Sleep(ctx, pollInterval) {
 			return ctx.Err()
 		}
 	}
 	t.mu.Lock()
 	behind, force := t.step < target, t.forceSync
 	t.mu.Unlock()
-	self := t.n.ID().String()
+	self := t.self
 	if !behind && !(force && ep.Coordinator != self) {
 		t.mu.Lock()
 		t.forceSync = false
@@ -315,37 +346,33 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 		}
 	}
 	if src == "" {
-		return fmt.Errorf("node: no member holds step %d", target)
+		return fmt.Errorf("train: no member holds step %d", target)
 	}
 	return t.syncFrom(ctx, src, target)
 }
 
 // syncFrom replaces this peer's state with peer src's at step.
 func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64) error {
-	id, err := peer.Decode(src)
-	if err != nil {
-		return err
-	}
 	t.log.Info("fetching training state", zap.String("from", src), zap.Uint64("step", step))
-	b, err := t.n.FetchState(ctx, id, step)
+	b, err := t.c.FetchState(ctx, src, step, t.maxStateBytes())
 	if err != nil {
 		return err
 	}
 	c, err := model.UnmarshalCheckpoint(b)
 	if err != nil {
-		return fmt.Errorf("node: state from %s: %w", src, err)
+		return fmt.Errorf("train: state from %s: %w", src, err)
 	}
 	if c.ConfigHash != t.cfgHash || uint64(c.Step) != step {
-		return fmt.Errorf("node: state from %s is for another configuration or step (%d)", src, c.Step)
+		return fmt.Errorf("train: state from %s is for another configuration or step (%d)", src, c.Step)
 	}
 	// The source gossips its parameter hash every check_every steps: when it
 	// announced one for this step, the parameters received must match it.
 	sum := sha256.Sum256(c.Params) // ParamHash: SHA-256 of the little-endian fp32 bytes
 	got := hex.EncodeToString(sum[:])
-	members, _ := t.n.gsp.Snapshot()
+	members, _ := t.c.View()
 	for _, m := range members {
-		if m.PeerID == src && m.Check != nil && m.Check.Step == step && m.Check.Hash != got {
-			return fmt.Errorf("node: state from %s has parameter hash %s, but it announced %s for step %d", src, got, m.Check.Hash, step)
+		if c := payloadOf(m).Check; m.PeerID == src && c != nil && c.Step == step && c.Hash != got {
+			return fmt.Errorf("train: state from %s has parameter hash %s, but it announced %s for step %d", src, got, c.Hash, step)
 		}
 	}
 	t.mu.Lock()
@@ -355,16 +382,14 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64) error {
 	}
 	t.step = step
 	t.forceSync = false
-	clear(t.checks) // hashes of the replaced state mean nothing now
-	for _, cd := range t.codecs {
-		cd.Reset() // a peer that takes over someone's state starts with zero residuals
-	}
+	clear(t.checks)            // hashes of the replaced state mean nothing now
+	plan.ResetCodecs(t.codecs) // a peer that takes over someone's state starts with zero residuals
 	hash := t.m.ParamHash()
-	t.n.SetStep(step)
-	t.n.updateTrain(func(ti *trainInfo) {
-		ti.paramHash = hash
-		ti.ready = &gossip.Ready{Epoch: ti.ready.Epoch, Step: step}
-	})
+	t.status.ParamHash, t.status.Step = hash, step
+	if t.payload.Ready != nil {
+		t.payload.Ready.Step = step
+	}
+	t.publish()
 	t.log.Info("training state synchronised", zap.String("from", src), zap.Uint64("step", step), zap.String("param_hash", hash))
 	return nil
 }
@@ -374,7 +399,7 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64) error {
 func (t *Trainer) newCodec(spec string, b int) (compress.Codec, error) {
 	bk := t.m.Buckets()[b]
 	peerSeed := fnv.New64a()
-	peerSeed.Write([]byte(t.n.ID()))
+	peerSeed.Write([]byte(t.self))
 	return compress.New(spec, compress.Options{
 		Layout:     compress.Layout{Shapes: bk.Shapes()},
 		Seed:       peerSeed.Sum64() ^ uint64(bk.Index)<<32,
@@ -382,87 +407,57 @@ func (t *Trainer) newCodec(spec string, b int) (compress.Codec, error) {
 	})
 }
 
-// linkCodecs returns each bucket's codecs for this peer's ring links in ep
-// (the coordinator's per-link choice), or nil when ep has none or they do
-// not fit the configured codec. Every member decides from the same epoch,
-// so neighbours agree on each link's codec.
-func (t *Trainer) linkCodecs(ep gossip.Epoch, rank int) []*allreduce.LinkCodecs {
-	w := len(ep.Order)
-	if len(ep.LinkCodecs) != w || rank < 0 || w < 2 {
-		return nil
-	}
-	if _, err := allreduce.LinkCodecSpec(t.arCfg.Codec); err != nil {
-		t.log.Warn("ring epoch has per-link codecs but allreduce.codec cannot use them; using it on every link", zap.Error(err))
-		return nil
-	}
-	out := make([]*allreduce.LinkCodecs, len(t.codecs))
-	for b := range out {
-		lk, err := allreduce.NewLinkCodecs(ep.LinkCodecs, ep.FinalCodec, rank, func(spec string) (compress.Codec, error) {
-			return t.newCodec(spec, b)
-		})
-		if err != nil {
-			t.log.Warn("ring epoch names an unusable per-link codec; using allreduce.codec on every link",
-				zap.Uint64("epoch", ep.Number), zap.Error(err))
-			return nil
-		}
-		out[b] = lk
-	}
-	t.log.Info("per-link codecs", zap.Uint64("epoch", ep.Number), zap.String("send", ep.LinkCodecs[rank]),
-		zap.String("recv", ep.LinkCodecs[(rank+w-1)%w]), zap.String("final", ep.FinalCodec))
-	return out
-}
+// requestEpoch asks for an epoch above current and refuses to train in
+// any epoch numbered current or below.
 func (t *Trainer) requestEpoch(current uint64) {
 	t.minEpoch = max(t.minEpoch, current+1)
-	t.n.updateTrain(func(ti *trainInfo) { ti.wantEpoch = current })
-	t.n.gsp.Beat()
+	t.c.RequestEpoch(current)
 }
 
 // runEpoch trains in ep until the epoch changes, a round fails, or the run
 // ends. It returns an error only when training cannot go on: a local device
 // failed (*model.DeviceError).
 func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
-	self := t.n.ID().String()
-	aep := allreduce.Epoch{Number: ep.Number, Self: allreduce.PeerID(self)}
-	for _, p := range ep.Order {
-		aep.Peers = append(aep.Peers, allreduce.PeerID(p))
+	spec := plan.NewEpochSpec(ep, t.self, t.arCfg.Session(t.log.Named("allreduce")), t.arCfg.Codec, t.c.LinkMatrix(ep.Order))
+	links := spec.LinkCodecs(len(t.codecs), func(b int, s string) (compress.Codec, error) { return t.newCodec(s, b) })
+	for _, note := range spec.Notes {
+		t.log.Warn(note)
 	}
-	rank := aep.Rank(aep.Self)
-	tr := t.n.OpenTransport(aep)
-	sess, err := allreduce.NewSession(aep, tr, t.n.epochSession(t.arCfg.Session(t.log.Named("allreduce")), ep))
+	if links != nil {
+		w := len(ep.Order)
+		t.log.Info("per-link codecs", zap.Uint64("epoch", ep.Number), zap.String("send", spec.LinkEdges[spec.Rank]),
+			zap.String("recv", spec.LinkEdges[(spec.Rank+w-1)%w]), zap.String("final", spec.FinalCodec))
+	}
+	rank := spec.Rank
+	tr := t.c.OpenTransport(spec.Ring)
+	sess, err := allreduce.NewSession(spec.Ring, tr, spec.Session)
 	if err != nil {
 		tr.Reset(err)
 		t.log.Error("cannot start all-reduce session", zap.Error(err))
 		t.requestEpoch(ep.Number)
 		return nil
 	}
-	for _, c := range t.codecs {
-		if lr, ok := c.(compress.LowRank); ok {
-			lr.ResetShared() // every member of the epoch starts from the same factors
-		}
-	}
-	links := t.linkCodecs(ep, rank)
+	plan.StartCodecs(t.codecs)
 	t.log.Info("training in ring epoch", zap.Uint64("epoch", ep.Number), zap.Int("peers", len(ep.Order)),
 		zap.Int("rank", rank), zap.Uint64("step", t.step))
 	failed := false
 	var fatal error
 	for t.step < uint64(t.cfg.Steps) && ctx.Err() == nil {
-		if _, cur := t.n.gsp.Snapshot(); cur.Number != ep.Number {
+		if _, cur := t.c.View(); !sameEpoch(cur, ep) {
 			break
 		}
-		if err := t.runStep(ctx, sess, links, rank, len(ep.Order), ep.Number); err != nil {
+		if err := t.runStep(ctx, sess, tr, links, rank, len(ep.Order), ep.Number); err != nil {
 			if ctx.Err() != nil {
 				break
 			}
 			if de := (*model.DeviceError)(nil); errors.As(err, &de) {
 				// Retrying on a device that failed would only fail again.
-				fatal = fmt.Errorf("node: training stopped at step %d: %w", t.step, err)
+				fatal = fmt.Errorf("train: training stopped at step %d: %w", t.step, err)
 				failed = true
 				break
 			}
 			t.log.Warn("step failed; retrying it in a new ring epoch", zap.Uint64("step", t.step), zap.Error(err))
-			for _, c := range t.codecs {
-				c.Reset()
-			}
+			plan.ResetCodecs(t.codecs)
 			failed = true
 			break
 		}
@@ -483,7 +478,7 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 
 // runStep computes, all-reduces and applies one step.
 // links, when not nil, are each bucket's per-link codecs.
-func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, links []*allreduce.LinkCodecs, rank, world int, epoch uint64) error {
+func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allreduce.EpochTransport, links []*allreduce.LinkCodecs, rank, world int, epoch uint64) error {
 	start := time.Now()
 	step := t.step
 	per := t.cfg.BatchSize
@@ -495,7 +490,7 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, links []
 	for d := range t.devs {
 		t.batches[d] = t.train.Gather(t.batches[d], t.idx[d*per:(d+1)*per])
 	}
-	sentBefore := t.n.ring.sent.Load()
+	sentBefore := tr.Sent()
 	round := sess.NewRound(ctx, step)
 	var addErr error
 	stats, cerr := t.m.ComputeGradients(t.batches, model.NoiseSeed(t.cfg.Seed, int64(step), rank), func(b int) {
@@ -534,15 +529,11 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, links []
 	t.step++
 	t.mu.Unlock()
 	elapsed := time.Since(start).Seconds()
-	sent := float64(t.n.ring.sent.Load() - sentBefore)
+	sent := float64(tr.Sent() - sentBefore)
 	samples := float64(world * per * len(t.devs))
-	t.n.SetStep(t.step)
-	t.n.updateTrain(func(ti *trainInfo) {
-		ti.loss = stats.Loss
-		ti.samplesPerS = samples / elapsed
-		ti.bytesPerStep = sent
-	})
+	t.status.Step, t.status.Loss, t.status.SamplesPerS, t.status.BytesPerStep = t.step, stats.Loss, samples/elapsed, sent
 	t.afterStep()
+	t.publish()
 	if t.progress != nil {
 		t.progress(Progress{Step: t.step, Steps: uint64(t.cfg.Steps), Loss: stats.Loss, Accuracy: t.lastEval,
 			SamplesPerS: samples / elapsed, BytesPerStep: sent, Peers: world, Epoch: epoch, Skipped: skip})
@@ -563,11 +554,8 @@ func (t *Trainer) afterStep() {
 		}
 		t.checks[t.step] = h
 		delete(t.checks, t.step-uint64(16*t.cfg.CheckEvery))
-		t.n.updateTrain(func(ti *trainInfo) {
-			ti.paramHash = h
-			ti.check = &gossip.ParamCheck{Step: t.step, Hash: h}
-		})
-		t.n.gsp.Beat() // let the others compare promptly
+		t.status.ParamHash = h
+		t.payload.Check = &ParamCheck{Step: t.step, Hash: h} // published after the step: the others compare promptly
 	}
 	if t.cfg.CheckpointDir != "" && t.cfg.CheckpointEvery > 0 && s%t.cfg.CheckpointEvery == 0 {
 		t.checkpoint()
@@ -581,7 +569,7 @@ func (t *Trainer) evaluate() (model.Stats, error) {
 		return st, err
 	}
 	t.lastEval = st.Accuracy()
-	t.n.updateTrain(func(ti *trainInfo) { ti.accuracy = st.Accuracy() })
+	t.status.Accuracy = st.Accuracy()
 	t.log.Info("evaluation", zap.Uint64("step", t.step), zap.Float64("test_loss", st.Loss), zap.Float64("test_accuracy", st.Accuracy()))
 	return st, nil
 }
@@ -602,25 +590,26 @@ func (t *Trainer) checkpoint() {
 // for the same step. On a mismatch it logs an error, marks this peer for a
 // re-sync from the coordinator, and returns true.
 func (t *Trainer) checkParams(ep gossip.Epoch) bool {
-	self := t.n.ID().String()
+	self := t.self
 	if ep.Coordinator == self {
 		return false
 	}
 	if len(t.checks) == 0 {
 		return false
 	}
-	members, _ := t.n.gsp.Snapshot()
+	members, _ := t.c.View()
 	for _, m := range members {
-		if m.PeerID != ep.Coordinator || m.Check == nil {
+		c := payloadOf(m).Check
+		if m.PeerID != ep.Coordinator || c == nil {
 			continue
 		}
-		mine, ok := t.checks[m.Check.Step]
+		mine, ok := t.checks[c.Step]
 		if !ok {
 			continue
 		}
-		if m.Check.Hash != mine {
+		if c.Hash != mine {
 			t.log.Error("parameter hash differs from the coordinator's: re-syncing from it",
-				zap.Uint64("step", m.Check.Step), zap.String("mine", mine), zap.String("coordinator", m.Check.Hash))
+				zap.Uint64("step", c.Step), zap.String("mine", mine), zap.String("coordinator", c.Hash))
 			clear(t.checks)
 			t.mu.Lock()
 			t.forceSync = true
@@ -636,26 +625,22 @@ func (t *Trainer) checkParams(ep gossip.Epoch) bool {
 func (t *Trainer) finish(ctx context.Context) (Result, error) {
 	st, err := t.evaluate()
 	if de := (*model.DeviceError)(nil); errors.As(err, &de) {
-		return Result{}, fmt.Errorf("node: final evaluation: %w", err)
+		return Result{}, fmt.Errorf("train: final evaluation: %w", err)
 	}
 	if t.cfg.CheckpointDir != "" {
 		t.checkpoint()
 	}
 	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.m.ParamHash()}
-	t.n.updateTrain(func(ti *trainInfo) { ti.paramHash = res.ParamHash })
-	deadline := time.Now().Add(2 * t.n.cfg.Gossip.FailureTimeout.D())
-	self := t.n.ID().String()
+	t.status.ParamHash = res.ParamHash
+	t.publish()
+	deadline := time.Now().Add(t.linger)
+	self := t.self
 	for time.Now().Before(deadline) {
-		members, ep := t.n.gsp.Snapshot()
+		members, ep := t.c.View()
 		// Keep answering new epochs: a peer that joins now syncs to the final state.
-		t.n.mu.Lock()
-		stale := slices.Contains(ep.Order, self) && (t.n.train.ready == nil || t.n.train.ready.Epoch != ep.Number)
-		if stale {
-			t.n.train.ready = &gossip.Ready{Epoch: ep.Number, Step: t.step}
-		}
-		t.n.mu.Unlock()
-		if stale {
-			t.n.gsp.Beat()
+		if slices.Contains(ep.Order, self) && !t.payload.Ready.In(ep) {
+			t.payload.Ready = &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: t.step}
+			t.publish()
 		}
 		done := true
 		for _, m := range members {
@@ -663,7 +648,7 @@ func (t *Trainer) finish(ctx context.Context) (Result, error) {
 				done = false
 			}
 		}
-		if done || !sleepCtx(ctx, pollInterval) {
+		if done || !ctxutil.Sleep(ctx, pollInterval) {
 			break
 		}
 	}
@@ -675,9 +660,14 @@ func (r Result) String() string {
 	return fmt.Sprintf("done step=%d loss=%.4f accuracy=%.4f param_hash=%s", r.Step, r.Loss, r.Accuracy, r.ParamHash)
 }
 
-// updateTrain changes the training fields of heartbeats and /status.
-func (n *Node) updateTrain(f func(*trainInfo)) {
-	n.mu.Lock()
-	f(&n.train)
-	n.mu.Unlock()
+// sameEpoch reports whether a and b are one epoch: the same number and
+// the same content (gossip may adopt two different rings under one number).
+func sameEpoch(a, b gossip.Epoch) bool {
+	return a.Number == b.Number && a.Digest() == b.Digest()
+}
+
+// maxStateBytes bounds a downloaded state: the parameters and up to three
+// optimizer buffers of the same size, plus headers.
+func (t *Trainer) maxStateBytes() uint64 {
+	return uint64(t.m.NumParams())*4*4 + 1<<20
 }

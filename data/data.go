@@ -1,4 +1,6 @@
-package model
+// Package data holds p2ptrain's training data: IDX files, the Fashion-MNIST
+// dataset, and the sampler that deals each step's batch out to the cluster.
+package data
 
 import (
 	"bufio"
@@ -12,13 +14,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/p2ptrain/p2ptrain/model"
 )
 
 // ErrBadIDX reports a malformed IDX file.
-var ErrBadIDX = errors.New("model: bad IDX data")
+var ErrBadIDX = errors.New("data: bad IDX data")
 
 // ErrNoDataset reports that the Fashion-MNIST files could not be found.
-var ErrNoDataset = errors.New("model: Fashion-MNIST not found")
+var ErrNoDataset = errors.New("data: Fashion-MNIST not found")
 
 // maxIDXBytes bounds the payload an IDX header may declare (1 GiB).
 const maxIDXBytes = 1 << 30
@@ -97,7 +101,7 @@ func readIDX(r io.Reader) (*IDX, error) {
 func ReadIDXFile(path string) (*IDX, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("model: %w", err)
+		return nil, fmt.Errorf("data: %w", err)
 	}
 	defer f.Close()
 	x, err := ReadIDX(f)
@@ -155,15 +159,15 @@ func NewDataset(images, labels *IDX, classes int) (*Dataset, error) {
 func (d *Dataset) Len() int { return len(d.y) }
 
 // SampleLen returns the number of values per sample.
-func (d *Dataset) SampleLen() int { return numel(d.shape) }
+func (d *Dataset) SampleLen() int { return d.shape[0] * d.shape[1] * d.shape[2] }
 
 // Labels returns the labels (not a copy).
 func (d *Dataset) Labels() []uint8 { return d.y }
 
-// Slice returns samples [lo, hi) as a Batch sharing the dataset's memory.
-func (d *Dataset) Slice(lo, hi int) Batch {
+// Slice returns samples [lo, hi) as a model.Batch sharing the dataset's memory.
+func (d *Dataset) Slice(lo, hi int) model.Batch {
 	p := d.SampleLen()
-	return Batch{X: d.x[lo*p : hi*p], Y: d.y[lo:hi]}
+	return model.Batch{X: d.x[lo*p : hi*p], Y: d.y[lo:hi]}
 }
 
 // Subset returns the first n samples as a Dataset sharing memory.
@@ -173,7 +177,7 @@ func (d *Dataset) Subset(n int) *Dataset {
 }
 
 // Gather copies the samples at idx into dst, reusing its memory, and returns it.
-func (d *Dataset) Gather(dst Batch, idx []int) Batch {
+func (d *Dataset) Gather(dst model.Batch, idx []int) model.Batch {
 	p := d.SampleLen()
 	if cap(dst.X) < len(idx)*p {
 		dst.X = make([]float32, len(idx)*p)
@@ -292,16 +296,16 @@ func NewSampler(seed uint64, n int) *Sampler {
 // Indices returns the sample indices rank draws at step, appended to dst[:0].
 func (s *Sampler) Indices(dst []int, step int64, rank, world, batch int) ([]int, error) {
 	if world <= 0 || rank < 0 || rank >= world || batch <= 0 || step < 0 {
-		return nil, fmt.Errorf("model: sampler: bad rank %d / world %d / batch %d / step %d", rank, world, batch, step)
+		return nil, fmt.Errorf("data: sampler: bad rank %d / world %d / batch %d / step %d", rank, world, batch, step)
 	}
 	g := world * batch
 	if g > s.n {
-		return nil, fmt.Errorf("model: sampler: global batch %d exceeds the %d samples", g, s.n)
+		return nil, fmt.Errorf("data: sampler: global batch %d exceeds the %d samples", g, s.n)
 	}
 	spe := int64(s.n / g)
 	e := step / spe
 	if e != s.epoch {
-		s.perm = permutation(s.perm, mix(s.seed, uint64(e)), s.n)
+		s.perm = permutation(s.perm, model.MixSeed(s.seed, uint64(e)), s.n)
 		s.epoch = e
 	}
 	lo := int(step%spe)*g + rank*batch

@@ -1,12 +1,13 @@
-package node
+// Package plan lays out ring epochs from measured links: the ring order that
+// maximises the slowest edge, bandwidth-proportional shares, per-link codec
+// choice, and the EpochSpec every member derives from an adopted epoch. It is
+// pure: no IO, no clock, no goroutines.
+package plan
 
 import (
+	"fmt"
 	"math"
 	"slices"
-
-	"github.com/libp2p/go-libp2p/core/network"
-	"github.com/libp2p/go-libp2p/core/peer"
-	"go.uber.org/zap"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/gossip"
@@ -21,28 +22,8 @@ const replanGain = 1.25
 // (few distinct edge values).
 const planStep = 1.25
 
-// Links returns this peer's latest measurements of its links to the other
-// members, sorted by peer ID.
-func (n *Node) Links() []LinkStatus { return n.probe.statuses() }
-
-// LinkMatrix returns the measured throughput in bytes/s between the peers of
-// order (allreduce.Matrix: m[i][j] from order[i] to order[j], 0 when
-// unknown), from this peer's own measurements and the figures the other
-// members gossip. A missing direction takes the other direction's figure.
-func (n *Node) LinkMatrix(order []string) allreduce.Matrix {
-	members, _ := n.gsp.Snapshot()
-	rows := linkRows(members)
-	self := n.host.ID().String()
-	rows[self] = nil
-	for _, l := range n.probe.statuses() {
-		rows[self] = append(rows[self], gossip.LinkFigure{Peer: l.Peer, MbitS: l.MbitS, RTTMs: l.RTTMs})
-	}
-	m, _ := linkMatrix(order, rows)
-	return m
-}
-
-// linkRows indexes the members' gossiped link figures by peer ID.
-func linkRows(members []gossip.Member) map[string][]gossip.LinkFigure {
+// LinkRows indexes the members' gossiped link figures by peer ID.
+func LinkRows(members []gossip.Member) map[string][]gossip.LinkFigure {
 	rows := make(map[string][]gossip.LinkFigure, len(members))
 	for _, m := range members {
 		rows[m.PeerID] = m.Links
@@ -50,10 +31,10 @@ func linkRows(members []gossip.Member) map[string][]gossip.LinkFigure {
 	return rows
 }
 
-// linkMatrix builds the bytes/s matrix of order from the figures each peer
+// LinkMatrix builds the bytes/s matrix of order from the figures each peer
 // reports (rows[id]); a direction nobody measured takes the reverse figure.
 // known counts the ordered pairs with a figure.
-func linkMatrix(order []string, rows map[string][]gossip.LinkFigure) (m allreduce.Matrix, known int) {
+func LinkMatrix(order []string, rows map[string][]gossip.LinkFigure) (m allreduce.Matrix, known int) {
 	idx := make(map[string]int, len(order))
 	for i, id := range order {
 		idx[id] = i
@@ -83,12 +64,12 @@ func linkMatrix(order []string, rows map[string][]gossip.LinkFigure) (m allreduc
 	return m, known
 }
 
-// planMatrix is linkMatrix prepared for planning: unknown pairs take the
+// planMatrix is LinkMatrix prepared for planning: unknown pairs take the
 // median known figure (all equal when nothing is known, which gives the
 // peer-ID order) and every figure is quantised to a power of planStep.
 // complete reports whether every pair was measured.
 func planMatrix(order []string, members []gossip.Member) (m allreduce.Matrix, complete, any bool) {
-	m, known := linkMatrix(order, linkRows(members))
+	m, known := LinkMatrix(order, LinkRows(members))
 	var vals []float64
 	for i := range m {
 		for j := range m {
@@ -116,10 +97,10 @@ func planMatrix(order []string, members []gossip.Member) (m allreduce.Matrix, co
 	return m, known == len(order)*(len(order)-1), known > 0
 }
 
-// ringPlanner is the gossip.Planner of this peer's proposals: the ring order
+// Planner is the gossip.Planner of this peer's proposals: the ring order
 // that maximises the slowest measured edge and, when allreduce.schedule is
 // auto, the bandwidth-proportional schedule where it is predicted faster.
-type ringPlanner struct {
+type Planner struct {
 	// schedule is allreduce.schedule ("auto" lets measurements choose).
 	schedule    allreduce.Schedule
 	bucketBytes int
@@ -130,15 +111,58 @@ type ringPlanner struct {
 	override string
 }
 
-var _ gossip.Planner = ringPlanner{}
+var _ gossip.Planner = Planner{}
 
-func newRingPlanner(cfg AllreduceConfig) ringPlanner {
-	sch, _ := allreduce.ParseSchedule(cfg.Schedule) // validated by Config.Validate
-	p := ringPlanner{schedule: sch, bucketBytes: cfg.BucketBytes, override: cfg.linkOverride()}
-	if cfg.LinkCodecs != LinkCodecsOff {
-		p.codec, _ = allreduce.LinkCodecSpec(cfg.Codec) // "" for codecs without per-link variants
+// Values of Settings.LinkCodecs besides a codec spec.
+const (
+	LinkCodecsAuto = "auto"
+	LinkCodecsOff  = "off"
+)
+
+// Settings are the [allreduce] keys a Planner follows.
+type Settings struct {
+	// Schedule is allreduce.schedule ("auto" lets measurements choose).
+	Schedule string
+	// BucketBytes is the fusion bucket size the predictions are made for.
+	BucketBytes int
+	// Codec is allreduce.codec.
+	Codec string
+	// LinkCodecs is allreduce.link_codecs: LinkCodecsAuto, LinkCodecsOff or
+	// a codec spec used on slow links instead of the automatic choice.
+	LinkCodecs string
+}
+
+// NewPlanner returns the planner of settings s, which must have been
+// validated (ValidateLinkCodecs and allreduce.ParseSchedule).
+func NewPlanner(s Settings) Planner {
+	sch, _ := allreduce.ParseSchedule(s.Schedule)
+	p := Planner{schedule: sch, bucketBytes: s.BucketBytes}
+	if s.LinkCodecs != LinkCodecsAuto && s.LinkCodecs != LinkCodecsOff {
+		p.override = s.LinkCodecs
+	}
+	if s.LinkCodecs != LinkCodecsOff {
+		p.codec, _ = allreduce.LinkCodecSpec(s.Codec) // "" for codecs without per-link variants
 	}
 	return p
+}
+
+// ValidateLinkCodecs checks allreduce.link_codecs (linkCodecs) against
+// allreduce.codec (codec): auto, off, or a per-link codec spec, which also
+// needs a per-link codec.
+func ValidateLinkCodecs(linkCodecs, codec string) error {
+	switch linkCodecs {
+	case LinkCodecsAuto, LinkCodecsOff:
+		return nil
+	case "":
+		return fmt.Errorf(`empty; want "auto", "off" or a codec spec`)
+	}
+	if _, err := allreduce.LinkCodecSpec(linkCodecs); err != nil {
+		return fmt.Errorf("%q: %w", linkCodecs, err)
+	}
+	if _, err := allreduce.LinkCodecSpec(codec); err != nil {
+		return fmt.Errorf("%q needs a linear or quantized allreduce.codec: %w", linkCodecs, err)
+	}
+	return nil
 }
 
 // scheduleName is the epoch's name of a schedule ("auto" for ScheduleAuto).
@@ -153,7 +177,7 @@ func scheduleName(s allreduce.Schedule) string {
 // with per-link codecs on the ring where the codec has them; with schedule
 // auto, the ring with per-link codecs replaces proportional shares when it
 // is predicted faster (allreduce.ChooseLinks).
-func (p ringPlanner) Plan(live []string, members []gossip.Member) gossip.EpochPlan {
+func (p Planner) Plan(live []string, members []gossip.Member) gossip.EpochPlan {
 	out := gossip.EpochPlan{Order: live, Schedule: scheduleName(p.schedule)}
 	m, _, any := planMatrix(live, members)
 	if !any || len(live) < 2 {
@@ -186,7 +210,7 @@ func (p ringPlanner) Plan(live []string, members []gossip.Member) gossip.EpochPl
 
 // linkCodecs returns the per-link codecs of ring order o over m, or nil
 // when every link would use the configured codec.
-func (p ringPlanner) linkCodecs(m allreduce.Matrix, o []int) ([]string, string) {
+func (p Planner) linkCodecs(m allreduce.Matrix, o []int) ([]string, string) {
 	edges, final, err := allreduce.LinkSpecs(p.codec, m, o, p.override)
 	if err != nil || final != p.codec {
 		return edges, final // err is impossible: both specs were validated
@@ -201,7 +225,7 @@ func (p ringPlanner) linkCodecs(m allreduce.Matrix, o []int) ([]string, string) 
 
 // Replan reports whether plan is predicted at least replanGain faster than
 // cur, judged only once every pair of cur's members has been measured.
-func (p ringPlanner) Replan(cur gossip.Epoch, plan gossip.EpochPlan, members []gossip.Member) bool {
+func (p Planner) Replan(cur gossip.Epoch, plan gossip.EpochPlan, members []gossip.Member) bool {
 	ids := slices.Clone(cur.Order)
 	slices.Sort(ids)
 	m, complete, _ := planMatrix(ids, members)
@@ -215,7 +239,7 @@ func (p ringPlanner) Replan(cur gossip.Epoch, plan gossip.EpochPlan, members []g
 
 // predictSeconds predicts a bucket's all-reduce time for the layout plan
 // (peer IDs; m is indexed like ids).
-func (p ringPlanner) predictSeconds(m allreduce.Matrix, ids []string, plan gossip.EpochPlan) float64 {
+func (p Planner) predictSeconds(m allreduce.Matrix, ids []string, plan gossip.EpochPlan) float64 {
 	o := make([]int, len(plan.Order))
 	for k, id := range plan.Order {
 		o[k] = slices.Index(ids, id)
@@ -243,7 +267,7 @@ func (p ringPlanner) predictSeconds(m allreduce.Matrix, ids []string, plan gossi
 }
 
 // linkSeconds predicts the ring time of plan's per-link codecs.
-func (p ringPlanner) linkSeconds(m allreduce.Matrix, o []int, plan gossip.EpochPlan) (float64, bool) {
+func (p Planner) linkSeconds(m allreduce.Matrix, o []int, plan gossip.EpochPlan) (float64, bool) {
 	t, err := allreduce.LinkPlanSeconds(m, o, float64(p.bucketBytes), p.codec, plan.LinkCodecs, plan.FinalCodec)
 	return t, err == nil
 }
@@ -258,35 +282,9 @@ func orderedRates(m allreduce.Matrix, o []int) []float64 {
 	return out
 }
 
-// epochSession adapts an all-reduce configuration to ring epoch ep: the
-// coordinator's schedule and shares (identical on every member; a member
-// whose own allreduce.schedule differs follows the epoch) and the slowest
-// measured ring edge for deadlines.
-func (n *Node) epochSession(cfg allreduce.Config, ep gossip.Epoch) allreduce.Config {
-	if ep.Schedule != "" {
-		sch, err := allreduce.ParseSchedule(ep.Schedule)
-		switch {
-		case err != nil:
-			n.log.Warn("ring epoch names an unknown schedule; using allreduce.schedule",
-				zap.Uint64("epoch", ep.Number), zap.String("schedule", ep.Schedule))
-		default:
-			if cfg.Schedule != allreduce.ScheduleAuto && cfg.Schedule != sch {
-				n.log.Warn("allreduce.schedule differs from the coordinator's; following the ring epoch",
-					zap.String("config", string(cfg.Schedule)), zap.String("epoch", ep.Schedule))
-			}
-			cfg.Schedule, cfg.Shares = sch, nil
-			if sch == allreduce.ScheduleProportional {
-				cfg.Shares = slices.Clone(ep.Shares)
-			}
-		}
-	}
-	cfg.Bandwidth = ringBandwidth(n.LinkMatrix(ep.Order))
-	return cfg
-}
-
-// ringBandwidth is the slowest edge of the ring in order 0, 1, … of m, or 0
+// RingBandwidth is the slowest edge of the ring in order 0, 1, … of m, or 0
 // if any edge is unknown.
-func ringBandwidth(m allreduce.Matrix) float64 {
+func RingBandwidth(m allreduce.Matrix) float64 {
 	if len(m) < 2 {
 		return 0
 	}
@@ -299,20 +297,4 @@ func ringBandwidth(m allreduce.Matrix) float64 {
 		return 0
 	}
 	return b
-}
-
-// probeTargets returns the live members this peer is connected to.
-func (n *Node) probeTargets() []peer.ID {
-	members, _ := n.gsp.Snapshot()
-	var out []peer.ID
-	for _, m := range members {
-		id, err := peer.Decode(m.PeerID)
-		if err != nil || id == n.host.ID() || m.State != gossip.Alive {
-			continue
-		}
-		if n.host.Network().Connectedness(id) == network.Connected {
-			out = append(out, id)
-		}
-	}
-	return out
 }

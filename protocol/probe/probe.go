@@ -1,4 +1,8 @@
-package node
+// Package probe implements the probe protocol (/p2ptrain/probe/1.0.0): it
+// measures the round-trip time and throughput from this peer to the
+// cluster's members in the background, within a duty cycle, and answers the
+// other members' probes.
+package probe
 
 import (
 	"context"
@@ -16,20 +20,22 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
 	"go.uber.org/zap"
 
 	"github.com/p2ptrain/p2ptrain/gossip"
+	"github.com/p2ptrain/p2ptrain/internal/ctxutil"
 )
 
-// The probe protocol (/p2ptrain/probe/1.0.0) measures the round-trip time and
+// The protocol (ID) measures the round-trip time and
 // the throughput from the client to the server. The client sends requests of
 // a 6-byte header: version (1), op, and a 4-byte little-endian length.
 //
 //   - ping (op 1, length 0): the server answers one byte.
-//   - upload (op 2, length N, 1 ≤ N ≤ MaxProbeBytes): N payload bytes follow;
+//   - upload (op 2, length N, 1 ≤ N ≤ MaxBytes): N payload bytes follow;
 //     once it has read them all the server answers N (4 bytes, little-endian).
 //
-// A stream carries at most probeMaxRequests requests and 2·MaxProbeBytes of
+// A stream carries at most probeMaxRequests requests and 2·MaxBytes of
 // payload within probeStreamTimeout, and a server serves one probe stream per
 // peer at a time; anything else resets the stream.
 
@@ -39,10 +45,10 @@ const (
 	probeOpUpload  byte = 2
 	probeHeaderLen      = 6
 
-	// MaxProbeBytes bounds one upload a probe server accepts.
-	MaxProbeBytes = 16 << 20
-	// probeMinBytes is the smallest upload a prober sends.
-	probeMinBytes = 64 << 10
+	// MaxBytes bounds one upload a probe server accepts.
+	MaxBytes = 16 << 20
+	// MinBytes is the smallest upload a Prober sends.
+	MinBytes = 64 << 10
 	// probeStartBytes is the first upload to a peer; later probes adapt the
 	// size so an upload takes about probeTarget.
 	probeStartBytes = 256 << 10
@@ -62,13 +68,27 @@ const (
 	// membership again.
 	probeMaxIdle = time.Second
 	// probeWarmupDuty is the share of time first measurements of new peers
-	// may take (they are not held to ProbeConfig.DutyCycle, so a new cluster
+	// may take (they are not held to Config.DutyCycle, so a new cluster
 	// gets its first figures within seconds).
 	probeWarmupDuty = 0.25
 )
 
+// ID is the probe protocol's libp2p protocol ID.
+const ID protocol.ID = "/p2ptrain/probe/1.0.0"
+
+// Config is how a Prober measures.
+type Config struct {
+	// Interval is the least time between two probes of the same peer.
+	Interval time.Duration
+	// MaxBytes bounds one probe upload (MinBytes..MaxBytes; sizes adapt so a
+	// probe takes about 100 ms).
+	MaxBytes int
+	// DutyCycle is the largest share of time this peer spends probing.
+	DutyCycle float64
+}
+
 // errProbe reports a probe protocol violation or failure.
-var errProbe = errors.New("node: probe")
+var errProbe = errors.New("probe")
 
 // LinkStatus is this peer's latest measurement of its link to another member.
 type LinkStatus struct {
@@ -93,7 +113,7 @@ type probeSample struct {
 	took        time.Duration
 }
 
-// linkState is what the prober keeps per peer.
+// linkState is what the Prober keeps per peer.
 type linkState struct {
 	status   LinkStatus
 	measured bool
@@ -102,11 +122,11 @@ type linkState struct {
 	size int
 }
 
-// prober measures links to the cluster's members in the background and
+// Prober measures links to the cluster's members in the background and
 // serves other peers' probes.
-type prober struct {
+type Prober struct {
 	h   host.Host
-	cfg ProbeConfig
+	cfg Config
 	log *zap.Logger
 
 	mu    sync.Mutex
@@ -118,15 +138,15 @@ type prober struct {
 	serving            map[peer.ID]bool
 }
 
-// newProber registers the probe protocol's server on h.
-func newProber(h host.Host, cfg ProbeConfig, log *zap.Logger) *prober {
-	p := &prober{h: h, cfg: cfg, log: log, links: map[peer.ID]*linkState{}, serving: map[peer.ID]bool{}}
-	h.SetStreamHandler(ProtocolProbe, p.serve)
+// New registers the probe protocol's server on h; Run starts the probing.
+func New(h host.Host, cfg Config, log *zap.Logger) *Prober {
+	p := &Prober{h: h, cfg: cfg, log: log, links: map[peer.ID]*linkState{}, serving: map[peer.ID]bool{}}
+	h.SetStreamHandler(ID, p.serve)
 	return p
 }
 
 // serve answers one probe stream.
-func (p *prober) serve(s network.Stream) {
+func (p *Prober) serve(s network.Stream) {
 	remote := s.Conn().RemotePeer()
 	p.mu.Lock()
 	busy := p.serving[remote]
@@ -178,11 +198,11 @@ func serveProbe(s io.ReadWriter) error {
 				return fmt.Errorf("%w: answer ping: %w", errProbe, err)
 			}
 		case hdr[1] == probeOpUpload:
-			if n < 1 || n > MaxProbeBytes {
-				return fmt.Errorf("%w: upload of %d bytes (max %d)", errProbe, n, MaxProbeBytes)
+			if n < 1 || n > MaxBytes {
+				return fmt.Errorf("%w: upload of %d bytes (max %d)", errProbe, n, MaxBytes)
 			}
-			if total += n; total > 2*MaxProbeBytes {
-				return fmt.Errorf("%w: more than %d bytes on one stream", errProbe, 2*MaxProbeBytes)
+			if total += n; total > 2*MaxBytes {
+				return fmt.Errorf("%w: more than %d bytes on one stream", errProbe, 2*MaxBytes)
 			}
 			if _, err := io.CopyN(io.Discard, s, int64(n)); err != nil {
 				return fmt.Errorf("%w: read upload: %w", errProbe, err)
@@ -205,7 +225,7 @@ func probePeer(ctx context.Context, h host.Host, id peer.ID, size, maxBytes int)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, probeStreamTimeout)
 	defer cancel()
-	s, err := h.NewStream(network.WithNoDial(ctx, "probe"), id, ProtocolProbe)
+	s, err := h.NewStream(network.WithNoDial(ctx, "probe"), id, ID)
 	if err != nil {
 		return probeSample{}, fmt.Errorf("%w %s: open stream: %w", errProbe, id, err)
 	}
@@ -234,8 +254,8 @@ func probePeer(ctx context.Context, h host.Host, id peer.ID, size, maxBytes int)
 
 // probeStream runs the client side of a probe on s.
 func probeStream(s io.ReadWriter, size, maxBytes int) (probeSample, error) {
-	maxBytes = min(max(maxBytes, probeMinBytes), MaxProbeBytes)
-	size = min(max(size, probeMinBytes), maxBytes)
+	maxBytes = min(max(maxBytes, MinBytes), MaxBytes)
+	size = min(max(size, MinBytes), maxBytes)
 	hdr := func(op byte, n int) []byte {
 		b := []byte{probeVersion, op, 0, 0, 0, 0}
 		binary.LittleEndian.PutUint32(b[2:], uint32(n))
@@ -293,7 +313,7 @@ func probeStream(s io.ReadWriter, size, maxBytes int) (probeSample, error) {
 	}
 	ideal := func(bps float64) int {
 		n := bps * probeTarget.Seconds()
-		return int(min(max(n, probeMinBytes), float64(maxBytes)))
+		return int(min(max(n, MinBytes), float64(maxBytes)))
 	}
 	next := ideal(bps)
 	if took < probeTarget/4 && next >= 2*size {
@@ -307,16 +327,16 @@ func probeStream(s io.ReadWriter, size, maxBytes int) (probeSample, error) {
 	return probeSample{rtt: rtt, bytesPS: bps, bytes: size, next: next}, nil
 }
 
-// run probes every target (the connected live members) in the background
+// Run probes every target (the connected live members) in the background
 // until ctx ends: a newly seen peer within probeFirstJitter, then each peer
 // at most once per cfg.Interval (with up to 10% jitter) and, node-wide, no
 // more than cfg.DutyCycle of the time.
-func (p *prober) run(ctx context.Context, targets func() []peer.ID) {
+func (p *Prober) Run(ctx context.Context, targets func() []peer.ID) {
 	for {
 		now := time.Now()
 		id, size, wait := p.pick(now, targets())
 		if id == "" {
-			if !sleepCtx(ctx, wait) {
+			if !ctxutil.Sleep(ctx, wait) {
 				return
 			}
 			continue
@@ -331,7 +351,7 @@ func (p *prober) run(ctx context.Context, targets func() []peer.ID) {
 
 // pick returns the peer to probe now and the upload size, or how long to
 // wait before looking again. It forgets peers that are no longer targets.
-func (p *prober) pick(now time.Time, targets []peer.ID) (peer.ID, int, time.Duration) {
+func (p *Prober) pick(now time.Time, targets []peer.ID) (peer.ID, int, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	want := make(map[peer.ID]bool, len(targets))
@@ -372,7 +392,7 @@ func (p *prober) pick(now time.Time, targets []peer.ID) (peer.ID, int, time.Dura
 }
 
 // record stores a probe's outcome and schedules the next probes.
-func (p *prober) record(id peer.ID, smp probeSample, err error, start, end time.Time) {
+func (p *Prober) record(id peer.ID, smp probeSample, err error, start, end time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	took := max(end.Sub(start), time.Millisecond)
@@ -382,7 +402,7 @@ func (p *prober) record(id peer.ID, smp probeSample, err error, start, end time.
 		p.nextAny = later(p.nextAny, end.Add(probeMaxIdle))
 		p.nextFirst = later(p.nextFirst, end)
 		if ok {
-			l.due = end.Add(p.cfg.Interval.D())
+			l.due = end.Add(p.cfg.Interval)
 		}
 		p.log.Debug("probe failed", zap.Stringer("peer", id), zap.Error(err))
 		return
@@ -395,7 +415,7 @@ func (p *prober) record(id peer.ID, smp probeSample, err error, start, end time.
 	if !ok {
 		return // no longer a target
 	}
-	interval := max(p.cfg.Interval.D(), gap)
+	interval := max(p.cfg.Interval, gap)
 	l.due = end.Add(interval + rand.N(interval/10+1))
 	l.size = smp.next
 	mbit := smp.bytesPS * 8 / 1e6
@@ -427,8 +447,8 @@ func roundFigure(v float64) float64 {
 	return math.Round(v*scale) / scale
 }
 
-// set records a measurement directly (tests inject known links with it).
-func (p *prober) set(st LinkStatus) {
+// Set records a measurement directly (tests inject known links with it).
+func (p *Prober) Set(st LinkStatus) {
 	id, err := peer.Decode(st.Peer)
 	if err != nil {
 		return
@@ -441,11 +461,11 @@ func (p *prober) set(st LinkStatus) {
 		p.links[id] = l
 	}
 	l.status, l.measured = st, true
-	l.due = st.MeasuredAt.Add(p.cfg.Interval.D())
+	l.due = st.MeasuredAt.Add(p.cfg.Interval)
 }
 
-// statuses returns the measured links, sorted by peer ID.
-func (p *prober) statuses() []LinkStatus {
+// Statuses returns the measured links, sorted by peer ID.
+func (p *Prober) Statuses() []LinkStatus {
 	if p == nil {
 		return nil
 	}
@@ -461,10 +481,10 @@ func (p *prober) statuses() []LinkStatus {
 	return out
 }
 
-// figures returns the measured links as heartbeat figures: at most
+// Figures returns the measured links as heartbeat figures: at most
 // gossip.MaxLinks, the first by peer ID.
-func (p *prober) figures() []gossip.LinkFigure {
-	st := p.statuses()
+func (p *Prober) Figures() []gossip.LinkFigure {
+	st := p.Statuses()
 	if len(st) == 0 {
 		return nil
 	}

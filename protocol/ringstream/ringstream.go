@@ -1,4 +1,7 @@
-package node
+// Package ringstream implements the all-reduce stream protocol
+// (/p2ptrain/allreduce/1.0.0): the allreduce.Transport of one ring epoch over
+// libp2p streams.
+package ringstream
 
 import (
 	"context"
@@ -13,12 +16,16 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
 	"go.uber.org/zap"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
 )
 
-// The all-reduce stream protocol: the opener writes an 8-byte little-endian
+// ID is the all-reduce stream protocol's libp2p protocol ID.
+const ID protocol.ID = "/p2ptrain/allreduce/1.0.0"
+
+// The protocol: the opener writes an 8-byte little-endian
 // epoch number, then frames (allreduce.WriteFrame) in one direction only. Each
 // peer opens one stream to each peer it sends to, per epoch, on first use.
 
@@ -31,22 +38,23 @@ const (
 	pendingTTL = 30 * time.Second
 )
 
-var errTransportClosed = errors.New("node: all-reduce transport closed")
+var errTransportClosed = errors.New("ringstream: transport closed")
 
-// ringNet routes inbound all-reduce streams to the transport of their epoch.
-type ringNet struct {
+// Service routes inbound all-reduce streams to the Transport of their epoch.
+// Create it with New; Close stops it.
+type Service struct {
 	host     host.Host
 	maxFrame int
 	log      *zap.Logger
 
-	notifiee network.Notifiee
-	// learnAddrs, if set, fills in a peer's addresses before a stream is opened.
+	notifiee   network.Notifiee
 	learnAddrs func(peer.ID)
-	// sent counts all-reduce bytes written (frames and their length prefixes).
+	// sent counts all-reduce bytes written (frames and their length
+	// prefixes), over every epoch.
 	sent atomic.Uint64
 
 	mu      sync.Mutex
-	epochs  map[uint64]*streamTransport
+	epochs  map[uint64]*Transport
 	pending []pendingStream
 }
 
@@ -56,16 +64,19 @@ type pendingStream struct {
 	at    time.Time
 }
 
-func newRingNet(h host.Host, maxFrame int, log *zap.Logger) *ringNet {
-	rn := &ringNet{host: h, maxFrame: maxFrame, log: log, epochs: map[uint64]*streamTransport{}}
-	h.SetStreamHandler(ProtocolAllreduce, rn.handle)
+// New registers the protocol's handler on h. Frames above maxFrame bytes
+// are refused; learnAddrs (may be nil) fills in a peer's addresses before
+// a stream to it is opened.
+func New(h host.Host, maxFrame int, learnAddrs func(peer.ID), log *zap.Logger) *Service {
+	rn := &Service{host: h, maxFrame: maxFrame, learnAddrs: learnAddrs, log: log, epochs: map[uint64]*Transport{}}
+	h.SetStreamHandler(ID, rn.handle)
 	rn.notifiee = &network.NotifyBundle{DisconnectedF: func(nw network.Network, c network.Conn) {
 		p := c.RemotePeer()
 		if nw.Connectedness(p) == network.Connected {
 			return // another connection remains
 		}
 		rn.mu.Lock()
-		ts := make([]*streamTransport, 0, len(rn.epochs))
+		ts := make([]*Transport, 0, len(rn.epochs))
 		for _, t := range rn.epochs {
 			ts = append(ts, t)
 		}
@@ -78,13 +89,14 @@ func newRingNet(h host.Host, maxFrame int, log *zap.Logger) *ringNet {
 	return rn
 }
 
-func (rn *ringNet) close() {
-	rn.host.RemoveStreamHandler(ProtocolAllreduce)
+// Close removes the handler and resets every open Transport.
+func (rn *Service) Close() {
+	rn.host.RemoveStreamHandler(ID)
 	rn.host.Network().StopNotify(rn.notifiee)
 	rn.mu.Lock()
 	pend := rn.pending
 	rn.pending = nil
-	ts := make([]*streamTransport, 0, len(rn.epochs))
+	ts := make([]*Transport, 0, len(rn.epochs))
 	for _, t := range rn.epochs {
 		ts = append(ts, t)
 	}
@@ -97,7 +109,7 @@ func (rn *ringNet) close() {
 	}
 }
 
-func (rn *ringNet) handle(s network.Stream) {
+func (rn *Service) handle(s network.Stream) {
 	var hello [8]byte
 	_ = s.SetReadDeadline(time.Now().Add(helloTimeout))
 	if _, err := io.ReadFull(s, hello[:]); err != nil {
@@ -134,9 +146,11 @@ func (rn *ringNet) handle(s network.Stream) {
 	t.accept(s)
 }
 
-// open returns the transport of one epoch, adopting streams that arrived early.
-func (rn *ringNet) open(ep allreduce.Epoch) *streamTransport {
-	t := &streamTransport{
+// Open returns the Transport of one epoch, adopting streams that arrived
+// early. Close it when the epoch ends normally (after closing the
+// allreduce.Session); a failed session resets it.
+func (rn *Service) Open(ep allreduce.Epoch) *Transport {
+	t := &Transport{
 		rn:    rn,
 		epoch: ep.Number,
 		peers: map[allreduce.PeerID]bool{},
@@ -150,7 +164,7 @@ func (rn *ringNet) open(ep allreduce.Epoch) *streamTransport {
 	rn.mu.Lock()
 	if old := rn.epochs[ep.Number]; old != nil {
 		rn.mu.Unlock()
-		old.Reset(fmt.Errorf("node: epoch %d reopened", ep.Number))
+		old.Reset(fmt.Errorf("ringstream: epoch %d reopened", ep.Number))
 		rn.mu.Lock()
 	}
 	rn.epochs[ep.Number] = t
@@ -174,7 +188,7 @@ func (rn *ringNet) open(ep allreduce.Epoch) *streamTransport {
 	return t
 }
 
-func (rn *ringNet) forget(t *streamTransport) {
+func (rn *Service) forget(t *Transport) {
 	rn.mu.Lock()
 	if rn.epochs[t.epoch] == t {
 		delete(rn.epochs, t.epoch)
@@ -182,11 +196,16 @@ func (rn *ringNet) forget(t *streamTransport) {
 	rn.mu.Unlock()
 }
 
-// streamTransport implements allreduce.Transport for one epoch over libp2p streams.
-type streamTransport struct {
-	rn    *ringNet
+// Sent returns the all-reduce bytes written successfully, over every epoch.
+func (rn *Service) Sent() uint64 { return rn.sent.Load() }
+
+// Transport implements allreduce.Transport for one epoch over libp2p streams.
+type Transport struct {
+	rn    *Service
 	epoch uint64
 	peers map[allreduce.PeerID]bool
+	// sent counts the bytes this epoch wrote successfully.
+	sent atomic.Uint64
 
 	mu   sync.Mutex
 	out  map[allreduce.PeerID]*outLink
@@ -195,7 +214,7 @@ type streamTransport struct {
 	done chan struct{}
 }
 
-var _ allreduce.Transport = (*streamTransport)(nil)
+var _ allreduce.Transport = (*Transport)(nil)
 
 type outLink struct {
 	mu  sync.Mutex
@@ -210,20 +229,20 @@ type inLink struct {
 	gone  chan struct{} // closed when the peer disconnects before its stream arrived
 }
 
-func (t *streamTransport) closedErr() error {
+func (t *Transport) closedErr() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.err
 }
 
-func (t *streamTransport) outLink(to allreduce.PeerID) (*outLink, error) {
+func (t *Transport) outLink(to allreduce.PeerID) (*outLink, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.err != nil {
 		return nil, t.err
 	}
 	if !t.peers[to] {
-		return nil, fmt.Errorf("node: peer %s is not in epoch %d", to, t.epoch)
+		return nil, fmt.Errorf("ringstream: peer %s is not in epoch %d", to, t.epoch)
 	}
 	l := t.out[to]
 	if l == nil {
@@ -233,14 +252,14 @@ func (t *streamTransport) outLink(to allreduce.PeerID) (*outLink, error) {
 	return l, nil
 }
 
-func (t *streamTransport) inLink(from allreduce.PeerID) (*inLink, error) {
+func (t *Transport) inLink(from allreduce.PeerID) (*inLink, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.err != nil {
 		return nil, t.err
 	}
 	if !t.peers[from] {
-		return nil, fmt.Errorf("node: peer %s is not in epoch %d", from, t.epoch)
+		return nil, fmt.Errorf("ringstream: peer %s is not in epoch %d", from, t.epoch)
 	}
 	l := t.in[from]
 	if l == nil {
@@ -251,7 +270,7 @@ func (t *streamTransport) inLink(from allreduce.PeerID) (*inLink, error) {
 }
 
 // accept takes an inbound stream of this epoch.
-func (t *streamTransport) accept(s network.Stream) {
+func (t *Transport) accept(s network.Stream) {
 	from := allreduce.PeerID(s.Conn().RemotePeer().String())
 	l, err := t.inLink(from)
 	if err != nil {
@@ -274,7 +293,7 @@ func (t *streamTransport) accept(s network.Stream) {
 }
 
 // Send writes one frame to peer to, opening the stream on first use.
-func (t *streamTransport) Send(ctx context.Context, to allreduce.PeerID, frame []byte) error {
+func (t *Transport) Send(ctx context.Context, to allreduce.PeerID, frame []byte) error {
 	l, err := t.outLink(to)
 	if err != nil {
 		return err
@@ -287,14 +306,14 @@ func (t *streamTransport) Send(ctx context.Context, to allreduce.PeerID, frame [
 	if l.s == nil {
 		id, err := peer.Decode(string(to))
 		if err != nil {
-			return fmt.Errorf("node: bad peer ID %q: %w", to, err)
+			return fmt.Errorf("ringstream: bad peer ID %q: %w", to, err)
 		}
 		if t.rn.learnAddrs != nil {
 			t.rn.learnAddrs(id)
 		}
-		s, err := t.rn.host.NewStream(network.WithAllowLimitedConn(ctx, "allreduce"), id, ProtocolAllreduce)
+		s, err := t.rn.host.NewStream(network.WithAllowLimitedConn(ctx, "allreduce"), id, ID)
 		if err != nil {
-			l.err = fmt.Errorf("node: open all-reduce stream to %s: %w", to, err)
+			l.err = fmt.Errorf("ringstream: open all-reduce stream to %s: %w", to, err)
 			return l.err
 		}
 		var hello [8]byte
@@ -302,7 +321,7 @@ func (t *streamTransport) Send(ctx context.Context, to allreduce.PeerID, frame [
 		l.buf = append(l.buf[:0], hello[:]...)
 		if _, err := s.Write(l.buf); err != nil {
 			s.Reset()
-			l.err = fmt.Errorf("node: all-reduce stream to %s: %w", to, err)
+			l.err = fmt.Errorf("ringstream: all-reduce stream to %s: %w", to, err)
 			return l.err
 		}
 		t.mu.Lock()
@@ -319,20 +338,28 @@ func (t *streamTransport) Send(ctx context.Context, to allreduce.PeerID, frame [
 	stop := context.AfterFunc(ctx, func() { l.s.Reset() })
 	l.buf, err = allreduce.WriteFrame(l.s, frame, l.buf)
 	stop()
-	t.rn.sent.Add(uint64(4 + len(frame)))
+	if err == nil {
+		n := uint64(4 + len(frame))
+		t.sent.Add(n)
+		t.rn.sent.Add(n)
+	}
 	if err != nil {
 		l.s.Reset()
 		if cerr := ctx.Err(); cerr != nil {
 			err = cerr
 		}
-		l.err = fmt.Errorf("node: send to %s: %w", to, err)
+		l.err = fmt.Errorf("ringstream: send to %s: %w", to, err)
 		return l.err
 	}
 	return nil
 }
 
+// Sent returns the bytes this epoch's Send calls wrote successfully
+// (frames and their length prefixes).
+func (t *Transport) Sent() uint64 { return t.sent.Load() }
+
 // Recv reads the next frame from peer from, waiting for its stream if needed.
-func (t *streamTransport) Recv(ctx context.Context, from allreduce.PeerID) ([]byte, error) {
+func (t *Transport) Recv(ctx context.Context, from allreduce.PeerID) ([]byte, error) {
 	l, err := t.inLink(from)
 	if err != nil {
 		return nil, err
@@ -340,7 +367,7 @@ func (t *streamTransport) Recv(ctx context.Context, from allreduce.PeerID) ([]by
 	select {
 	case <-l.ready:
 	case <-l.gone:
-		return nil, fmt.Errorf("node: receive from %s: peer disconnected", from)
+		return nil, fmt.Errorf("ringstream: receive from %s: peer disconnected", from)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-t.done:
@@ -356,14 +383,14 @@ func (t *streamTransport) Recv(ctx context.Context, from allreduce.PeerID) ([]by
 		} else if cerr := t.closedErr(); cerr != nil {
 			err = cerr
 		}
-		return nil, fmt.Errorf("node: receive from %s: %w", from, err)
+		return nil, fmt.Errorf("ringstream: receive from %s: %w", from, err)
 	}
 	return b, nil
 }
 
 // peerGone wakes a Recv waiting for the stream of a peer that disconnected.
 // An established stream fails by itself when its connection closes.
-func (t *streamTransport) peerGone(p allreduce.PeerID) {
+func (t *Transport) peerGone(p allreduce.PeerID) {
 	if !t.peers[p] {
 		return
 	}
@@ -386,13 +413,13 @@ func (t *streamTransport) peerGone(p allreduce.PeerID) {
 // peers (outbound streams are half-closed, not reset), so a peer that finished
 // its last round does not break a neighbour still reading it. Call it after
 // the epoch's allreduce.Session is closed; use Reset after a failure.
-func (t *streamTransport) Close() error {
+func (t *Transport) Close() error {
 	t.mu.Lock()
 	if t.err != nil {
 		t.mu.Unlock()
 		return nil
 	}
-	t.err = fmt.Errorf("node: epoch %d transport: %w", t.epoch, errTransportClosed)
+	t.err = fmt.Errorf("ringstream: epoch %d transport: %w", t.epoch, errTransportClosed)
 	close(t.done)
 	outs := make([]*outLink, 0, len(t.out))
 	for _, l := range t.out {
@@ -421,7 +448,7 @@ func (t *streamTransport) Close() error {
 }
 
 // Reset breaks every stream of this epoch; later calls fail with reason.
-func (t *streamTransport) Reset(reason error) {
+func (t *Transport) Reset(reason error) {
 	if reason == nil {
 		reason = errTransportClosed
 	}
@@ -430,7 +457,7 @@ func (t *streamTransport) Reset(reason error) {
 		t.mu.Unlock()
 		return
 	}
-	t.err = fmt.Errorf("node: epoch %d transport reset: %w", t.epoch, reason)
+	t.err = fmt.Errorf("ringstream: epoch %d transport reset: %w", t.epoch, reason)
 	close(t.done)
 	var streams []network.Stream
 	for _, l := range t.in {

@@ -1,0 +1,166 @@
+// Package statesync implements the state protocol (/p2ptrain/state/1.0.0),
+// which hands a peer's training state to a joiner or to a peer that fell
+// behind.
+package statesync
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"go.uber.org/zap"
+)
+
+// The client writes the 8-byte
+// little-endian step it wants; the server answers a status byte, then on
+// success an 8-byte length, the state bytes and their SHA-256.
+
+const (
+	stateOK       byte = 0
+	stateWrongPos byte = 1
+	stateNone     byte = 2
+
+	// MaxBytes bounds a transferred state (parameters + optimizer state)
+	// when the client gives no tighter bound.
+	MaxBytes = 2 << 30
+	// stateIOTimeout bounds a whole transfer.
+	stateIOTimeout = 5 * time.Minute
+)
+
+// ID is the state protocol's libp2p protocol ID.
+const ID protocol.ID = "/p2ptrain/state/1.0.0"
+
+// ErrUnavailable: the peer asked holds no state at the wanted step.
+var ErrUnavailable = errors.New("statesync: state unavailable at the requested step")
+
+// Source returns the serialized training state after step completed
+// steps, or ErrUnavailable if this peer is not at that step.
+type Source func(step uint64) ([]byte, error)
+
+// Server answers state requests on a host from its current Source.
+type Server struct {
+	h   host.Host
+	log *zap.Logger
+
+	mu  sync.Mutex
+	src Source
+}
+
+// NewServer returns a server on h that serves nothing until SetSource.
+func NewServer(h host.Host, log *zap.Logger) *Server { return &Server{h: h, log: log} }
+
+// SetSource serves the training state from src (nil stops serving).
+func (srv *Server) SetSource(src Source) {
+	srv.mu.Lock()
+	srv.src = src
+	srv.mu.Unlock()
+	if src == nil {
+		srv.h.RemoveStreamHandler(ID)
+		return
+	}
+	srv.h.SetStreamHandler(ID, srv.serve)
+}
+
+func (srv *Server) serve(s network.Stream) {
+	defer s.Close()
+	_ = s.SetDeadline(time.Now().Add(stateIOTimeout))
+	var req [8]byte
+	if _, err := io.ReadFull(s, req[:]); err != nil {
+		s.Reset()
+		return
+	}
+	step := binary.LittleEndian.Uint64(req[:])
+	srv.mu.Lock()
+	src := srv.src
+	srv.mu.Unlock()
+	if src == nil {
+		_, _ = s.Write([]byte{stateNone})
+		return
+	}
+	b, err := src(step)
+	if err != nil {
+		code := stateNone
+		if errors.Is(err, ErrUnavailable) {
+			code = stateWrongPos
+		}
+		_, _ = s.Write([]byte{code})
+		return
+	}
+	sum := sha256.Sum256(b)
+	hdr := make([]byte, 9)
+	hdr[0] = stateOK
+	binary.LittleEndian.PutUint64(hdr[1:], uint64(len(b)))
+	for _, part := range [][]byte{hdr, b, sum[:]} {
+		if _, err := s.Write(part); err != nil {
+			srv.log.Warn("state transfer interrupted", zap.Stringer("peer", s.Conn().RemotePeer()), zap.Error(err))
+			s.Reset()
+			return
+		}
+	}
+	srv.log.Info("sent training state", zap.Stringer("peer", s.Conn().RemotePeer()), zap.Uint64("step", step), zap.Int("bytes", len(b)))
+}
+
+// Fetch downloads the training state after step completed steps from peer
+// p over h and verifies its checksum. A state larger than max bytes (or
+// MaxBytes when max is 0) is refused before it is read.
+func Fetch(ctx context.Context, h host.Host, p peer.ID, step uint64, max uint64) ([]byte, error) {
+	if max == 0 || max > MaxBytes {
+		max = MaxBytes
+	}
+	ctx, cancel := context.WithTimeout(ctx, stateIOTimeout)
+	defer cancel()
+	s, err := h.NewStream(ctx, p, ID)
+	if err != nil {
+		return nil, fmt.Errorf("statesync: open state stream to %s: %w", p, err)
+	}
+	stop := context.AfterFunc(ctx, func() { s.Reset() })
+	defer stop()
+	defer s.Close()
+	var req [8]byte
+	binary.LittleEndian.PutUint64(req[:], step)
+	if _, err := s.Write(req[:]); err != nil {
+		return nil, fmt.Errorf("statesync: request state from %s: %w", p, err)
+	}
+	var hdr [9]byte
+	if _, err := io.ReadFull(s, hdr[:1]); err != nil {
+		return nil, fmt.Errorf("statesync: state from %s: %w", p, err)
+	}
+	switch hdr[0] {
+	case stateOK:
+	case stateWrongPos:
+		return nil, fmt.Errorf("%w: %s is not at step %d", ErrUnavailable, p, step)
+	case stateNone:
+		return nil, fmt.Errorf("%w: %s serves no state", ErrUnavailable, p)
+	default:
+		return nil, fmt.Errorf("statesync: state from %s: unknown status %d", p, hdr[0])
+	}
+	if _, err := io.ReadFull(s, hdr[1:]); err != nil {
+		return nil, fmt.Errorf("statesync: state from %s: %w", p, err)
+	}
+	size := binary.LittleEndian.Uint64(hdr[1:])
+	if size > max {
+		s.Reset()
+		return nil, fmt.Errorf("statesync: state from %s claims %d bytes (max %d)", p, size, max)
+	}
+	b := make([]byte, size)
+	var sum [sha256.Size]byte
+	if _, err := io.ReadFull(s, b); err != nil {
+		return nil, fmt.Errorf("statesync: state from %s: %w", p, err)
+	}
+	if _, err := io.ReadFull(s, sum[:]); err != nil {
+		return nil, fmt.Errorf("statesync: state checksum from %s: %w", p, err)
+	}
+	if sha256.Sum256(b) != sum {
+		return nil, fmt.Errorf("statesync: state from %s fails its checksum", p)
+	}
+	return b, nil
+}

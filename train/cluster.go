@@ -1,0 +1,47 @@
+package train
+
+import (
+	"context"
+
+	"github.com/p2ptrain/p2ptrain/allreduce"
+	"github.com/p2ptrain/p2ptrain/gossip"
+)
+
+// Cluster is what the trainer needs of the running peer. package node
+// implements it; its methods are safe for concurrent use.
+type Cluster interface {
+	// Self returns this peer's ID.
+	Self() string
+	// View returns the known members, sorted by peer ID, and the adopted
+	// ring epoch.
+	View() ([]gossip.Member, gossip.Epoch)
+	// Announce sets this peer's heartbeat payload and step, and sends a
+	// heartbeat now.
+	Announce(payload []byte, step uint64)
+	// RequestEpoch asks the coordinator for a ring epoch numbered above
+	// current (a failed round needs a fresh ring).
+	RequestEpoch(current uint64)
+	// LinkMatrix returns the measured throughput between the peers of order
+	// (plan.LinkMatrix of this peer's and the members' figures).
+	LinkMatrix(order []string) allreduce.Matrix
+	// OpenTransport returns the all-reduce transport of one ring epoch.
+	OpenTransport(ep allreduce.Epoch) allreduce.EpochTransport
+	// FetchState downloads peer's training state after step completed
+	// steps, refusing more than max bytes.
+	FetchState(ctx context.Context, peer string, step, max uint64) ([]byte, error)
+	// ServeState serves this peer's training state from src (nil stops).
+	ServeState(src func(step uint64) ([]byte, error))
+}
+
+// Status is what the trainer reports after every change, for /status and
+// /metrics.
+type Status struct {
+	Active       bool
+	Step, Steps  uint64
+	Loss         float64 // training loss of the last step; negative before the first
+	Accuracy     float64 // last test accuracy; negative before the first evaluation
+	ParamHash    string
+	SamplesPerS  float64
+	BytesPerStep float64
+	Codec        string
+}
