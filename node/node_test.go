@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,40 +18,25 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/gossip"
+	"github.com/p2ptrain/p2ptrain/node/nodetest"
 )
 
 const (
-	testHeartbeat = 250 * time.Millisecond
-	testFailAfter = 1500 * time.Millisecond
+	testHeartbeat = nodetest.Heartbeat
+	testFailAfter = nodetest.FailAfter
 )
 
 // testConfig is a loopback-only peer with fast failure detection and no mDNS.
-func testConfig(bootstrap ...string) config.Config {
-	cfg := config.DefaultConfig()
-	cfg.Node.Cluster = "test"
-	cfg.Node.Listen = []string{"/ip4/127.0.0.1/tcp/0"}
-	cfg.Node.Bootstrap = bootstrap
-	cfg.Node.MDNS = false
-	cfg.Node.API = ""
-	cfg.Gossip.Heartbeat = config.Duration(testHeartbeat)
-	cfg.Gossip.FailureTimeout = config.Duration(testFailAfter)
-	return cfg
-}
+func testConfig(bootstrap ...string) config.Config { return nodetest.Config(bootstrap...) }
 
 func startNode(t *testing.T, cfg config.Config, log *zap.Logger) *Node {
 	t.Helper()
 	if log == nil {
-		// P2PTRAIN_TEST_LOG=debug|info shows more of what the peers do.
-		level := zapcore.WarnLevel
-		if l, err := zapcore.ParseLevel(os.Getenv("P2PTRAIN_TEST_LOG")); err == nil {
-			level = l
-		}
-		log = zaptest.NewLogger(t, zaptest.Level(level)).Named(fmt.Sprint(len(cfg.Node.Bootstrap)))
+		log = nodetest.Logger(t, cfg)
 	}
 	n, err := New(context.Background(), cfg, log)
 	if err != nil {
@@ -65,18 +49,7 @@ func startNode(t *testing.T, cfg config.Config, log *zap.Logger) *Node {
 // eventually polls cond until it returns nil or the deadline passes.
 func eventually(t *testing.T, within time.Duration, what string, cond func() error) time.Duration {
 	t.Helper()
-	start := time.Now()
-	deadline := start.Add(within)
-	for {
-		err := cond()
-		if err == nil {
-			return time.Since(start)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %s: %v", what, within, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return nodetest.Eventually(t, within, what, cond)
 }
 
 // agreeOn checks that every node lists exactly the given peers as alive and

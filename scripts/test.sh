@@ -5,24 +5,41 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# stage NAME starts a stage; the time each took is printed at the end.
+timings=()
+stage_name=""
+stage_start=$SECONDS
+stage() {
+  if [ -n "$stage_name" ]; then timings+=("$(printf '%5ds  %s' $((SECONDS - stage_start)) "$stage_name")"); fi
+  stage_name="$1"
+  stage_start=$SECONDS
+  [ -n "$1" ] && echo "== $1"
+  return 0
+}
+
+stage "set-up"
 scripts/setup.sh
 
-echo "== go vet"
+stage "go vet"
 go vet ./...
 
-echo "== unit and integration tests (race detector)"
+stage "unit and integration tests (race detector)"
 go test -race -count=1 -timeout 20m $(go list ./... | grep -v /e2e)
 
-echo "== pure-Go twins of the assembly kernels"
+stage "pure-Go twins of the assembly kernels"
 go test -count=1 -tags purego ./compress/... ./gpu/sgemm/...
 
-echo "== multi-process suite (slow: runs the built binary as several peers)"
+stage "multi-process suite (slow: runs the built binary as several peers)"
 go test -count=1 -timeout 10m -v ./e2e 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'
 test "${PIPESTATUS[0]}" -eq 0
 
-echo "== network-namespace smoke benchmark (3 shaped hosts; skipped unless root)"
+stage "network-namespace smoke benchmark (3 shaped hosts; skipped unless root)"
 go build -o bin/p2ptrain ./cmd/p2ptrain
 bench/netns.sh --smoke --binary bin/p2ptrain
 
-echo "== fuzzing (${FUZZTIME:=10s} per target)"
+stage "fuzzing (${FUZZTIME:=10s} per target)"
 FUZZTIME="$FUZZTIME" scripts/fuzz.sh
+
+stage ""
+echo "== time per stage"
+printf '%s\n' "${timings[@]}"

@@ -21,8 +21,6 @@ import (
 	"github.com/p2ptrain/p2ptrain/node/nodetest"
 	"github.com/p2ptrain/p2ptrain/plan"
 	"github.com/p2ptrain/p2ptrain/protocol/probe"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest"
 )
 
 // These tests train a small mlp on a slice of Fashion-MNIST (Debian's
@@ -98,9 +96,14 @@ func startTrainer(t *testing.T, cfg config.Config, onProgress func(*trainPeer, P
 // startTrainerHook is startTrainer with a hook on every local gradient bucket.
 func startTrainerHook(t *testing.T, cfg config.Config, onProgress func(*trainPeer, Progress), gradHook func(uint64, int, []float32)) *trainPeer {
 	t.Helper()
-	p := &trainPeer{n: nodetest.Start(t, cfg, nil), done: make(chan struct{})}
+	n, err := node.New(context.Background(), cfg, nodetest.Logger(t, cfg))
+	if err != nil {
+		t.Fatalf("start node: %v", err)
+	}
+	t.Cleanup(func() { n.Kill() })
+	p := &trainPeer{n: n, done: make(chan struct{})}
 	tr, err := New(p.n, cfg.Train, cfg.Allreduce, Options{
-		Log: zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel)),
+		Log: nodetest.Logger(t, cfg),
 		Progress: func(pr Progress) {
 			p.mu.Lock()
 			p.progress = append(p.progress, pr)

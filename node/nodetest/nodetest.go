@@ -1,9 +1,9 @@
-// Package nodetest starts loopback peers for the tests of packages built on
-// package node.
+// Package nodetest holds what tests of loopback peers share: a fast
+// configuration, a logger and polling with a deadline. It does not import
+// package node, so node's own tests use it too.
 package nodetest
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"testing"
@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/p2ptrain/p2ptrain/config"
-	"github.com/p2ptrain/p2ptrain/node"
 )
 
 // Heartbeat and FailAfter are the fast failure detection of Config.
@@ -37,23 +36,14 @@ func Config(bootstrap ...string) config.Config {
 	return cfg
 }
 
-// Start starts a node that is killed when the test ends. With log nil it
-// logs warnings to the test ($P2PTRAIN_TEST_LOG=debug|info shows more).
-func Start(t testing.TB, cfg config.Config, log *zap.Logger) *node.Node {
-	t.Helper()
-	if log == nil {
-		level := zapcore.WarnLevel
-		if l, err := zapcore.ParseLevel(os.Getenv("P2PTRAIN_TEST_LOG")); err == nil {
-			level = l
-		}
-		log = zaptest.NewLogger(t, zaptest.Level(level)).Named(fmt.Sprint(len(cfg.Node.Bootstrap)))
+// Logger is the test logger of a peer started with cfg: warnings and above
+// ($P2PTRAIN_TEST_LOG=debug|info shows more), named after its bootstrap count.
+func Logger(t testing.TB, cfg config.Config) *zap.Logger {
+	level := zapcore.WarnLevel
+	if l, err := zapcore.ParseLevel(os.Getenv("P2PTRAIN_TEST_LOG")); err == nil {
+		level = l
 	}
-	n, err := node.New(context.Background(), cfg, log)
-	if err != nil {
-		t.Fatalf("start node: %v", err)
-	}
-	t.Cleanup(func() { n.Kill() })
-	return n
+	return zaptest.NewLogger(t, zaptest.Level(level)).Named(fmt.Sprint(len(cfg.Node.Bootstrap)))
 }
 
 // Eventually polls cond until it returns nil, failing the test if the
