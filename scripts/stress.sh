@@ -12,10 +12,11 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 COUNT="${COUNT:-5}"
 OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
 pkgs=(./node ./train ./allreduce/... ./protocol/... ./gossip ./e2e)
 fail=0
 for p in "${pkgs[@]}"; do
-  log="$OUT/$(echo "$p" | tr -c 'a-zA-Z0-9\n' '_').log"
+  log="$OUT/$(echo "${p#./}" | tr -c 'a-zA-Z0-9\n' '-' | sed 's/-*$//').log"
   start=$(date +%s)
   if go test -race -count="$COUNT" -timeout 60m "$p" >"$log" 2>&1; then
     res=ok
