@@ -24,6 +24,8 @@ type Payload struct {
 	Check *ParamCheck `json:"check,omitempty"`
 	// Devices are the sender's training devices.
 	Devices []string `json:"devices,omitempty"`
+	// Settings are the sender's training settings (Settings.cluster).
+	Settings Settings `json:"settings,omitempty"`
 }
 
 // Ready is a member's training position at the start of an epoch. The
@@ -46,8 +48,11 @@ type ParamCheck struct {
 	Hash string `json:"hash"`
 }
 
-// maxDevices bounds the devices a payload lists.
-const maxDevices = 64
+// maxDevices and maxSettings bound the devices and settings a payload lists.
+const (
+	maxDevices  = 64
+	maxSettings = 64
+)
 
 // Encode returns the payload as heartbeat bytes.
 func (p Payload) Encode() []byte {
@@ -71,6 +76,9 @@ func DecodePayload(b []byte) (Payload, error) {
 	}
 	if len(p.Devices) > maxDevices {
 		return Payload{}, fmt.Errorf("train: heartbeat payload lists %d devices (max %d)", len(p.Devices), maxDevices)
+	}
+	if len(p.Settings) > maxSettings {
+		return Payload{}, fmt.Errorf("train: heartbeat payload lists %d settings (max %d)", len(p.Settings), maxSettings)
 	}
 	if p.Check != nil && (len(p.Check.Hash) == 0 || len(p.Check.Hash) > 128) {
 		return Payload{}, fmt.Errorf("train: heartbeat payload: parameter hash of %d characters", len(p.Check.Hash))

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -88,6 +87,7 @@ type Trainer struct {
 	plain    []compress.Codec
 	batches  []model.Batch
 	idx      []int
+	settings Settings
 	cfgHash  [32]byte
 	lastEval float64
 	// checks holds this peer's recent parameter hashes by step, to compare
@@ -190,8 +190,8 @@ func New(c Cluster, cfg config.Train, ar config.Allreduce, o Options) (*Trainer,
 			t.plain = append(t.plain, p)
 		}
 	}
-	t.cfgHash = model.ConfigHash(t.m.Signature(), cfg.Optimizer, strconv.FormatFloat(cfg.LR, 'g', -1, 64),
-		strconv.FormatUint(cfg.Seed, 10), strconv.Itoa(cfg.BatchSize), strconv.Itoa(cfg.Steps))
+	t.settings = settingsOf(cfg, ar, t.m)
+	t.cfgHash = t.settings.resumeHash()
 	if cfg.CheckpointDir != "" {
 		c, err := model.LoadLatestCheckpoint(cfg.CheckpointDir, &t.cfgHash)
 		switch {
@@ -209,6 +209,7 @@ func New(c Cluster, cfg config.Train, ar config.Allreduce, o Options) (*Trainer,
 		}
 	}
 	t.payload.Devices = cfg.Devices
+	t.payload.Settings = t.settings.cluster()
 	t.status = Status{Active: true, Step: t.step, Steps: uint64(cfg.Steps), Codec: t.codecs[0].Spec(), Loss: -1, Accuracy: -1, ParamHash: t.m.ParamHash()}
 	t.publish()
 	c.ServeState(t.serveState)
@@ -256,6 +257,9 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 		if err := t.enter(ctx, ep); err != nil {
 			if errors.Is(err, errEpochChanged) {
 				continue
+			}
+			if errors.Is(err, errSettingsDiffer) {
+				return Result{}, err
 			}
 			if ctx.Err() != nil {
 				return Result{}, ctx.Err()
@@ -321,6 +325,11 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 			target = max(target, s)
 		}
 		if all {
+			// Every member announced its settings with its Ready: refuse to
+			// train together before the first step if they differ.
+			if err := checkSettings(t.settings.cluster(), t.self, members, ep); err != nil {
+				return err
+			}
 			break
 		}
 		if !ctxutil.Sleep(ctx, pollInterval) {

@@ -546,3 +546,36 @@ func TestTrainPerLinkCodecs(t *testing.T) {
 	}
 	t.Logf("%d of %d steps with per-link codecs %v: loss %.3f → %.3f, hash %s", inLinks, steps, ep.LinkCodecs, first, last, res.ParamHash[:16])
 }
+
+// TestTrainRefusesDifferentSettings: two peers with different momentum
+// never step together; the one whose settings lose (a tie goes to the
+// coordinator's) stops before its first step with an error naming the key.
+func TestTrainRefusesDifferentSettings(t *testing.T) {
+	requireDataset(t)
+	a := startTrainer(t, trainConfig(20, 2), nil)
+	cfg := trainConfig(20, 2, a.n.AddrStrings()[0])
+	cfg.Train.Momentum = 0.5
+	b := startTrainer(t, cfg, nil)
+	var loser, other *trainPeer
+	select {
+	case <-a.done:
+		loser, other = a, b
+	case <-b.done:
+		loser, other = b, a
+	case <-time.After(60 * time.Second):
+		t.Fatal("neither peer refused the other's settings")
+	}
+	if !errors.Is(loser.err, errSettingsDiffer) || !strings.Contains(loser.err.Error(), "train.momentum") {
+		t.Fatalf("err = %v, want one naming train.momentum", loser.err)
+	}
+	other.cancel()
+	<-other.done
+	for _, p := range []*trainPeer{a, b} {
+		p.mu.Lock()
+		n := len(p.progress)
+		p.mu.Unlock()
+		if n != 0 {
+			t.Fatalf("peer %s ran %d steps with mismatched settings", p.n.ID(), n)
+		}
+	}
+}

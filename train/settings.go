@@ -1,0 +1,149 @@
+package train
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/p2ptrain/p2ptrain/config"
+	"github.com/p2ptrain/p2ptrain/gossip"
+	"github.com/p2ptrain/p2ptrain/model"
+)
+
+// Settings are the configuration keys that decide what the cluster
+// computes, by key (train.lr, allreduce.codec, ...), each value in a
+// canonical text form. Peers announce them in their payload and refuse to
+// train with peers whose settings differ.
+type Settings map[string]string
+
+// clusterOnly are the keys that must agree between peers but not between
+// a checkpoint and the run resuming it: extending a run (train.steps
+// higher) resumes it; codecs carry no state across a restart.
+var clusterOnly = []string{"train.steps", "allreduce.codec", "allreduce.bucket_bytes"}
+
+// localOnly are the keys that must agree between a checkpoint and the run
+// resuming it but may differ between peers: each peer's devices take
+// their own share of the global batch.
+var localOnly = []string{"train.devices"}
+
+// settingsOf returns the settings of a trainer of model m.
+func settingsOf(cfg config.Train, ar config.Allreduce, m *model.Model) Settings {
+	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	sig := sha256.Sum256([]byte(m.Signature()))
+	return Settings{
+		"train.model":                cfg.Model + ":" + hex.EncodeToString(sig[:8]),
+		"train.optimizer":            cfg.Optimizer,
+		"train.lr":                   f(cfg.LR),
+		"train.momentum":             f(cfg.Momentum),
+		"train.weight_decay":         f(cfg.WeightDecay),
+		"train.clip_norm":            f(cfg.ClipNorm),
+		"train.warmup_steps":         strconv.Itoa(cfg.WarmupSteps),
+		"train.lowrank_warmup_steps": strconv.Itoa(cfg.LowRankWarmupSteps),
+		"train.seed":                 strconv.FormatUint(cfg.Seed, 10),
+		"train.batch_size":           strconv.Itoa(cfg.BatchSize),
+		"train.train_samples":        strconv.Itoa(cfg.TrainSamples),
+		"train.steps":                strconv.Itoa(cfg.Steps),
+		"train.devices":              strconv.Itoa(len(cfg.Devices)),
+		"allreduce.codec":            ar.Codec,
+		"allreduce.bucket_bytes":     strconv.Itoa(ar.BucketBytes),
+	}
+}
+
+// cluster returns the settings peers must agree on.
+func (s Settings) cluster() Settings {
+	out := Settings{}
+	for k, v := range s {
+		if !slices.Contains(localOnly, k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// resumeHash identifies the settings a checkpoint may be resumed under.
+func (s Settings) resumeHash() [32]byte {
+	keys := make([]string, 0, len(s))
+	for k := range s {
+		if !slices.Contains(clusterOnly, k) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	parts := make([]string, 0, 2*len(keys))
+	for _, k := range keys {
+		parts = append(parts, k, s[k])
+	}
+	return model.ConfigHash(parts...)
+}
+
+// diff lists the keys whose values differ between s and o, as
+// "key = mine (theirs)", sorted by key.
+func (s Settings) diff(o Settings) []string {
+	var out []string
+	for k, v := range s {
+		if w := o[k]; w != v {
+			out = append(out, fmt.Sprintf("%s = %s here, %s there", k, v, w))
+		}
+	}
+	for k, w := range o {
+		if _, ok := s[k]; !ok {
+			out = append(out, fmt.Sprintf("%s = (unknown here), %s there", k, w))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (s Settings) equal(o Settings) bool { return len(s.diff(o)) == 0 }
+
+// errSettingsDiffer: this peer's settings are not the cluster's.
+var errSettingsDiffer = errors.New("train: this peer's training settings differ from the cluster's")
+
+// checkSettings compares the settings every member of ep announced. The
+// settings most members hold win (ties: the coordinator's). A peer in the
+// minority gets an error wrapping errSettingsDiffer that names the keys; a
+// peer in the majority gets a plain error naming the peers that differ (it
+// waits for them to leave).
+func checkSettings(mine Settings, self string, members []gossip.Member, ep gossip.Epoch) error {
+	held := map[string]Settings{self: mine}
+	for _, m := range members {
+		if m.PeerID != self && slices.Contains(ep.Order, m.PeerID) {
+			held[m.PeerID] = payloadOf(m).Settings
+		}
+	}
+	support := func(s Settings) int {
+		n := 0
+		for _, p := range ep.Order {
+			if held[p] != nil && held[p].equal(s) {
+				n++
+			}
+		}
+		return n
+	}
+	var best Settings
+	bestN := -1
+	for _, p := range append([]string{ep.Coordinator}, ep.Order...) {
+		if s := held[p]; s != nil {
+			if n := support(s); n > bestN {
+				best, bestN = s, n
+			}
+		}
+	}
+	if best == nil || mine.equal(best) {
+		var odd []string
+		for _, p := range ep.Order {
+			if held[p] == nil || !held[p].equal(mine) {
+				odd = append(odd, p)
+			}
+		}
+		if len(odd) == 0 {
+			return nil
+		}
+		return fmt.Errorf("train: members %s announce other training settings; waiting for them to leave", strings.Join(odd, ", "))
+	}
+	return fmt.Errorf("%w (%d of %d members hold the others): %s", errSettingsDiffer, bestN, len(ep.Order), strings.Join(mine.diff(best), "; "))
+}

@@ -1,0 +1,95 @@
+package train
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/p2ptrain/p2ptrain/config"
+	"github.com/p2ptrain/p2ptrain/gossip"
+	"github.com/p2ptrain/p2ptrain/gpu"
+	"github.com/p2ptrain/p2ptrain/model"
+)
+
+func testSettings(t *testing.T, edit func(*config.Train, *config.Allreduce)) Settings {
+	t.Helper()
+	cfg := config.DefaultConfig()
+	cfg.Train.Hidden = []int{8}
+	if edit != nil {
+		edit(&cfg.Train, &cfg.Allreduce)
+	}
+	m, err := model.New(cfg.Train.Model, model.Config{Hidden: cfg.Train.Hidden, MaxBatch: 4}, []gpu.Device{gpu.NewCPU(0)}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return settingsOf(cfg.Train, cfg.Allreduce, m)
+}
+
+// TestSettingsResumeHash: the checkpoint hash covers every key that
+// changes what is computed (it once left out momentum, weight decay, clip
+// norm, warm-up and sample limits), but not train.steps, so a run can be
+// extended.
+func TestSettingsResumeHash(t *testing.T) {
+	base := testSettings(t, nil).resumeHash()
+	for name, edit := range map[string]func(*config.Train, *config.Allreduce){
+		"momentum":      func(c *config.Train, _ *config.Allreduce) { c.Momentum = 0.5 },
+		"weight_decay":  func(c *config.Train, _ *config.Allreduce) { c.WeightDecay = 0.01 },
+		"clip_norm":     func(c *config.Train, _ *config.Allreduce) { c.ClipNorm = 1 },
+		"warmup_steps":  func(c *config.Train, _ *config.Allreduce) { c.WarmupSteps = 7 },
+		"train_samples": func(c *config.Train, _ *config.Allreduce) { c.TrainSamples = 100 },
+		"devices":       func(c *config.Train, _ *config.Allreduce) { c.Devices = []string{"cpu:0", "cpu:1"} },
+		"hidden":        func(c *config.Train, _ *config.Allreduce) { c.Hidden = []int{9} },
+		"lr":            func(c *config.Train, _ *config.Allreduce) { c.LR = 0.01 },
+	} {
+		if testSettings(t, edit).resumeHash() == base {
+			t.Errorf("changing train.%s keeps the resume hash", name)
+		}
+	}
+	for name, edit := range map[string]func(*config.Train, *config.Allreduce){
+		"train.steps":     func(c *config.Train, _ *config.Allreduce) { c.Steps = 5000 },
+		"allreduce.codec": func(_ *config.Train, a *config.Allreduce) { a.Codec = "sint8" },
+	} {
+		if testSettings(t, edit).resumeHash() != base {
+			t.Errorf("changing %s refuses to resume", name)
+		}
+	}
+}
+
+func settingsMembers(held map[string]Settings) []gossip.Member {
+	var out []gossip.Member
+	for id, s := range held {
+		out = append(out, gossip.Member{Heartbeat: gossip.Heartbeat{PeerID: id, App: Payload{Settings: s}.Encode()}})
+	}
+	return out
+}
+
+// TestCheckSettings: the settings most members hold win; the minority is
+// told which key differs, the majority waits.
+func TestCheckSettings(t *testing.T) {
+	good := testSettings(t, nil).cluster()
+	odd := testSettings(t, func(c *config.Train, _ *config.Allreduce) { c.Momentum = 0.5 }).cluster()
+	ep := gossip.Epoch{Number: 4, Order: []string{"a", "b", "c"}, Coordinator: "a"}
+	members := settingsMembers(map[string]Settings{"a": odd, "b": good, "c": good})
+	err := checkSettings(odd, "a", members, ep)
+	if !errors.Is(err, errSettingsDiffer) || !strings.Contains(err.Error(), "train.momentum = 0.5 here, 0.9 there") {
+		t.Fatalf("minority (the coordinator): %v", err)
+	}
+	err = checkSettings(good, "b", members, ep)
+	if err == nil || errors.Is(err, errSettingsDiffer) || !strings.Contains(err.Error(), "a") {
+		t.Fatalf("majority: %v, want a wait naming a", err)
+	}
+	// A tie goes to the coordinator's settings.
+	two := gossip.Epoch{Number: 5, Order: []string{"a", "b"}, Coordinator: "a"}
+	if err := checkSettings(good, "b", settingsMembers(map[string]Settings{"a": odd, "b": good}), two); !errors.Is(err, errSettingsDiffer) {
+		t.Fatalf("tie, not the coordinator: %v", err)
+	}
+	if err := checkSettings(good, "b", settingsMembers(map[string]Settings{"a": good, "b": good, "c": good}), ep); err != nil {
+		t.Fatalf("equal settings: %v", err)
+	}
+	// Steps differ between peers: they would follow different learning-rate schedules.
+	long := testSettings(t, func(c *config.Train, _ *config.Allreduce) { c.Steps = 99 }).cluster()
+	if err := checkSettings(long, "b", settingsMembers(map[string]Settings{"a": good, "b": long}), two); !errors.Is(err, errSettingsDiffer) {
+		t.Fatalf("train.steps differs: %v", err)
+	}
+}
