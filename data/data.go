@@ -286,6 +286,8 @@ type Sampler struct {
 	n     int
 	epoch int64
 	perm  []int
+	// global is the global batch size the cached epoch was computed for.
+	global int
 }
 
 // NewSampler returns a Sampler over n samples.
@@ -293,23 +295,35 @@ func NewSampler(seed uint64, n int) *Sampler {
 	return &Sampler{seed: seed, n: n, epoch: -1}
 }
 
-// Indices returns the sample indices rank draws at step, appended to dst[:0].
+// Indices returns the sample indices rank draws at step when each of world
+// ranks draws batch samples, appended to dst[:0].
 func (s *Sampler) Indices(dst []int, step int64, rank, world, batch int) ([]int, error) {
-	if world <= 0 || rank < 0 || rank >= world || batch <= 0 || step < 0 {
-		return nil, fmt.Errorf("data: sampler: bad rank %d / world %d / batch %d / step %d", rank, world, batch, step)
+	if world <= 0 || rank < 0 || rank >= world || batch <= 0 {
+		return nil, fmt.Errorf("data: sampler: bad rank %d / world %d / batch %d", rank, world, batch)
 	}
-	g := world * batch
-	if g > s.n {
-		return nil, fmt.Errorf("data: sampler: global batch %d exceeds the %d samples", g, s.n)
+	return s.Range(dst, step, rank*batch, batch, world*batch)
+}
+
+// Range returns positions [offset, offset+size) of step's global batch of
+// global samples, appended to dst[:0]. The global batches of consecutive
+// steps walk one shuffle of the data set (a new shuffle each pass), so
+// ranks that split [0, global) between them draw disjoint samples however
+// unequal their parts.
+func (s *Sampler) Range(dst []int, step int64, offset, size, global int) ([]int, error) {
+	if size <= 0 || offset < 0 || offset+size > global || step < 0 {
+		return nil, fmt.Errorf("data: sampler: bad range [%d, %d) of a global batch of %d at step %d", offset, offset+size, global, step)
 	}
-	spe := int64(s.n / g)
+	if global > s.n {
+		return nil, fmt.Errorf("data: sampler: global batch %d exceeds the %d samples", global, s.n)
+	}
+	spe := int64(s.n / global)
 	e := step / spe
-	if e != s.epoch {
+	if e != s.epoch || global != s.global {
 		s.perm = permutation(s.perm, model.MixSeed(s.seed, uint64(e)), s.n)
-		s.epoch = e
+		s.epoch, s.global = e, global
 	}
-	lo := int(step%spe)*g + rank*batch
-	return append(dst[:0], s.perm[lo:lo+batch]...), nil
+	lo := int(step%spe)*global + offset
+	return append(dst[:0], s.perm[lo:lo+size]...), nil
 }
 
 // Shard is Sampler.Indices without the cached permutation.

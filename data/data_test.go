@@ -271,3 +271,35 @@ func product(dims []int) int {
 	}
 	return n
 }
+
+// TestSamplerRangeUnequalParts: parts of unequal size that split one global
+// batch draw exactly the samples equal parts draw, without overlap.
+func TestSamplerRangeUnequalParts(t *testing.T) {
+	const n, global = 1000, 64
+	s := NewSampler(5, n)
+	for step := int64(0); step < 40; step++ {
+		var equal, unequal []int
+		for r := range 4 {
+			part, err := s.Indices(nil, step, r, 4, global/4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			equal = append(equal, part...)
+		}
+		for _, p := range [][2]int{{0, 32}, {32, 16}, {48, 16}} {
+			part, err := s.Range(nil, step, p[0], p[1], global)
+			if err != nil {
+				t.Fatal(err)
+			}
+			unequal = append(unequal, part...)
+		}
+		slices.Sort(equal)
+		slices.Sort(unequal)
+		if !slices.Equal(equal, unequal) || len(slices.Compact(slices.Clone(unequal))) != global {
+			t.Fatalf("step %d: unequal parts drew %v, equal parts %v", step, unequal, equal)
+		}
+	}
+	if _, err := s.Range(nil, 0, 60, 8, global); err == nil {
+		t.Fatal("a range past the global batch was accepted")
+	}
+}

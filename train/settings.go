@@ -30,8 +30,8 @@ var clusterOnly = []string{"train.steps", "allreduce.codec", "allreduce.bucket_b
 // their own share of the global batch.
 var localOnly = []string{"train.devices"}
 
-// settingsOf returns the settings of a trainer of model m.
-func settingsOf(cfg config.Train, ar config.Allreduce, m *model.Model) Settings {
+// settingsOf returns the settings of a trainer of model m on devices local devices.
+func settingsOf(cfg config.Train, ar config.Allreduce, m *model.Model, devices int) Settings {
 	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 	sig := sha256.Sum256([]byte(m.Signature()))
 	return Settings{
@@ -47,7 +47,7 @@ func settingsOf(cfg config.Train, ar config.Allreduce, m *model.Model) Settings 
 		"train.batch_size":           strconv.Itoa(cfg.BatchSize),
 		"train.train_samples":        strconv.Itoa(cfg.TrainSamples),
 		"train.steps":                strconv.Itoa(cfg.Steps),
-		"train.devices":              strconv.Itoa(len(cfg.Devices)),
+		"train.devices":              strconv.Itoa(devices),
 		"allreduce.codec":            ar.Codec,
 		"allreduce.bucket_bytes":     strconv.Itoa(ar.BucketBytes),
 	}

@@ -23,7 +23,7 @@ func testSettings(t *testing.T, edit func(*config.Train, *config.Allreduce)) Set
 		t.Fatal(err)
 	}
 	t.Cleanup(m.Close)
-	return settingsOf(cfg.Train, cfg.Allreduce, m)
+	return settingsOf(cfg.Train, cfg.Allreduce, m, len(cfg.Train.Devices))
 }
 
 // TestSettingsResumeHash: the checkpoint hash covers every key that

@@ -89,6 +89,8 @@ type Trainer struct {
 	idx      []int
 	settings Settings
 	cfgHash  [32]byte
+	// shard is this peer's part of the global batch in the current epoch.
+	shard shard
 	lastEval float64
 	// checks holds this peer's recent parameter hashes by step, to compare
 	// with the coordinator's whenever its check arrives.
@@ -190,7 +192,7 @@ func New(c Cluster, cfg config.Train, ar config.Allreduce, o Options) (*Trainer,
 			t.plain = append(t.plain, p)
 		}
 	}
-	t.settings = settingsOf(cfg, ar, t.m)
+	t.settings = settingsOf(cfg, ar, t.m, len(t.devs))
 	t.cfgHash = t.settings.resumeHash()
 	if cfg.CheckpointDir != "" {
 		c, err := model.LoadLatestCheckpoint(cfg.CheckpointDir, &t.cfgHash)
@@ -208,7 +210,9 @@ func New(c Cluster, cfg config.Train, ar config.Allreduce, o Options) (*Trainer,
 			t.log.Info("resumed from checkpoint", zap.Int64("step", c.Step), zap.String("param_hash", t.m.ParamHash()))
 		}
 	}
-	t.payload.Devices = cfg.Devices
+	for _, d := range t.devs {
+		t.payload.Devices = append(t.payload.Devices, d.Name())
+	}
 	t.payload.Settings = t.settings.cluster()
 	t.status = Status{Active: true, Step: t.step, Steps: uint64(cfg.Steps), Codec: t.codecs[0].Spec(), Loss: -1, Accuracy: -1, ParamHash: t.m.ParamHash()}
 	t.publish()
@@ -330,6 +334,17 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 			if err := checkSettings(t.settings.cluster(), t.self, members, ep); err != nil {
 				return err
 			}
+			devices := map[string]int{t.self: len(t.devs)}
+			for _, m := range members {
+				if m.PeerID != t.self {
+					devices[m.PeerID] = len(payloadOf(m).Devices)
+				}
+			}
+			sh, err := shardOf(ep.Order, t.self, devices, t.cfg.BatchSize)
+			if err != nil {
+				return err
+			}
+			t.shard = sh
 			break
 		}
 		if !ctxutil.Sleep(ctx, pollInterval) {
@@ -455,7 +470,7 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 		if _, cur := t.c.View(); !sameEpoch(cur, ep) {
 			break
 		}
-		if err := t.runStep(ctx, sess, tr, links, rank, len(ep.Order), ep.Number); err != nil {
+		if err := t.runStep(ctx, sess, tr, links, len(ep.Order), ep.Number); err != nil {
 			if ctx.Err() != nil {
 				break
 			}
@@ -487,12 +502,13 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 
 // runStep computes, all-reduces and applies one step.
 // links, when not nil, are each bucket's per-link codecs.
-func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allreduce.EpochTransport, links []*allreduce.LinkCodecs, rank, world int, epoch uint64) error {
+func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allreduce.EpochTransport, links []*allreduce.LinkCodecs, world int, epoch uint64) error {
 	start := time.Now()
 	step := t.step
 	per := t.cfg.BatchSize
 	var err error
-	t.idx, err = t.sampler.Indices(t.idx, int64(step), rank, world, per*len(t.devs))
+	sh := t.shard
+	t.idx, err = t.sampler.Range(t.idx, int64(step), sh.offset, sh.size, sh.global)
 	if err != nil {
 		return err
 	}
@@ -502,7 +518,7 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 	sentBefore := tr.Sent()
 	round := sess.NewRound(ctx, step)
 	var addErr error
-	stats, cerr := t.m.ComputeGradients(t.batches, model.NoiseSeed(t.cfg.Seed, int64(step), rank), func(b int) {
+	stats, cerr := t.m.ComputeGradients(t.batches, model.NoiseSeed(t.cfg.Seed, int64(step), sh.firstDevice), func(b int) {
 		g := t.m.BucketGrads(b)
 		if t.gradHook != nil {
 			t.gradHook(step, b, g)
@@ -510,6 +526,11 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 		if model.HasNonFinite(g) {
 			t.log.Error("non-finite local gradient: contributing zeros for this bucket", zap.Uint64("step", step), zap.Int("bucket", b))
 			clear(g)
+		}
+		if sh.weight != 1 { // members with more devices weigh more in the ring's plain average
+			for i := range g {
+				g[i] *= sh.weight
+			}
 		}
 		codec := t.codecs[b]
 		if t.plain != nil && step < uint64(max(t.cfg.WarmupSteps, t.cfg.LowRankWarmupSteps)) {
@@ -539,7 +560,7 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 	t.mu.Unlock()
 	elapsed := time.Since(start).Seconds()
 	sent := float64(tr.Sent() - sentBefore)
-	samples := float64(world * per * len(t.devs))
+	samples := float64(sh.global)
 	t.status.Step, t.status.Loss, t.status.SamplesPerS, t.status.BytesPerStep = t.step, stats.Loss, samples/elapsed, sent
 	t.afterStep()
 	t.publish()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -578,4 +579,40 @@ func TestTrainRefusesDifferentSettings(t *testing.T) {
 			t.Fatalf("peer %s ran %d steps with mismatched settings", p.n.ID(), n)
 		}
 	}
+}
+
+// TestTrainUnequalDevicesMatchEqualShards: a cluster of one 2-device peer
+// and two 1-device peers trains as four 1-device peers do: every step's
+// samples are the same global batch, split without overlap, and the
+// average weighs each peer by its samples (it once drew overlapping
+// samples and averaged the peers with equal weights).
+func TestTrainUnequalDevicesMatchEqualShards(t *testing.T) {
+	requireDataset(t)
+	const steps = 15
+	run := func(devices [][]string) []float32 {
+		var peers []*trainPeer
+		for _, d := range devices {
+			cfg := trainConfig(steps, len(devices), bootstrapTo(peers)...)
+			cfg.Train.Devices = d
+			cfg.Allreduce.LinkCodecs = plan.LinkCodecsOff
+			peers = append(peers, startTrainer(t, cfg, nil))
+		}
+		for _, p := range peers {
+			p.wait(t, time.Minute)
+		}
+		sameResult(t, peers, steps)
+		return slices.Clone(peers[0].tr.m.Params())
+	}
+	one := []string{"cpu:0"}
+	mixed := run([][]string{{"cpu:0", "cpu:1"}, one, one})
+	equal := run([][]string{one, one, one, one})
+	worst := 0.0
+	for i := range mixed {
+		worst = max(worst, math.Abs(float64(mixed[i]-equal[i])))
+	}
+	// Only the order of floating-point sums differs between the two runs.
+	if worst > 1e-4 {
+		t.Fatalf("parameters differ by up to %g after %d steps", worst, steps)
+	}
+	t.Logf("largest parameter difference after %d steps: %g", steps, worst)
 }
