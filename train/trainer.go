@@ -90,7 +90,7 @@ type Trainer struct {
 	settings Settings
 	cfgHash  [32]byte
 	// shard is this peer's part of the global batch in the current epoch.
-	shard shard
+	shard    shard
 	lastEval float64
 	// checks holds this peer's recent parameter hashes by step, to compare
 	// with the coordinator's whenever its check arrives.
