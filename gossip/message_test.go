@@ -114,6 +114,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"no version string", mutate(func(e *Envelope) { e.Heartbeat.Version = "" }), "p1", ErrMalformed},
 		{"control characters", mutate(func(e *Envelope) { e.Heartbeat.Name = "a\nb" }), "p1", ErrMalformed},
 		{"too many addrs", mutate(func(e *Envelope) { e.Heartbeat.Addrs = make([]string, maxAddrs+1) }), "p1", ErrMalformed},
+		{"oversized application payload", mutate(func(e *Envelope) { e.Heartbeat.App = make([]byte, MaxAppBytes+1) }), "p1", ErrMalformed},
 		{"duplicate epoch member", mutate(func(e *Envelope) { e.Heartbeat.Epoch.Order = []string{"p0", "p0"} }), "p1", ErrMalformed},
 		{"coordinator outside epoch", mutate(func(e *Envelope) { e.Heartbeat.Epoch.Coordinator = "p9" }), "p1", ErrMalformed},
 		{"epoch proposal by another", mutate(func(e *Envelope) {
