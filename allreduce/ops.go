@@ -234,9 +234,15 @@ type rawOps struct {
 
 func (x *rawOps) maxLen(n int) int { return 4 * n }
 
+// op combines two values: their sum, or with max their maximum, where a
+// NaN operand wins, so a NaN scale on any peer reaches every peer's average
+// as non-finite values, as the codec contract says.
 func (x *rawOps) op(a, b float32) float32 {
 	if x.max {
-		if b > a || a != a {
+		switch {
+		case a != a:
+			return a
+		case b != b, b > a:
 			return b
 		}
 		return a

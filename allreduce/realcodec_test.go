@@ -158,3 +158,38 @@ func TestPerLinkCodecs(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedScaleNaNPropagates: one peer's NaN reaches every peer's sint8
+// average as a non-finite value. The MAX all-reduce of the shared scales
+// once dropped a NaN operand, turning the NaN into a finite average.
+func TestSharedScaleNaNPropagates(t *testing.T) {
+	for _, bad := range []int{0, 2} { // a NaN on either side of the MAX
+		const w, n = 3, 1000
+		c := newCluster(t, w, 1, allreduce.Config{ChunkBytes: 256}, memOpts())
+		d := randData(3, w, n)
+		d[bad][17] = float32(math.NaN())
+		data := make([][][]float32, w)
+		codecs := make([][]compress.Codec, w)
+		for i := range data {
+			cd, err := compress.New("sint8", compress.Options{Layout: compress.FlatLayout(n), Seed: uint64(i + 1)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			data[i], codecs[i] = [][]float32{d[i]}, []compress.Codec{cd}
+		}
+		outs, errs := c.round(0, data, codecs)
+		c.close()
+		for i := range outs {
+			if errs[i] != nil {
+				t.Fatalf("peer %d: %v", i, errs[i])
+			}
+			finite := true
+			for _, v := range outs[i][0] {
+				finite = finite && !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0)
+			}
+			if finite {
+				t.Fatalf("NaN on peer %d: peer %d's sint8 average is finite", bad, i)
+			}
+		}
+	}
+}
