@@ -16,15 +16,15 @@ import (
 	"github.com/p2ptrain/p2ptrain/model"
 )
 
-// TestLowRankTraining trains the trainer's default mlp on Fashion-MNIST as 4
+// BenchmarkLowRankTraining trains the trainer's default mlp on Fashion-MNIST as 4
 // peers do (same model, optimizer, sampler and codec seeds; fp32 all-reduce for
 // the first warm-up steps, then the codec with its factors summed over the
-// peers), in one process without a network, and logs each codec's final test
-// accuracy against the first codec's. An experiment, not a check: it runs only
-// with LOWRANK_TRAIN set, one run taking about a minute:
+// peers), in one process without a network, and reports each codec's final
+// test accuracy and its difference from the first codec's. An experiment,
+// not a check; LOWRANK_TRAIN lists the codecs (default "none powersgd:rank=4
+// acpsgd:rank=4"), one run taking about a minute:
 //
-//	LOWRANK_TRAIN="none acpsgd:rank=4 powersgd:rank=4" LOWRANK_TRAIN_PERMS=3 \
-//	  go test ./compress/ -run TestLowRankTraining -v -timeout 0
+//	LOWRANK_TRAIN_PERMS=3 go test ./compress/ -run '^$' -bench LowRankTraining -benchtime 1x -timeout 0
 //
 // LOWRANK_TRAIN_STEPS (1000), LOWRANK_TRAIN_WARMUP (steps in fp32 before the
 // codec, 50) and LOWRANK_TRAIN_LR_WARMUP (50) change the schedule. The
@@ -35,15 +35,21 @@ import (
 // trainer does at every ring-epoch change (a re-plan mid-run makes one).
 // LOWRANK_TRAIN_ALIGN=1 also logs, per matrix and 100 steps, the mean cosine
 // between the codec's averaged gradient and the exact fp32 average.
-func TestLowRankTraining(t *testing.T) {
+func BenchmarkLowRankTraining(b *testing.B) {
 	specs := strings.Fields(os.Getenv("LOWRANK_TRAIN"))
 	if len(specs) == 0 {
-		t.Skip("set LOWRANK_TRAIN to a list of codecs to train with")
+		specs = []string{"none", "powersgd:rank=4", "acpsgd:rank=4"}
 	}
 	train, test, err := data.LoadFashionMNIST("")
 	if err != nil {
-		t.Skip(err)
+		b.Fatal(err)
 	}
+	for b.Loop() {
+		lowRankTraining(b, specs, train, test)
+	}
+}
+
+func lowRankTraining(t *testing.B, specs []string, train, test *data.Dataset) {
 	cfg := simConfig{
 		steps:    envInt(t, "LOWRANK_TRAIN_STEPS", 1000),
 		warmup:   envInt(t, "LOWRANK_TRAIN_WARMUP", 50),
@@ -70,10 +76,11 @@ func TestLowRankTraining(t *testing.T) {
 			t.Logf("%-18s order %d: accuracy %.2f%% (%+.2f pp)", spec, p, 100*acc, 100*(acc-base[p]))
 		}
 		t.Logf("%-18s mean Δ %+.2f pp over %d runs", spec, 100*sum/float64(perms), perms)
+		t.ReportMetric(100*sum/float64(perms), "pp_"+spec)
 	}
 }
 
-func envInt(t *testing.T, name string, def int) int {
+func envInt(t testing.TB, name string, def int) int {
 	s := os.Getenv(name)
 	if s == "" {
 		return def
@@ -93,7 +100,7 @@ type simConfig struct {
 
 // simTrain runs one training with spec, the peers summed in the order that
 // perm picks, and returns the test accuracy.
-func simTrain(t *testing.T, spec string, cfg simConfig, train, test *data.Dataset, perm uint64) float64 {
+func simTrain(t testing.TB, spec string, cfg simConfig, train, test *data.Dataset, perm uint64) float64 {
 	const world, per, seed = 4, 64, 1
 	m, err := model.New("mlp", model.Config{Hidden: []int{1024, 1024}, BucketBytes: 25 << 20, MaxBatch: per},
 		[]gpu.Device{gpu.NewCPU(0)}, seed)
@@ -179,7 +186,7 @@ func simTrain(t *testing.T, spec string, cfg simConfig, train, test *data.Datase
 
 // simReduce runs the rounds of bucket b's low-rank codecs, the peers' factors
 // summed in order, and writes peer 0's averaged gradient (all agree) into out.
-func simReduce(t *testing.T, codecs [][]Codec, b int, bk model.Bucket, grads [][]float32, order []int, out []float32) {
+func simReduce(t testing.TB, codecs [][]Codec, b int, bk model.Bucket, grads [][]float32, order []int, out []float32) {
 	world := len(codecs)
 	lr := codecs[0][b].(LowRank)
 	fs := make([][]float32, world)
