@@ -90,8 +90,11 @@ type Trainer struct {
 	settings Settings
 	cfgHash  [32]byte
 	// shard is this peer's part of the global batch in the current epoch.
-	shard    shard
-	lastEval float64
+	shard shard
+	// mismatches counts parameter hashes that differed from the
+	// coordinator's; syncs counts states adopted from another peer.
+	mismatches, syncs int
+	lastEval          float64
 	// checks holds this peer's recent parameter hashes by step, to compare
 	// with the coordinator's whenever its check arrives.
 	checks map[uint64]string
@@ -405,6 +408,7 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64) error {
 		return err
 	}
 	t.step = step
+	t.syncs++
 	t.forceSync = false
 	clear(t.checks)            // hashes of the replaced state mean nothing now
 	plan.ResetCodecs(t.codecs) // a peer that takes over someone's state starts with zero residuals
@@ -641,6 +645,7 @@ func (t *Trainer) checkParams(ep gossip.Epoch) bool {
 			t.log.Error("parameter hash differs from the coordinator's: re-syncing from it",
 				zap.Uint64("step", c.Step), zap.String("mine", mine), zap.String("coordinator", c.Hash))
 			clear(t.checks)
+			t.mismatches++
 			t.mu.Lock()
 			t.forceSync = true
 			t.mu.Unlock()

@@ -414,6 +414,17 @@ func TestTrainParamHashMismatchResyncs(t *testing.T) {
 		p.wait(t, time.Minute)
 	}
 	sameResult(t, peers, steps)
+	// Whichever peer is not the coordinator differs from it after the
+	// corruption: it must have detected the mismatch and adopted the
+	// coordinator's state.
+	var mismatches, syncs int
+	for _, p := range peers {
+		mismatches += p.tr.mismatches
+		syncs += p.tr.syncs
+	}
+	if mismatches < 1 || syncs < 1 {
+		t.Fatalf("%d hash mismatches detected and %d states adopted; want at least one of each", mismatches, syncs)
+	}
 }
 
 // faultyGPU is a stand-in "cuda" device: the CPU device whose Synchronize
