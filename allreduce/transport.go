@@ -20,6 +20,11 @@ type Epoch struct {
 	Peers []PeerID
 	// Self is this peer; it must appear in Peers.
 	Self PeerID
+	// Digest identifies the epoch's content (for a gossip epoch, its
+	// Digest). Two rings may carry one number; a transport that serves
+	// several epochs matches number and digest, so their frames never mix.
+	// Empty is allowed where numbers are unique (tests, benchmarks).
+	Digest string
 }
 
 // Rank returns the index of p in e.Peers, or -1.

@@ -37,7 +37,7 @@ type EpochSpec struct {
 // all-reduce configuration, codec its allreduce.codec, and links the
 // measured throughput between ep's members in ep.Order (LinkMatrix).
 func NewEpochSpec(ep gossip.Epoch, self string, base allreduce.Config, codec string, links allreduce.Matrix) EpochSpec {
-	s := EpochSpec{Gossip: ep, Ring: allreduce.Epoch{Number: ep.Number, Self: allreduce.PeerID(self)}, Session: base}
+	s := EpochSpec{Gossip: ep, Ring: allreduce.Epoch{Number: ep.Number, Self: allreduce.PeerID(self), Digest: ep.Digest()}, Session: base}
 	for _, p := range ep.Order {
 		s.Ring.Peers = append(s.Ring.Peers, allreduce.PeerID(p))
 	}

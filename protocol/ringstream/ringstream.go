@@ -1,5 +1,5 @@
 // Package ringstream implements the all-reduce stream protocol
-// (/p2ptrain/allreduce/1.0.0): the allreduce.Transport of one ring epoch over
+// (/p2ptrain/allreduce/1.1.0): the allreduce.Transport of one ring epoch over
 // libp2p streams.
 package ringstream
 
@@ -23,11 +23,24 @@ import (
 )
 
 // ID is the all-reduce stream protocol's libp2p protocol ID.
-const ID protocol.ID = "/p2ptrain/allreduce/1.0.0"
+const ID protocol.ID = "/p2ptrain/allreduce/1.1.0"
 
-// The protocol: the opener writes an 8-byte little-endian
-// epoch number, then frames (allreduce.WriteFrame) in one direction only. Each
-// peer opens one stream to each peer it sends to, per epoch, on first use.
+// The protocol: the opener writes a hello — the epoch number (8 bytes,
+// little-endian), the length n of the epoch digest (1 byte, at most
+// MaxDigest) and the digest (n bytes) — then frames (allreduce.WriteFrame)
+// in one direction only. Each peer opens one stream to each peer it sends
+// to, per epoch, on first use. A stream is delivered only to the transport
+// whose number and digest both match, so two rings adopted under one number
+// never exchange frames. Version 1.0.0 had no digest.
+
+// MaxDigest is the longest epoch digest a hello may carry.
+const MaxDigest = 64
+
+// epochKey names one epoch by number and content.
+type epochKey struct {
+	number uint64
+	digest string
+}
 
 const (
 	// helloTimeout bounds reading the epoch header of an inbound stream.
@@ -54,12 +67,12 @@ type Service struct {
 	sent atomic.Uint64
 
 	mu      sync.Mutex
-	epochs  map[uint64]*Transport
+	epochs  map[epochKey]*Transport
 	pending []pendingStream
 }
 
 type pendingStream struct {
-	epoch uint64
+	epoch epochKey
 	s     network.Stream
 	at    time.Time
 }
@@ -68,7 +81,7 @@ type pendingStream struct {
 // are refused; learnAddrs (may be nil) fills in a peer's addresses before
 // a stream to it is opened.
 func New(h host.Host, maxFrame int, learnAddrs func(peer.ID), log *zap.Logger) *Service {
-	rn := &Service{host: h, maxFrame: maxFrame, learnAddrs: learnAddrs, log: log, epochs: map[uint64]*Transport{}}
+	rn := &Service{host: h, maxFrame: maxFrame, learnAddrs: learnAddrs, log: log, epochs: map[epochKey]*Transport{}}
 	h.SetStreamHandler(ID, rn.handle)
 	rn.notifiee = &network.NotifyBundle{DisconnectedF: func(nw network.Network, c network.Conn) {
 		p := c.RemotePeer()
@@ -109,16 +122,39 @@ func (rn *Service) Close() {
 	}
 }
 
+// appendHello appends the stream header naming epoch k.
+func appendHello(b []byte, k epochKey) []byte {
+	b = binary.LittleEndian.AppendUint64(b, k.number)
+	b = append(b, byte(len(k.digest)))
+	return append(b, k.digest...)
+}
+
+// readHello reads the stream header written by appendHello.
+func readHello(r io.Reader) (epochKey, error) {
+	var head [9]byte
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return epochKey{}, fmt.Errorf("read epoch header: %w", err)
+	}
+	n := int(head[8])
+	if n > MaxDigest {
+		return epochKey{}, fmt.Errorf("epoch digest of %d bytes exceeds %d", n, MaxDigest)
+	}
+	digest := make([]byte, n)
+	if _, err := io.ReadFull(r, digest); err != nil {
+		return epochKey{}, fmt.Errorf("read epoch digest: %w", err)
+	}
+	return epochKey{number: binary.LittleEndian.Uint64(head[:8]), digest: string(digest)}, nil
+}
+
 func (rn *Service) handle(s network.Stream) {
-	var hello [8]byte
 	_ = s.SetReadDeadline(time.Now().Add(helloTimeout))
-	if _, err := io.ReadFull(s, hello[:]); err != nil {
-		rn.log.Debug("all-reduce stream without epoch header", zap.Stringer("peer", s.Conn().RemotePeer()), zap.Error(err))
+	epoch, err := readHello(s)
+	if err != nil {
+		rn.log.Debug("bad all-reduce stream header", zap.Stringer("peer", s.Conn().RemotePeer()), zap.Error(err))
 		s.Reset()
 		return
 	}
 	_ = s.SetReadDeadline(time.Time{})
-	epoch := binary.LittleEndian.Uint64(hello[:])
 	rn.mu.Lock()
 	t := rn.epochs[epoch]
 	if t == nil {
@@ -134,7 +170,8 @@ func (rn *Service) handle(s network.Stream) {
 		rn.pending = kept
 		if len(rn.pending) >= maxPendingStreams {
 			rn.mu.Unlock()
-			rn.log.Warn("too many all-reduce streams for unknown epochs; resetting", zap.Uint64("epoch", epoch))
+			rn.log.Warn("too many all-reduce streams for unknown epochs; resetting",
+				zap.Uint64("epoch", epoch.number), zap.String("digest", epoch.digest))
 			s.Reset()
 			return
 		}
@@ -152,7 +189,7 @@ func (rn *Service) handle(s network.Stream) {
 func (rn *Service) Open(ep allreduce.Epoch) *Transport {
 	t := &Transport{
 		rn:    rn,
-		epoch: ep.Number,
+		epoch: epochKey{number: ep.Number, digest: ep.Digest},
 		peers: map[allreduce.PeerID]bool{},
 		out:   map[allreduce.PeerID]*outLink{},
 		in:    map[allreduce.PeerID]*inLink{},
@@ -162,20 +199,22 @@ func (rn *Service) Open(ep allreduce.Epoch) *Transport {
 		t.peers[p] = true
 	}
 	rn.mu.Lock()
-	if old := rn.epochs[ep.Number]; old != nil {
+	if old := rn.epochs[t.epoch]; old != nil {
 		rn.mu.Unlock()
-		old.Reset(fmt.Errorf("ringstream: epoch %d reopened", ep.Number))
+		old.Reset(fmt.Errorf("ringstream: epoch %d (%s) reopened", ep.Number, ep.Digest))
 		rn.mu.Lock()
 	}
-	rn.epochs[ep.Number] = t
+	rn.epochs[t.epoch] = t
 	var early []network.Stream
 	kept := rn.pending[:0]
 	for _, p := range rn.pending {
 		switch {
-		case p.epoch == ep.Number:
+		case p.epoch == t.epoch:
 			early = append(early, p.s)
-		case p.epoch < ep.Number:
-			p.s.Reset() // an epoch that will never open here
+		case p.epoch.number <= ep.Number:
+			// An older epoch, or another ring under this number: neither
+			// will open here.
+			p.s.Reset()
 		default:
 			kept = append(kept, p)
 		}
@@ -202,7 +241,7 @@ func (rn *Service) Sent() uint64 { return rn.sent.Load() }
 // Transport implements allreduce.Transport for one epoch over libp2p streams.
 type Transport struct {
 	rn    *Service
-	epoch uint64
+	epoch epochKey
 	peers map[allreduce.PeerID]bool
 	// sent counts the bytes this epoch wrote successfully.
 	sent atomic.Uint64
@@ -242,7 +281,7 @@ func (t *Transport) outLink(to allreduce.PeerID) (*outLink, error) {
 		return nil, t.err
 	}
 	if !t.peers[to] {
-		return nil, fmt.Errorf("ringstream: peer %s is not in epoch %d", to, t.epoch)
+		return nil, fmt.Errorf("ringstream: peer %s is not in epoch %d", to, t.epoch.number)
 	}
 	l := t.out[to]
 	if l == nil {
@@ -259,7 +298,7 @@ func (t *Transport) inLink(from allreduce.PeerID) (*inLink, error) {
 		return nil, t.err
 	}
 	if !t.peers[from] {
-		return nil, fmt.Errorf("ringstream: peer %s is not in epoch %d", from, t.epoch)
+		return nil, fmt.Errorf("ringstream: peer %s is not in epoch %d", from, t.epoch.number)
 	}
 	l := t.in[from]
 	if l == nil {
@@ -287,7 +326,7 @@ func (t *Transport) accept(s network.Stream) {
 	t.mu.Unlock()
 	if dup {
 		t.rn.log.Warn("second all-reduce stream from one peer in one epoch; resetting it",
-			zap.String("peer", string(from)), zap.Uint64("epoch", t.epoch))
+			zap.String("peer", string(from)), zap.Uint64("epoch", t.epoch.number))
 		s.Reset()
 	}
 }
@@ -316,9 +355,7 @@ func (t *Transport) Send(ctx context.Context, to allreduce.PeerID, frame []byte)
 			l.err = fmt.Errorf("ringstream: open all-reduce stream to %s: %w", to, err)
 			return l.err
 		}
-		var hello [8]byte
-		binary.LittleEndian.PutUint64(hello[:], t.epoch)
-		l.buf = append(l.buf[:0], hello[:]...)
+		l.buf = appendHello(l.buf[:0], t.epoch)
 		if _, err := s.Write(l.buf); err != nil {
 			s.Reset()
 			l.err = fmt.Errorf("ringstream: all-reduce stream to %s: %w", to, err)
@@ -419,7 +456,7 @@ func (t *Transport) Close() error {
 		t.mu.Unlock()
 		return nil
 	}
-	t.err = fmt.Errorf("ringstream: epoch %d transport: %w", t.epoch, errTransportClosed)
+	t.err = fmt.Errorf("ringstream: epoch %d transport: %w", t.epoch.number, errTransportClosed)
 	close(t.done)
 	outs := make([]*outLink, 0, len(t.out))
 	for _, l := range t.out {
@@ -457,7 +494,7 @@ func (t *Transport) Reset(reason error) {
 		t.mu.Unlock()
 		return
 	}
-	t.err = fmt.Errorf("ringstream: epoch %d transport reset: %w", t.epoch, reason)
+	t.err = fmt.Errorf("ringstream: epoch %d transport reset: %w", t.epoch.number, reason)
 	close(t.done)
 	var streams []network.Stream
 	for _, l := range t.in {

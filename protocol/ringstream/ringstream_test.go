@@ -1,7 +1,9 @@
 package ringstream
 
 import (
+	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,5 +63,62 @@ func TestSentCountsOnlyWrittenFrames(t *testing.T) {
 	}
 	if want := uint64(sent * (4 + len(frame))); ta.Sent() != want || sa.Sent() != want {
 		t.Fatalf("%d frames written: transport counted %d bytes, service %d, want %d", sent, ta.Sent(), sa.Sent(), want)
+	}
+}
+
+// TestRingsUnderOneNumberDoNotMix: two rings adopted under one epoch number
+// (different digests) never exchange frames; a stream reaches the transport
+// whose number and digest both match, even when it arrives before that
+// transport opens.
+func TestRingsUnderOneNumberDoNotMix(t *testing.T) {
+	a, b := newHost(t), newHost(t)
+	if err := a.Connect(context.Background(), peer.AddrInfo{ID: b.ID(), Addrs: b.Addrs()}); err != nil {
+		t.Fatal(err)
+	}
+	log := zaptest.NewLogger(t)
+	sa, sb := New(a, 1<<20, nil, log), New(b, 1<<20, nil, log)
+	defer sa.Close()
+	defer sb.Close()
+	pa, pb := allreduce.PeerID(a.ID().String()), allreduce.PeerID(b.ID().String())
+	ring := func(self allreduce.PeerID, digest string) allreduce.Epoch {
+		return allreduce.Epoch{Number: 7, Peers: []allreduce.PeerID{pa, pb}, Self: self, Digest: digest}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tb := sb.Open(ring(pb, "bbbb"))
+	if err := sa.Open(ring(pa, "aaaa")).Send(ctx, pb, []byte("ring a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := sa.Open(ring(pa, "bbbb")).Send(ctx, pb, []byte("ring b")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := tb.Recv(ctx, pa)
+	if err != nil || string(got) != "ring b" {
+		t.Fatalf("ring b's transport received %q, %v; want \"ring b\"", got, err)
+	}
+	// The other ring's stream waited for its own epoch.
+	got, err = sb.Open(ring(pb, "aaaa")).Recv(ctx, pa)
+	if err != nil || string(got) != "ring a" {
+		t.Fatalf("ring a's transport received %q, %v; want \"ring a\"", got, err)
+	}
+}
+
+// TestReadHello: the header round-trips and an oversized or truncated
+// digest is an error, not a panic or a huge allocation.
+func TestReadHello(t *testing.T) {
+	k := epochKey{number: 1<<40 + 3, digest: "0123456789abcdef"}
+	got, err := readHello(bytes.NewReader(appendHello(nil, k)))
+	if err != nil || got != k {
+		t.Fatalf("readHello = %+v, %v; want %+v", got, err, k)
+	}
+	long := appendHello(nil, epochKey{number: 1})
+	long[8] = MaxDigest + 1
+	long = append(long, make([]byte, MaxDigest+1)...)
+	if _, err := readHello(bytes.NewReader(long)); err == nil || !strings.Contains(err.Error(), "exceeds") {
+		t.Fatalf("digest of %d bytes: err = %v, want one naming the limit", MaxDigest+1, err)
+	}
+	short := appendHello(nil, k)
+	if _, err := readHello(bytes.NewReader(short[:len(short)-1])); err == nil {
+		t.Fatal("truncated digest accepted")
 	}
 }
