@@ -516,3 +516,6 @@ func (d *CPU) DropoutMask(mask Buffer, p float32, seed uint64) {
 		}
 	}
 }
+
+// Close does nothing: a CPU device holds no resources beyond Go memory.
+func (d *CPU) Close() error { return nil }

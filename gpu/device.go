@@ -165,6 +165,22 @@ type Device interface {
 
 	// DropoutMask sets mask[i] = 1/(1−p) if Uniform(seed, i) ≥ p, else 0.
 	DropoutMask(mask Buffer, p float32, seed uint64)
+
+	// Close releases what the device holds (for CUDA: the kernels, the
+	// cuBLAS handle and the context). Every buffer must have been freed
+	// first; the device must not be used afterwards.
+	Close() error
+}
+
+// CloseAll closes every device in devs and returns their errors joined.
+func CloseAll(devs []Device) error {
+	var errs []error
+	for _, d := range devs {
+		if err := d.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close %s: %w", d.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Uniform is the counter-based random number every device uses for dropout:

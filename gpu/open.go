@@ -173,6 +173,9 @@ func OpenAll(specs []string) ([]Device, error) {
 		for _, d := range ds {
 			if seen[d.Name()] {
 				errs = append(errs, fmt.Errorf("%w: %q: device %s listed twice", ErrBadSpec, sp, d.Name()))
+				if err := d.Close(); err != nil {
+					errs = append(errs, err)
+				}
 				continue
 			}
 			seen[d.Name()] = true
@@ -180,6 +183,10 @@ func OpenAll(specs []string) ([]Device, error) {
 		}
 	}
 	if len(errs) > 0 {
+		// Release what opened before the error.
+		if err := CloseAll(devs); err != nil {
+			errs = append(errs, err)
+		}
 		return nil, errors.Join(errs...)
 	}
 	return devs, nil

@@ -240,6 +240,10 @@ func (t *Trainer) Close() {
 	if t.m != nil {
 		t.m.Close()
 	}
+	if err := gpu.CloseAll(t.devs); err != nil {
+		t.log.Warn("closing devices", zap.Error(err))
+	}
+	t.devs = nil
 }
 
 // serveState snapshots the state after step completed steps.

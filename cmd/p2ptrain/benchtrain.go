@@ -90,13 +90,7 @@ func benchTrain(ctx context.Context, specs []string, name string, batch, warmup,
 	if err != nil {
 		return r, err
 	}
-	defer func() {
-		for _, d := range devs {
-			if c, ok := d.(interface{ Close() error }); ok {
-				c.Close()
-			}
-		}
-	}()
+	defer gpu.CloseAll(devs)
 	for _, d := range devs {
 		r.Devices = append(r.Devices, d.Name())
 	}

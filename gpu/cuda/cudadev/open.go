@@ -33,10 +33,7 @@ func openSpec(s gpu.Spec) ([]gpu.Device, error) {
 	for _, i := range idx {
 		d, err := Open(i)
 		if err != nil {
-			for _, o := range devs {
-				o.(*Device).Close()
-			}
-			return nil, fmt.Errorf("%w: %q: %w", gpu.ErrUnavailable, s.String(), err)
+			return nil, errors.Join(fmt.Errorf("%w: %q: %w", gpu.ErrUnavailable, s.String(), err), gpu.CloseAll(devs))
 		}
 		devs = append(devs, d)
 	}
