@@ -95,6 +95,9 @@ type Train struct {
 	LowRankWarmupSteps int `toml:"lowrank_warmup_steps"`
 	// ClipNorm clips the global gradient norm (0: off).
 	ClipNorm float64 `toml:"clip_norm"`
+	// Dropout is the drop probability of a dropout layer before the
+	// model's last dense layer (0: none).
+	Dropout float64 `toml:"dropout"`
 	// Seed shared by the cluster: initialisation and data order.
 	Seed uint64 `toml:"seed"`
 	// Devices: ["cpu"], or ["cpu:0", "cpu:1"] for several local devices.
@@ -402,6 +405,9 @@ func (t *Train) validate(bad func(key, format string, args ...any)) {
 	}
 	if t.ClipNorm < 0 {
 		bad("train.clip_norm", "%g must not be negative", t.ClipNorm)
+	}
+	if !(t.Dropout >= 0 && t.Dropout < 1) {
+		bad("train.dropout", "%g must be in [0, 1)", t.Dropout)
 	}
 	if len(t.Devices) == 0 {
 		bad("train.devices", "needs at least one device")

@@ -41,6 +41,7 @@ func settingsOf(cfg config.Train, ar config.Allreduce, m *model.Model, devices i
 		"train.momentum":             f(cfg.Momentum),
 		"train.weight_decay":         f(cfg.WeightDecay),
 		"train.clip_norm":            f(cfg.ClipNorm),
+		"train.dropout":              f(cfg.Dropout),
 		"train.warmup_steps":         strconv.Itoa(cfg.WarmupSteps),
 		"train.lowrank_warmup_steps": strconv.Itoa(cfg.LowRankWarmupSteps),
 		"train.seed":                 strconv.FormatUint(cfg.Seed, 10),

@@ -18,7 +18,7 @@ func testSettings(t *testing.T, edit func(*config.Train, *config.Allreduce)) Set
 	if edit != nil {
 		edit(&cfg.Train, &cfg.Allreduce)
 	}
-	m, err := model.New(cfg.Train.Model, model.Config{Hidden: cfg.Train.Hidden, MaxBatch: 4}, []gpu.Device{gpu.NewCPU(0)}, 1)
+	m, err := model.New(cfg.Train.Model, model.Config{Hidden: cfg.Train.Hidden, MaxBatch: 4, Dropout: float32(cfg.Train.Dropout)}, []gpu.Device{gpu.NewCPU(0)}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,6 +36,7 @@ func TestSettingsResumeHash(t *testing.T) {
 		"momentum":      func(c *config.Train, _ *config.Allreduce) { c.Momentum = 0.5 },
 		"weight_decay":  func(c *config.Train, _ *config.Allreduce) { c.WeightDecay = 0.01 },
 		"clip_norm":     func(c *config.Train, _ *config.Allreduce) { c.ClipNorm = 1 },
+		"dropout":       func(c *config.Train, _ *config.Allreduce) { c.Dropout = 0.25 },
 		"warmup_steps":  func(c *config.Train, _ *config.Allreduce) { c.WarmupSteps = 7 },
 		"train_samples": func(c *config.Train, _ *config.Allreduce) { c.TrainSamples = 100 },
 		"devices":       func(c *config.Train, _ *config.Allreduce) { c.Devices = []string{"cpu:0", "cpu:1"} },

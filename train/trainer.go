@@ -164,7 +164,7 @@ func New(c Cluster, cfg config.Train, ar config.Allreduce, o Options) (*Trainer,
 	if cfg.EvalSamples > 0 && cfg.EvalSamples < t.test.Len() {
 		t.test = t.test.Subset(cfg.EvalSamples)
 	}
-	mcfg := model.Config{Hidden: cfg.Hidden, BucketBytes: t.arCfg.BucketBytes, MaxBatch: cfg.BatchSize}
+	mcfg := model.Config{Hidden: cfg.Hidden, BucketBytes: t.arCfg.BucketBytes, MaxBatch: cfg.BatchSize, Dropout: float32(cfg.Dropout)}
 	if t.m, err = model.New(cfg.Model, mcfg, t.devs, cfg.Seed); err != nil {
 		t.Close()
 		return nil, err

@@ -54,6 +54,8 @@ func TestConfigAndFlagErrors(t *testing.T) {
 			[]string{"allreduce.link_codecs: empty"}},
 		{"negative low-rank warm-up", []string{"join", "--listen", "/ip4/127.0.0.1/tcp/0", "--config", writeFile(t, "c.toml", "[train]\nlowrank_warmup_steps = -1\n")},
 			[]string{"train.lowrank_warmup_steps"}},
+		{"dropout out of range", []string{"join", "--listen", "/ip4/127.0.0.1/tcp/0", "--config", writeFile(t, "c.toml", "[train]\ndropout = 1.0\n")},
+			[]string{"train.dropout: 1 must be in [0, 1)"}},
 		{"bad bootstrap multiaddr", []string{"join", "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", "/ip4/1.2.3/tcp/1"},
 			[]string{"node.bootstrap[0]: invalid multiaddr"}},
 		{"no key on a public address", []string{"join", "--listen", "/ip4/0.0.0.0/tcp/0"},
