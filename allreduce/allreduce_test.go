@@ -60,7 +60,7 @@ func newCluster(t testing.TB, w int, epoch uint64, cfg allreduce.Config, opts me
 	t.Helper()
 	c := &cluster{net: memtransport.New(opts), peers: peerIDs(w)}
 	for i := 0; i < w; i++ {
-		s, err := allreduce.NewSession(allreduce.Epoch{Number: epoch, Peers: c.peers, Self: c.peers[i]}, c.net.Endpoint(c.peers[i]), cfg)
+		s, err := allreduce.NewSession(allreduce.Ring{Number: epoch, Peers: c.peers, Self: c.peers[i]}, c.net.Endpoint(c.peers[i]), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

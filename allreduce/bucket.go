@@ -62,11 +62,11 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 	n := len(b.Data)
 	o := &op{s: s, ctx: ctx, step: step, bucket: b.ID, timeout: s.cfg.frameTimeout(4 * n), id: CodecID(b.Codec.Spec())}
 	defer s.dropBoxes(step, b.ID)
-	bc := &bucketCtx{step: step, w: s.w, rank: s.rank, data: b.Data, out: out, codec: b.Codec}
+	bctx := &bucketCtx{step: step, w: s.w, rank: s.rank, data: b.Data, out: out, codec: b.Codec}
 	class := b.Codec.Class()
 	sch := s.scheduleFor(class)
 	shares := s.sharesFor(sch)
-	ce := s.chunkElems()
+	chunk := s.chunkElems()
 
 	checkFrame := func(elems int) error {
 		if m := HeaderSize + b.Codec.MaxEncodedLen(elems); m > s.max {
@@ -78,14 +78,14 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 
 	switch class {
 	case compress.ClassLinear, compress.ClassQuantized:
-		l := makeLayout(n, s.w, 1, ce, shares)
-		if err := checkFrame(min(ce, max(n, 1))); err != nil {
+		l := makeLayout(n, s.w, 1, chunk, shares)
+		if err := checkFrame(min(chunk, max(n, 1))); err != nil {
 			return err
 		}
-		ops := &codecOps{bucketCtx: bc}
+		ops := &codecOps{bucketCtx: bctx}
 		if lk := b.Links; lk != nil && sch == ScheduleRing && s.w > 1 {
 			if lk.Final != nil {
-				bc.codec = lk.Final
+				bctx.codec = lk.Final
 				o.id = CodecID(lk.Final.Spec())
 			}
 			ops.sendC, ops.recvC = lk.Send, lk.Recv
@@ -99,11 +99,11 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 		return run(o, sch, &l, ops, 0)
 
 	case compress.ClassErrorFeedback, compress.ClassSparse:
-		l := makeLayout(n, s.w, 1, ce, shares)
-		if err := checkFrame(min(ce, max(n, 1))); err != nil {
+		l := makeLayout(n, s.w, 1, chunk, shares)
+		if err := checkFrame(min(chunk, max(n, 1))); err != nil {
 			return err
 		}
-		ops := &codecOps{bucketCtx: bc, feedback: true}
+		ops := &codecOps{bucketCtx: bctx, feedback: true}
 		if sch == ScheduleAllGather {
 			return gatherAll(o, &l, ops)
 		}
@@ -118,20 +118,20 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 		if gran < 1 {
 			gran = 1
 		}
-		ns := ss.NumScales(n)
-		local := make([]float32, ns)
+		nScales := ss.NumScales(n)
+		local := make([]float32, nScales)
 		ss.Scales(local, b.Data)
-		absmax := make([]float32, ns)
-		sl := makeLayout(ns, s.w, 1, ce, shares)
-		if err := run(o, sch, &sl, &rawOps{bucketCtx: &bucketCtx{step: step, w: s.w, rank: s.rank, data: local, out: absmax}, max: true}, 1); err != nil {
+		absmax := make([]float32, nScales)
+		scaleLayout := makeLayout(nScales, s.w, 1, chunk, shares)
+		if err := run(o, sch, &scaleLayout, &rawOps{bucketCtx: &bucketCtx{step: step, w: s.w, rank: s.rank, data: local, out: absmax}, max: true}, 1); err != nil {
 			return err
 		}
-		cg := max(gran, ce-ce%gran)
-		l := makeLayout(n, s.w, gran, cg, shares)
-		if err := checkFrame(min(cg, max(n, 1))); err != nil {
+		scaledChunk := max(gran, chunk-chunk%gran)
+		l := makeLayout(n, s.w, gran, scaledChunk, shares)
+		if err := checkFrame(min(scaledChunk, max(n, 1))); err != nil {
 			return err
 		}
-		return run(o, sch, &l, &scaleOps{bucketCtx: bc, ss: ss, absmax: absmax, gran: gran}, 0)
+		return run(o, sch, &l, &scaleOps{bucketCtx: bctx, ss: ss, absmax: absmax, gran: gran}, 0)
 
 	case compress.ClassLowRank:
 		lr, ok := b.Codec.(compress.LowRank)
@@ -150,13 +150,13 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 			}
 			in = nil
 			sum := make([]float32, len(f))
-			fl := makeLayout(len(f), s.w, 1, ce, shares)
+			factorLayout := makeLayout(len(f), s.w, 1, chunk, shares)
 			ops := &rawOps{bucketCtx: &bucketCtx{step: step, w: s.w, rank: s.rank, data: f, out: sum}}
-			fsch := sch
-			if fsch != ScheduleProportional && fsch != ScheduleDirect {
-				fsch = ScheduleRing
+			factorSched := sch
+			if factorSched != ScheduleProportional && factorSched != ScheduleDirect {
+				factorSched = ScheduleRing
 			}
-			if err := run(o, fsch, &fl, ops, round); err != nil {
+			if err := run(o, factorSched, &factorLayout, ops, round); err != nil {
 				return err
 			}
 			if err := lr.Absorb(round, sum, s.w, out); err != nil {

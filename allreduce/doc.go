@@ -3,7 +3,7 @@
 //
 // # Contract
 //
-// Given an Epoch (number, ordered peers, self) and a Transport for it,
+// Given a Ring (epoch number, ordered peers, self) and a Transport for it,
 // NewSession starts a Session. Each training step, the caller opens a Round,
 // Adds its fusion buckets as they become ready (backward order, the same
 // order and IDs on every peer) and Waits. On success every peer's Out holds
@@ -51,8 +51,8 @@
 // ScheduleProportional is the direct schedule with owner shares from
 // Shares (water-filling on the peers' rates) so a slow peer owns little or
 // nothing; Choose picks it over the ring from a bandwidth Matrix, and
-// RingOrder orders the ring to maximise its slowest edge. LinkSpec and
-// LinkSpecs pick stronger codecs of the same family for slower links;
+// RingOrder orders the ring to maximise its slowest edge. EdgeCodec and
+// EdgeCodecs pick stronger codecs of the same family for slower links;
 // Bucket.Links hands them to the ring schedule of linear and quantized
 // codecs (each reduce-scatter hop uses its edge's codec, the owner's bytes
 // use the slowest edge's codec).

@@ -256,7 +256,7 @@ func (failingTransport) Reset(error) {}
 // this caught readers walking the queues the constructor was still filling).
 func TestSessionFailsDuringConstruction(t *testing.T) {
 	const w = 16
-	ep := allreduce.Epoch{Number: 1, Self: "peer-00"}
+	ep := allreduce.Ring{Number: 1, Self: "peer-00"}
 	for i := range w {
 		ep.Peers = append(ep.Peers, allreduce.PeerID(fmt.Sprintf("peer-%02d", i)))
 	}

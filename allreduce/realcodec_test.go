@@ -8,6 +8,7 @@ import (
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/plan"
 )
 
 // relRMS returns ‖out − avg‖ / ‖avg‖.
@@ -108,13 +109,13 @@ func TestPerLinkCodecs(t *testing.T) {
 	}{{"none", 2e-3}, {"qsgd:bits=8", 3}} {
 		synctest.Test(t, func(t *testing.T) {
 			w, n := 4, 5003
-			m := make(allreduce.Matrix, w)
+			m := make(plan.Matrix, w)
 			for i := range m {
 				m[i] = []float64{100, 100, 100, 100}
 			}
 			m[1][2] = 50
 			order := []int{0, 1, 2, 3}
-			specs, final, err := allreduce.LinkSpecs(tc.spec, m, order, "")
+			specs, final, err := plan.EdgeCodecs(tc.spec, m, order, "")
 			if err != nil {
 				t.Fatal(err)
 			}

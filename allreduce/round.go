@@ -24,7 +24,7 @@ type Bucket struct {
 	// Out receives the average over all peers, identical bit for bit on
 	// every peer, and only when the whole round succeeds. It may alias Data.
 	Out []float32
-	// Links optionally gives per-link codecs (see LinkSpecs). They are used
+	// Links optionally gives per-link codecs (see EdgeCodecs). They are used
 	// by the ring schedule of ClassLinear and ClassQuantized codecs and
 	// ignored otherwise.
 	Links *LinkCodecs
@@ -32,7 +32,7 @@ type Bucket struct {
 
 // LinkCodecs are a bucket's codecs for this peer's ring links, all of the
 // Codec's family and class. Every peer must build them from the same
-// LinkSpecs so that neighbours agree: this peer's Send spec is the next
+// EdgeCodecs so that neighbours agree: this peer's Send spec is the next
 // peer's Recv spec, and Final is the same everywhere.
 type LinkCodecs struct {
 	// Send encodes reduce-scatter frames to the next peer (spec of edge self → next).

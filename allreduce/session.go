@@ -33,7 +33,7 @@ const sendFailGrace = time.Second
 // fast too. A failed Session cannot be reused; the caller retries the step in
 // the next epoch with a new Session.
 type Session struct {
-	ep   Epoch
+	ep   Ring
 	rank int
 	w    int
 	t    Transport
@@ -87,7 +87,7 @@ type outQueue struct {
 func (q *outQueue) drained() bool { return len(q.q) == 0 && !q.busy }
 
 // NewSession starts a session for epoch ep over transport t.
-func NewSession(ep Epoch, t Transport, cfg Config) (*Session, error) {
+func NewSession(ep Ring, t Transport, cfg Config) (*Session, error) {
 	if err := ep.validate(); err != nil {
 		return nil, err
 	}
@@ -141,8 +141,8 @@ func NewSession(ep Epoch, t Transport, cfg Config) (*Session, error) {
 	return s, nil
 }
 
-// Epoch returns the session's epoch.
-func (s *Session) Epoch() Epoch { return s.ep }
+// Ring returns the session's ring epoch.
+func (s *Session) Ring() Ring { return s.ep }
 
 // Err returns the error that failed the session, or nil.
 func (s *Session) Err() error {

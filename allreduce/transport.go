@@ -10,8 +10,10 @@ import (
 // PeerID identifies a peer of a ring epoch (node uses the libp2p peer ID string).
 type PeerID string
 
-// Epoch is one ring epoch as seen by one peer.
-type Epoch struct {
+// Ring is one ring epoch as the engine sees it: its number, its peers in
+// ring order, this peer, and the content digest. (gossip.Epoch is the same
+// epoch as proposed and adopted; plan.EpochSpec derives a Ring from it.)
+type Ring struct {
 	// Number is the epoch number; every frame carries it and frames of another
 	// epoch are refused.
 	Number uint64
@@ -28,7 +30,7 @@ type Epoch struct {
 }
 
 // Rank returns the index of p in e.Peers, or -1.
-func (e Epoch) Rank(p PeerID) int {
+func (e Ring) Rank(p PeerID) int {
 	for i, q := range e.Peers {
 		if q == p {
 			return i
@@ -37,7 +39,7 @@ func (e Epoch) Rank(p PeerID) int {
 	return -1
 }
 
-func (e Epoch) validate() error {
+func (e Ring) validate() error {
 	if len(e.Peers) == 0 {
 		return fmt.Errorf("%w: epoch %d has no peers", ErrConfig, e.Number)
 	}

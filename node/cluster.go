@@ -7,7 +7,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/plan"
 	"github.com/p2ptrain/p2ptrain/protocol/probe"
@@ -62,7 +61,7 @@ func (n *Node) Links() []probe.LinkStatus { return n.probe.Statuses() }
 // LinkMatrix returns the measured throughput in bytes/s between the peers of
 // order (plan.LinkMatrix) from this peer's own measurements and the figures
 // the other members gossip.
-func (n *Node) LinkMatrix(order []string) allreduce.Matrix {
+func (n *Node) LinkMatrix(order []string) plan.Matrix {
 	members, _ := n.gsp.Snapshot()
 	rows := plan.LinkRows(members)
 	self := n.host.ID().String()

@@ -189,7 +189,7 @@ func loadOrGenerateIdentity(path string, log *zap.Logger) (crypto.PrivKey, error
 // OpenTransport returns the all-reduce transport of one ring epoch over
 // libp2p streams. Close it when the epoch ends normally (after closing the
 // allreduce.Session); a failed session resets it.
-func (n *Node) OpenTransport(ep allreduce.Epoch) allreduce.EpochTransport { return n.ring.Open(ep) }
+func (n *Node) OpenTransport(ep allreduce.Ring) allreduce.EpochTransport { return n.ring.Open(ep) }
 
 // ID returns the peer ID.
 func (n *Node) ID() peer.ID { return n.host.ID() }

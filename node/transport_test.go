@@ -70,7 +70,7 @@ func TestAllreduceOverLibp2p(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					ep := allreduce.Epoch{Number: epoch, Peers: order, Self: order[i]}
+					ep := allreduce.Ring{Number: epoch, Peers: order, Self: order[i]}
 					tr := nd.OpenTransport(ep)
 					defer tr.Close()
 					s, err := allreduce.NewSession(ep, tr, allreduce.Config{ChunkBytes: 64 << 10, Logger: zaptest.NewLogger(t)})
@@ -127,7 +127,7 @@ func TestAllreducePeerDiesMidRound(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ep := allreduce.Epoch{Number: epoch, Peers: order, Self: order[i]}
+			ep := allreduce.Ring{Number: epoch, Peers: order, Self: order[i]}
 			tr := nd.OpenTransport(ep)
 			defer tr.Reset(nil)
 			s, err := allreduce.NewSession(ep, tr, allreduce.Config{FrameTimeout: 20 * time.Second})

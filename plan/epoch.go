@@ -17,7 +17,7 @@ type EpochSpec struct {
 	// Gossip is the adopted epoch; Gossip.ID() identifies it.
 	Gossip gossip.Epoch
 	// Ring is the all-reduce epoch: number, members in ring order, self.
-	Ring allreduce.Epoch
+	Ring allreduce.Ring
 	// Rank is self's position in the ring (-1: not a member).
 	Rank int
 	// Session is the all-reduce configuration for this epoch: the
@@ -36,8 +36,8 @@ type EpochSpec struct {
 // NewEpochSpec derives self's EpochSpec from ep. base is this member's
 // all-reduce configuration, codec its allreduce.codec, and links the
 // measured throughput between ep's members in ep.Order (LinkMatrix).
-func NewEpochSpec(ep gossip.Epoch, self string, base allreduce.Config, codec string, links allreduce.Matrix) EpochSpec {
-	s := EpochSpec{Gossip: ep, Ring: allreduce.Epoch{Number: ep.Number, Self: allreduce.PeerID(self), Digest: ep.Digest()}, Session: base}
+func NewEpochSpec(ep gossip.Epoch, self string, base allreduce.Config, codec string, links Matrix) EpochSpec {
+	s := EpochSpec{Gossip: ep, Ring: allreduce.Ring{Number: ep.Number, Self: allreduce.PeerID(self), Digest: ep.Digest()}, Session: base}
 	for _, p := range ep.Order {
 		s.Ring.Peers = append(s.Ring.Peers, allreduce.PeerID(p))
 	}
@@ -62,7 +62,7 @@ func NewEpochSpec(ep gossip.Epoch, self string, base allreduce.Config, codec str
 	if len(ep.LinkCodecs) != w || s.Rank < 0 || w < 2 {
 		return s
 	}
-	if _, err := allreduce.LinkCodecSpec(codec); err != nil {
+	if _, err := allreduce.CanonicalLinkCodec(codec); err != nil {
 		s.Notes = append(s.Notes, fmt.Sprintf("ring epoch %d has per-link codecs but allreduce.codec cannot use them; using it on every link: %v", ep.Number, err))
 		return s
 	}

@@ -34,12 +34,12 @@ func LinkRows(members []gossip.Member) map[string][]gossip.LinkFigure {
 // LinkMatrix builds the bytes/s matrix of order from the figures each peer
 // reports (rows[id]); a direction nobody measured takes the reverse figure.
 // known counts the ordered pairs with a figure.
-func LinkMatrix(order []string, rows map[string][]gossip.LinkFigure) (m allreduce.Matrix, known int) {
+func LinkMatrix(order []string, rows map[string][]gossip.LinkFigure) (m Matrix, known int) {
 	idx := make(map[string]int, len(order))
 	for i, id := range order {
 		idx[id] = i
 	}
-	m = make(allreduce.Matrix, len(order))
+	m = make(Matrix, len(order))
 	for i := range m {
 		m[i] = make([]float64, len(order))
 	}
@@ -68,7 +68,7 @@ func LinkMatrix(order []string, rows map[string][]gossip.LinkFigure) (m allreduc
 // median known figure (all equal when nothing is known, which gives the
 // peer-ID order) and every figure is quantised to a power of planStep.
 // complete reports whether every pair was measured.
-func planMatrix(order []string, members []gossip.Member) (m allreduce.Matrix, complete, any bool) {
+func planMatrix(order []string, members []gossip.Member) (m Matrix, complete, any bool) {
 	m, known := LinkMatrix(order, LinkRows(members))
 	var vals []float64
 	for i := range m {
@@ -141,7 +141,7 @@ func NewPlanner(s Settings) Planner {
 		p.override = s.LinkCodecs
 	}
 	if s.LinkCodecs != LinkCodecsOff {
-		p.codec, _ = allreduce.LinkCodecSpec(s.Codec) // "" for codecs without per-link variants
+		p.codec, _ = allreduce.CanonicalLinkCodec(s.Codec) // "" for codecs without per-link variants
 	}
 	return p
 }
@@ -156,10 +156,10 @@ func ValidateLinkCodecs(linkCodecs, codec string) error {
 	case "":
 		return fmt.Errorf(`empty; want "auto", "off" or a codec spec`)
 	}
-	if _, err := allreduce.LinkCodecSpec(linkCodecs); err != nil {
+	if _, err := allreduce.CanonicalLinkCodec(linkCodecs); err != nil {
 		return fmt.Errorf("%q: %w", linkCodecs, err)
 	}
-	if _, err := allreduce.LinkCodecSpec(codec); err != nil {
+	if _, err := allreduce.CanonicalLinkCodec(codec); err != nil {
 		return fmt.Errorf("%q needs a linear or quantized allreduce.codec: %w", linkCodecs, err)
 	}
 	return nil
@@ -173,24 +173,24 @@ func scheduleName(s allreduce.Schedule) string {
 	return string(s)
 }
 
-// Plan lays out an epoch of live: allreduce.Choose over the measured links,
+// Plan lays out an epoch of live: Choose over the measured links,
 // with per-link codecs on the ring where the codec has them; with schedule
 // auto, the ring with per-link codecs replaces proportional shares when it
-// is predicted faster (allreduce.ChooseLinks).
+// is predicted faster (ChooseLinks).
 func (p Planner) Plan(live []string, members []gossip.Member) gossip.EpochPlan {
 	out := gossip.EpochPlan{Order: live, Schedule: scheduleName(p.schedule)}
 	m, _, any := planMatrix(live, members)
 	if !any || len(live) < 2 {
 		return out
 	}
-	plan := allreduce.Choose(m, p.bucketBytes)
+	plan := Choose(m, p.bucketBytes)
 	var edges []string
 	var final string
 	switch {
 	case p.codec == "":
 	case p.schedule == allreduce.ScheduleAuto:
 		// err is impossible: both specs were validated.
-		plan, edges, final, _ = allreduce.ChooseLinks(m, p.bucketBytes, p.codec, p.override)
+		plan, edges, final, _ = ChooseLinks(m, p.bucketBytes, p.codec, p.override)
 	case p.schedule == allreduce.ScheduleRing:
 		edges, final = p.linkCodecs(m, plan.Order)
 	}
@@ -202,7 +202,7 @@ func (p Planner) Plan(live []string, members []gossip.Member) gossip.EpochPlan {
 	case p.schedule == allreduce.ScheduleAuto && plan.Schedule == allreduce.ScheduleProportional:
 		out.Schedule, out.Shares = string(allreduce.ScheduleProportional), plan.Shares
 	case p.schedule == allreduce.ScheduleProportional:
-		out.Shares = allreduce.Shares(orderedRates(m, plan.Order))
+		out.Shares = Shares(orderedRates(m, plan.Order))
 	}
 	out.LinkCodecs, out.FinalCodec = edges, final
 	return out
@@ -210,8 +210,8 @@ func (p Planner) Plan(live []string, members []gossip.Member) gossip.EpochPlan {
 
 // linkCodecs returns the per-link codecs of ring order o over m, or nil
 // when every link would use the configured codec.
-func (p Planner) linkCodecs(m allreduce.Matrix, o []int) ([]string, string) {
-	edges, final, err := allreduce.LinkSpecs(p.codec, m, o, p.override)
+func (p Planner) linkCodecs(m Matrix, o []int) ([]string, string) {
+	edges, final, err := EdgeCodecs(p.codec, m, o, p.override)
 	if err != nil || final != p.codec {
 		return edges, final // err is impossible: both specs were validated
 	}
@@ -239,7 +239,7 @@ func (p Planner) Replan(cur gossip.Epoch, plan gossip.EpochPlan, members []gossi
 
 // predictSeconds predicts a bucket's all-reduce time for the layout plan
 // (peer IDs; m is indexed like ids).
-func (p Planner) predictSeconds(m allreduce.Matrix, ids []string, plan gossip.EpochPlan) float64 {
+func (p Planner) predictSeconds(m Matrix, ids []string, plan gossip.EpochPlan) float64 {
 	o := make([]int, len(plan.Order))
 	for k, id := range plan.Order {
 		o[k] = slices.Index(ids, id)
@@ -261,20 +261,20 @@ func (p Planner) predictSeconds(m allreduce.Matrix, ids []string, plan gossip.Ep
 				shares[i] = 1 / float64(len(o))
 			}
 		}
-		return allreduce.ProportionalSeconds(rates, shares, float64(bytes))
+		return ProportionalSeconds(rates, shares, float64(bytes))
 	}
-	return allreduce.RingSeconds(m, o, float64(bytes))
+	return RingSeconds(m, o, float64(bytes))
 }
 
 // linkSeconds predicts the ring time of plan's per-link codecs.
-func (p Planner) linkSeconds(m allreduce.Matrix, o []int, plan gossip.EpochPlan) (float64, bool) {
-	t, err := allreduce.LinkPlanSeconds(m, o, float64(p.bucketBytes), p.codec, plan.LinkCodecs, plan.FinalCodec)
+func (p Planner) linkSeconds(m Matrix, o []int, plan gossip.EpochPlan) (float64, bool) {
+	t, err := LinkPlanSeconds(m, o, float64(p.bucketBytes), p.codec, plan.LinkCodecs, plan.FinalCodec)
 	return t, err == nil
 }
 
 // orderedRates returns the peers' interface rates in ring order o.
-func orderedRates(m allreduce.Matrix, o []int) []float64 {
-	rates := allreduce.PeerRates(m)
+func orderedRates(m Matrix, o []int) []float64 {
+	rates := PeerRates(m)
 	out := make([]float64, len(o))
 	for k, i := range o {
 		out[k] = rates[i]
@@ -284,7 +284,7 @@ func orderedRates(m allreduce.Matrix, o []int) []float64 {
 
 // RingBandwidth is the slowest edge of the ring in order 0, 1, … of m, or 0
 // if any edge is unknown.
-func RingBandwidth(m allreduce.Matrix) float64 {
+func RingBandwidth(m Matrix) float64 {
 	if len(m) < 2 {
 		return 0
 	}
@@ -292,7 +292,7 @@ func RingBandwidth(m allreduce.Matrix) float64 {
 	for i := range o {
 		o[i] = i
 	}
-	b := allreduce.Bottleneck(m, o)
+	b := Bottleneck(m, o)
 	if math.IsInf(b, 0) {
 		return 0
 	}

@@ -53,7 +53,7 @@ func TestPlannerNoFiguresKeepsPeerIDOrder(t *testing.T) {
 }
 
 // TestPlannerRing checks that the planner orders the ring as
-// allreduce.RingOrder does over the measured matrix, and re-plans only from
+// RingOrder does over the measured matrix, and re-plans only from
 // a complete matrix.
 func TestPlannerRing(t *testing.T) {
 	ids := []string{"a", "b", "c", "d"}
@@ -62,7 +62,7 @@ func TestPlannerRing(t *testing.T) {
 	members := linkMembers(ids, mbit)
 	p := NewPlanner(defaultSettings())
 	plan := p.Plan(ids, members)
-	want := orderOf(ids, allreduce.RingOrder(mbitMatrix(mbit)))
+	want := orderOf(ids, RingOrder(mbitMatrix(mbit)))
 	if !slices.Equal(plan.Order, want) || plan.Schedule != "auto" {
 		t.Fatalf("plan %+v, want order %v with auto", plan, want)
 	}
@@ -168,8 +168,8 @@ func fastRing(n int, ring []int, fast, slow float64) [][]float64 {
 	return m
 }
 
-func mbitMatrix(mbit [][]float64) allreduce.Matrix {
-	m := make(allreduce.Matrix, len(mbit))
+func mbitMatrix(mbit [][]float64) Matrix {
+	m := make(Matrix, len(mbit))
 	for i := range mbit {
 		m[i] = make([]float64, len(mbit[i]))
 		for j, v := range mbit[i] {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/gossip"
+	"github.com/p2ptrain/p2ptrain/plan"
 )
 
 // Cluster is what the trainer needs of the running peer. package node
@@ -23,9 +24,9 @@ type Cluster interface {
 	RequestEpoch(current uint64)
 	// LinkMatrix returns the measured throughput between the peers of order
 	// (plan.LinkMatrix of this peer's and the members' figures).
-	LinkMatrix(order []string) allreduce.Matrix
+	LinkMatrix(order []string) plan.Matrix
 	// OpenTransport returns the all-reduce transport of one ring epoch.
-	OpenTransport(ep allreduce.Epoch) allreduce.EpochTransport
+	OpenTransport(ep allreduce.Ring) allreduce.EpochTransport
 	// FetchState downloads peer's training state after step completed
 	// steps, refusing more than max bytes.
 	FetchState(ctx context.Context, peer string, step, max uint64) ([]byte, error)

@@ -18,6 +18,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/allreduce/memtransport"
 	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/plan"
 )
 
 // Options configure a benchmark run.
@@ -29,7 +30,7 @@ type Options struct {
 	// Codec is the codec spec (default "none").
 	Codec string
 	// Schedule: "" (class default), ring, direct, allgather, proportional
-	// (shares from the bandwidths), or "auto" (allreduce.Choose picks ring or
+	// (shares from the bandwidths), or "auto" (plan.Choose picks ring or
 	// proportional and the ring order).
 	Schedule string
 	// Rounds timed (default 5); one untimed warm-up round runs first.
@@ -44,7 +45,7 @@ type Options struct {
 	// Buckets splits the buffer into this many fusion buckets (default 1).
 	Buckets int
 	// LinkCodecs gives the ring schedule per-link codecs from the
-	// bandwidths (allreduce.LinkSpecs): "" or "off" for none, "auto" for
+	// bandwidths (plan.EdgeCodecs): "" or "off" for none, "auto" for
 	// the automatic choice, or a spec used on every slow link.
 	LinkCodecs string
 }
@@ -157,12 +158,12 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			cfg.Schedule = p.Schedule
 			schedName = "auto:" + string(p.Schedule)
 		} else {
-			order = allreduce.RingOrder(m)
+			order = plan.RingOrder(m)
 			r := make([]float64, w)
 			for k, i := range order {
 				r[k] = bw(rates[i])
 			}
-			shares = allreduce.Shares(r)
+			shares = plan.Shares(r)
 			cfg.Schedule = allreduce.ScheduleProportional
 		}
 		cfg.Shares = shares
@@ -194,7 +195,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	n := o.SizeBytes / 4
 	sessions := make([]*allreduce.Session, w)
 	for i, p := range peers {
-		s, err := allreduce.NewSession(allreduce.Epoch{Number: 1, Peers: peers, Self: p}, net.Endpoint(p), cfg)
+		s, err := allreduce.NewSession(allreduce.Ring{Number: 1, Peers: peers, Self: p}, net.Endpoint(p), cfg)
 		if err != nil {
 			return Result{}, err
 		}
@@ -274,8 +275,8 @@ func newCodec(spec string, n, i int) (compress.Codec, error) {
 
 // rateMatrix returns the link matrix of peers with interface rates: each
 // link runs at the slower end's rate.
-func rateMatrix(rates []float64) allreduce.Matrix {
-	m := make(allreduce.Matrix, len(rates))
+func rateMatrix(rates []float64) plan.Matrix {
+	m := make(plan.Matrix, len(rates))
 	for i := range m {
 		m[i] = make([]float64, len(rates))
 		for j := range m[i] {
@@ -306,20 +307,20 @@ func linkCodecs(o Options, spec string, sch allreduce.Schedule, rates []float64)
 
 // LinkCodecs returns the per-link codecs of the peer at rank of ring order
 // over m, one per bucket of the benchmark's equal buckets of sizeBytes, for
-// mode "auto" (allreduce.LinkSpecs' choice) or a codec spec used on the slow
+// mode "auto" (plan.EdgeCodecs' choice) or a codec spec used on the slow
 // links. It returns nil for mode "off" (or "") and for schedules other than
 // the ring; spec must be a codec with per-link variants.
-func LinkCodecs(mode, spec string, sch allreduce.Schedule, m allreduce.Matrix, order []int, sizeBytes, buckets, rank int) ([]*allreduce.LinkCodecs, error) {
+func LinkCodecs(mode, spec string, sch allreduce.Schedule, m plan.Matrix, order []int, sizeBytes, buckets, rank int) ([]*allreduce.LinkCodecs, error) {
 	if mode == "" || mode == "off" {
 		return nil, nil
 	}
-	if _, err := allreduce.LinkCodecSpec(spec); err != nil {
+	if _, err := allreduce.CanonicalLinkCodec(spec); err != nil {
 		return nil, err
 	}
 	if sch != allreduce.ScheduleRing && sch != allreduce.ScheduleAuto {
 		return nil, nil
 	}
-	edges, final, err := allreduce.LinkSpecs(spec, m, order, overrideOf(mode))
+	edges, final, err := plan.EdgeCodecs(spec, m, order, overrideOf(mode))
 	if err != nil {
 		return nil, err
 	}
@@ -343,7 +344,7 @@ func bw(x float64) float64 {
 	return x
 }
 
-// overrideOf returns the LinkSpecs override of a per-link codec mode: none
+// overrideOf returns the EdgeCodecs override of a per-link codec mode: none
 // for "auto", else the mode's codec spec.
 func overrideOf(mode string) string {
 	if mode == "auto" {
@@ -352,18 +353,18 @@ func overrideOf(mode string) string {
 	return mode
 }
 
-// Choose is the plan of schedule auto: allreduce.Choose, or with per-link
-// codecs on (mode "auto" or a spec, not "off") allreduce.ChooseLinks, as a
+// Choose is the plan of schedule auto: plan.Choose, or with per-link
+// codecs on (mode "auto" or a spec, not "off") plan.ChooseLinks, as a
 // training cluster's coordinator picks it. spec must then have per-link
 // variants.
-func Choose(mode, spec string, m allreduce.Matrix, bytes int) (allreduce.Plan, error) {
+func Choose(mode, spec string, m plan.Matrix, bytes int) (plan.Choice, error) {
 	if mode == "" || mode == "off" {
-		return allreduce.Choose(m, bytes), nil
+		return plan.Choose(m, bytes), nil
 	}
-	spec, err := allreduce.LinkCodecSpec(spec)
+	spec, err := allreduce.CanonicalLinkCodec(spec)
 	if err != nil {
-		return allreduce.Plan{}, err
+		return plan.Choice{}, err
 	}
-	p, _, _, err := allreduce.ChooseLinks(m, bytes, spec, overrideOf(mode))
+	p, _, _, err := plan.ChooseLinks(m, bytes, spec, overrideOf(mode))
 	return p, err
 }

@@ -242,7 +242,7 @@ func printBenchResult(w io.Writer, r allreducebench.Result, asJSON bool) error {
 // checkLinks validates --link-codecs.
 func (f *benchAllreduceFlags) checkLinks(cmd string) error {
 	if f.links != "off" && f.links != "auto" {
-		if _, err := allreduce.LinkCodecSpec(f.links); err != nil {
+		if _, err := allreduce.CanonicalLinkCodec(f.links); err != nil {
 			return usagef("%s: --link-codecs: want off, auto or a linear or quantized codec spec: %v", cmd, err)
 		}
 	}

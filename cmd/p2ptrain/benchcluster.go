@@ -22,6 +22,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/compress"
 	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/node"
+	"github.com/p2ptrain/p2ptrain/plan"
 )
 
 // A cluster member's benchmark, in the order every peer runs it:
@@ -33,7 +34,7 @@ import (
 //     different --size, --codec, ... fail at once with a clear error instead
 //     of hanging; rank 0 (the lowest peer ID, the gossip coordinator)
 //     contributes the plan: the ring order (its adopted epoch's, or
-//     allreduce.Choose's for --schedule auto|proportional), the schedule and
+//     plan.Choose's for --schedule auto|proportional), the schedule and
 //     the shares, so every peer uses the same one even where their views of
 //     the epoch or of the link bandwidths differ.
 //  3. The measurement session in that order: one warm-up round, then --rounds
@@ -89,7 +90,7 @@ func (f *benchAllreduceFlags) runCluster(ctx context.Context, stdout, stderr io.
 		return usagef("bench allreduce: --codec: %v", err)
 	}
 	if f.links != "off" {
-		if _, err := allreduce.LinkCodecSpec(spec); err != nil {
+		if _, err := allreduce.CanonicalLinkCodec(spec); err != nil {
 			return usagef("bench allreduce: --link-codecs %s: %v", f.links, err)
 		}
 	}
@@ -229,7 +230,7 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 	for k, i := range plan.order {
 		peers[k] = allreduce.PeerID(b.members[i])
 	}
-	mep := allreduce.Epoch{Number: measureEpoch, Peers: peers, Self: b.self}
+	mep := allreduce.Ring{Number: measureEpoch, Peers: peers, Self: b.self}
 	cfg := b.cfg
 	cfg.Schedule, cfg.Shares = plan.schedule, plan.shares
 	tr := b.n.OpenTransport(mep)
@@ -312,10 +313,10 @@ type benchPlan struct {
 }
 
 // edgeMatrix returns a link matrix over the members holding only the ring
-// edges' rates: what allreduce.LinkSpecs needs of the plan.
-func (p benchPlan) edgeMatrix() allreduce.Matrix {
+// edges' rates: what plan.EdgeCodecs needs of the plan.
+func (p benchPlan) edgeMatrix() plan.Matrix {
 	w := len(p.order)
-	m := make(allreduce.Matrix, w)
+	m := make(plan.Matrix, w)
 	for i := range m {
 		m[i] = make([]float64, w)
 	}
@@ -351,13 +352,13 @@ func (b *clusterBench) localPlan() (benchPlan, error) {
 			p.order, p.schedule, p.shares = c.Order, c.Schedule, c.Shares
 			p.name = "auto:" + string(c.Schedule)
 		} else {
-			p.order = allreduce.RingOrder(m)
-			rates := allreduce.PeerRates(m)
+			p.order = plan.RingOrder(m)
+			rates := plan.PeerRates(m)
 			ordered := make([]float64, w)
 			for k, i := range p.order {
 				ordered[k] = rates[i]
 			}
-			p.schedule, p.shares = allreduce.ScheduleProportional, allreduce.Shares(ordered)
+			p.schedule, p.shares = allreduce.ScheduleProportional, plan.Shares(ordered)
 		}
 	default:
 		s, err := allreduce.ParseSchedule(b.schedule)
@@ -409,7 +410,7 @@ func waitLinks(ctx context.Context, n *node.Node, members []string, wait time.Du
 // Node.LinkMatrix. Peers whose views differ still agree, because rank 0's
 // plan is the one used. With no figure at all every link counts the same,
 // which gives the plain ring for auto and equal shares for proportional.
-func linkMatrix(n *node.Node, order []string) allreduce.Matrix {
+func linkMatrix(n *node.Node, order []string) plan.Matrix {
 	if m := n.LinkMatrix(order); len(m) == len(order) {
 		for i := range m {
 			for j := range m[i] {
@@ -419,7 +420,7 @@ func linkMatrix(n *node.Node, order []string) allreduce.Matrix {
 			}
 		}
 	}
-	m := make(allreduce.Matrix, len(order))
+	m := make(plan.Matrix, len(order))
 	for i := range m {
 		m[i] = make([]float64, len(order))
 		for j := range m[i] {
@@ -475,7 +476,7 @@ func (b *clusterBench) agree(ctx context.Context, ctrlEpoch uint64) (benchPlan, 
 			plan[1+2*w+k] = float32(r * 8 / 1e6)
 		}
 	}
-	ep := allreduce.Epoch{Number: ctrlEpoch, Self: b.self}
+	ep := allreduce.Ring{Number: ctrlEpoch, Self: b.self}
 	for _, p := range b.members {
 		ep.Peers = append(ep.Peers, allreduce.PeerID(p))
 	}

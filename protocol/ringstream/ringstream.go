@@ -186,7 +186,7 @@ func (rn *Service) handle(s network.Stream) {
 // Open returns the Transport of one epoch, adopting streams that arrived
 // early. Close it when the epoch ends normally (after closing the
 // allreduce.Session); a failed session resets it.
-func (rn *Service) Open(ep allreduce.Epoch) *Transport {
+func (rn *Service) Open(ep allreduce.Ring) *Transport {
 	t := &Transport{
 		rn:    rn,
 		epoch: epochKey{number: ep.Number, digest: ep.Digest},

@@ -35,7 +35,7 @@ func TestSentCountsOnlyWrittenFrames(t *testing.T) {
 	log := zaptest.NewLogger(t)
 	sa, sb := New(a, 1<<20, nil, log), New(b, 1<<20, nil, log)
 	defer sa.Close()
-	ep := allreduce.Epoch{Number: 1, Peers: []allreduce.PeerID{allreduce.PeerID(a.ID().String()), allreduce.PeerID(b.ID().String())}}
+	ep := allreduce.Ring{Number: 1, Peers: []allreduce.PeerID{allreduce.PeerID(a.ID().String()), allreduce.PeerID(b.ID().String())}}
 	ea, eb := ep, ep
 	ea.Self, eb.Self = ep.Peers[0], ep.Peers[1]
 	ta, tb := sa.Open(ea), sb.Open(eb)
@@ -80,8 +80,8 @@ func TestRingsUnderOneNumberDoNotMix(t *testing.T) {
 	defer sa.Close()
 	defer sb.Close()
 	pa, pb := allreduce.PeerID(a.ID().String()), allreduce.PeerID(b.ID().String())
-	ring := func(self allreduce.PeerID, digest string) allreduce.Epoch {
-		return allreduce.Epoch{Number: 7, Peers: []allreduce.PeerID{pa, pb}, Self: self, Digest: digest}
+	ring := func(self allreduce.PeerID, digest string) allreduce.Ring {
+		return allreduce.Ring{Number: 7, Peers: []allreduce.PeerID{pa, pb}, Self: self, Digest: digest}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -1,4 +1,4 @@
-package allreduce
+package plan
 
 import (
 	"errors"
@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/p2ptrain/p2ptrain/allreduce"
 )
 
 func uniform(n int, v float64) Matrix {
@@ -142,13 +144,13 @@ func TestChoose(t *testing.T) {
 		m[0][j], m[j][0] = 100*mbit, 100*mbit
 	}
 	p := Choose(m, 64<<20)
-	if p.Schedule != ScheduleProportional || p.Shares[0] != 0 {
+	if p.Schedule != allreduce.ScheduleProportional || p.Shares[0] != 0 {
 		t.Fatalf("plan %+v", p)
 	}
 	if g := p.RingSeconds / p.ProportionalSeconds; g < 1.4 {
 		t.Fatalf("predicted gain %v", g)
 	}
-	if p := Choose(uniform(4, 1000*mbit), 64<<20); p.Schedule != ScheduleRing {
+	if p := Choose(uniform(4, 1000*mbit), 64<<20); p.Schedule != allreduce.ScheduleRing {
 		t.Fatalf("uniform: %+v", p)
 	}
 }
@@ -164,7 +166,7 @@ func TestChooseLinks(t *testing.T) {
 		m[0][j], m[j][0] = 100*mbit, 100*mbit
 	}
 	p, edges, final, err := ChooseLinks(m, 64<<20, "none", "")
-	if err != nil || p.Schedule != ScheduleRing || p.Shares != nil || final != "fp16" || len(edges) != 4 {
+	if err != nil || p.Schedule != allreduce.ScheduleRing || p.Shares != nil || final != "fp16" || len(edges) != 4 {
 		t.Fatalf("ChooseLinks = %+v, %v, %q, %v; want the ring with fp16 links", p, edges, final, err)
 	}
 	for k, e := range edges {
@@ -177,15 +179,15 @@ func TestChooseLinks(t *testing.T) {
 	if err != nil || !(want < p.ProportionalSeconds) {
 		t.Errorf("predicted %v s with links, %v s with shares", want, p.ProportionalSeconds)
 	}
-	two, _ := LinkCodecSpec("qsgd:bits=2")
-	if p, edges, _, err := ChooseLinks(m, 64<<20, two, ""); err != nil || p.Schedule != ScheduleProportional || edges != nil {
+	two, _ := allreduce.CanonicalLinkCodec("qsgd:bits=2")
+	if p, edges, _, err := ChooseLinks(m, 64<<20, two, ""); err != nil || p.Schedule != allreduce.ScheduleProportional || edges != nil {
 		t.Errorf("qsgd:bits=2 (no stronger variant): %+v %v %v; want the shares", p, edges, err)
 	}
-	if p, edges, _, err := ChooseLinks(uniform(4, 1000*mbit), 64<<20, "none", ""); err != nil || p.Schedule != ScheduleRing || edges != nil {
+	if p, edges, _, err := ChooseLinks(uniform(4, 1000*mbit), 64<<20, "none", ""); err != nil || p.Schedule != allreduce.ScheduleRing || edges != nil {
 		t.Errorf("uniform: %+v %v %v; want the plain ring", p, edges, err)
 	}
-	if _, err := LinkPlanSeconds(m, p.Order, 1, "none", edges[:2], final); !errors.Is(err, ErrConfig) {
-		t.Errorf("2 codecs for a ring of 4: %v, want ErrConfig", err)
+	if _, err := LinkPlanSeconds(m, p.Order, 1, "none", edges[:2], final); !errors.Is(err, allreduce.ErrConfig) {
+		t.Errorf("2 codecs for a ring of 4: %v, want allreduce.ErrConfig", err)
 	}
 }
 
@@ -203,33 +205,33 @@ func TestLinkSpec(t *testing.T) {
 		{"topk:ratio=0.01", 10, "topk:ratio=0.001,dgc=false"},
 		{"onebit", 10, "onebit:bucket=2048"},
 	} {
-		got, err := LinkSpec(tc.spec, tc.slow)
+		got, err := EdgeCodec(tc.spec, tc.slow)
 		if err != nil || got != tc.want {
-			t.Errorf("LinkSpec(%q, %v) = %q, %v; want %q", tc.spec, tc.slow, got, err, tc.want)
+			t.Errorf("EdgeCodec(%q, %v) = %q, %v; want %q", tc.spec, tc.slow, got, err, tc.want)
 		}
 	}
 	m := uniform(3, 100)
 	m[1][2] = 25
-	s, final, err := LinkSpecs("qsgd:bits=8", m, []int{0, 1, 2}, "")
+	s, final, err := EdgeCodecs("qsgd:bits=8", m, []int{0, 1, 2}, "")
 	if err != nil || s[0] != "qsgd:bits=8,bucket=512,norm=l2" || s[1] != "qsgd:bits=2,bucket=512,norm=l2" ||
 		s[2] != s[0] || final != s[1] {
-		t.Fatalf("LinkSpecs = %v, %q, %v", s, final, err)
+		t.Fatalf("EdgeCodecs = %v, %q, %v", s, final, err)
 	}
 	// The override replaces only the slow edge, and is the final spec.
-	if s, final, _ := LinkSpecs("qsgd", m, []int{0, 1, 2}, "int8"); s[1] != "int8:bucket=2048" || s[0] != "qsgd:bits=4,bucket=512,norm=l2" || final != s[1] {
+	if s, final, _ := EdgeCodecs("qsgd", m, []int{0, 1, 2}, "int8"); s[1] != "int8:bucket=2048" || s[0] != "qsgd:bits=4,bucket=512,norm=l2" || final != s[1] {
 		t.Fatalf("override: %v, %q", s, final)
 	}
 	// A ring a little uneven (below SlowLink) keeps fp32 everywhere.
 	m = uniform(3, 100)
 	m[2][0] = 80
-	if s, final, _ := LinkSpecs("none", m, []int{0, 1, 2}, "fp16"); !slices.Equal(s, []string{"none", "none", "none"}) || final != "none" {
+	if s, final, _ := EdgeCodecs("none", m, []int{0, 1, 2}, "fp16"); !slices.Equal(s, []string{"none", "none", "none"}) || final != "none" {
 		t.Fatalf("even ring: %v, %q", s, final)
 	}
 	// Unknown edges count as fast.
-	if s, final, err := LinkSpecs("none", make(Matrix, 3), []int{0, 1, 2}, ""); err != nil || final != "none" || s[1] != "none" {
+	if s, final, err := EdgeCodecs("none", make(Matrix, 3), []int{0, 1, 2}, ""); err != nil || final != "none" || s[1] != "none" {
 		t.Fatalf("unknown ring: %v, %q, %v", s, final, err)
 	}
-	if _, _, err := LinkSpecs("none", m, []int{0, 1, 2}, "bogus"); !errors.Is(err, ErrConfig) {
+	if _, _, err := EdgeCodecs("none", m, []int{0, 1, 2}, "bogus"); !errors.Is(err, allreduce.ErrConfig) {
 		t.Fatalf("bad override: %v", err)
 	}
 }
@@ -254,13 +256,13 @@ func TestLinkRingSeconds(t *testing.T) {
 	if f, err := EncodedFraction("qsgd:bits=2"); err != nil || f <= 0 || f >= 0.1 {
 		t.Errorf("EncodedFraction(qsgd:bits=2) = %v, %v", f, err)
 	}
-	if _, err := EncodedFraction("bogus"); !errors.Is(err, ErrConfig) {
+	if _, err := EncodedFraction("bogus"); !errors.Is(err, allreduce.ErrConfig) {
 		t.Errorf("EncodedFraction(bogus): %v", err)
 	}
 	for spec, ok := range map[string]bool{"none": true, "fp16": true, "qsgd:bits=4": true, "int8": true, "sint8": false, "onebit": false, "topk": false, "acpsgd": false, "bogus": false} {
-		c, err := LinkCodecSpec(spec)
+		c, err := allreduce.CanonicalLinkCodec(spec)
 		if (err == nil) != ok || (ok && c == "") {
-			t.Errorf("LinkCodecSpec(%q) = %q, %v; want ok=%v", spec, c, err, ok)
+			t.Errorf("allreduce.CanonicalLinkCodec(%q) = %q, %v; want ok=%v", spec, c, err, ok)
 		}
 	}
 }

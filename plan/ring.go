@@ -1,27 +1,14 @@
-package allreduce
+// Ring planning: the ring order that maximises the slowest edge, owner
+// shares for the proportional schedule, and the predicted times that choose
+// between them.
+
+package plan
 
 import (
-	"fmt"
 	"math"
-)
 
-// checkShares validates proportional shares for w peers.
-func checkShares(shares []float64, w int) error {
-	if len(shares) != w {
-		return fmt.Errorf("%w: %d shares for %d peers", ErrConfig, len(shares), w)
-	}
-	sum := 0.0
-	for i, x := range shares {
-		if x < 0 || math.IsNaN(x) || math.IsInf(x, 0) {
-			return fmt.Errorf("%w: share %d is %v", ErrConfig, i, x)
-		}
-		sum += x
-	}
-	if math.Abs(sum-1) > 1e-6 {
-		return fmt.Errorf("%w: shares sum to %v, want 1", ErrConfig, sum)
-	}
-	return nil
-}
+	"github.com/p2ptrain/p2ptrain/allreduce"
+)
 
 // Matrix holds measured throughput in bytes/s: m[i][j] from peer i to peer
 // j (the diagonal is ignored; 0 means unknown or unreachable).
@@ -367,13 +354,13 @@ func ProportionalSeconds(b, w []float64, bytes float64) float64 {
 	return t
 }
 
-// Plan is the outcome of Choose.
-type Plan struct {
+// Choice is the outcome of Choose.
+type Choice struct {
 	// Order is the ring order, as indices into the matrix's peers; the next
 	// epoch lists its peers in this order.
 	Order []int
-	// Schedule is ScheduleRing or ScheduleProportional.
-	Schedule Schedule
+	// Schedule is allreduce.ScheduleRing or allreduce.ScheduleProportional.
+	Schedule allreduce.Schedule
 	// Shares are the proportional owner shares per rank of the ordered epoch
 	// (Shares[k] belongs to peer Order[k]); nil for the ring.
 	Shares []float64
@@ -387,9 +374,9 @@ const ProportionalGain = 1.1
 
 // Choose picks the ring order and, from the predicted times for a bucket of
 // bytes, the ring or the bandwidth-proportional schedule.
-func Choose(m Matrix, bytes int) Plan {
+func Choose(m Matrix, bytes int) Choice {
 	o := RingOrder(m)
-	p := Plan{Order: o, Schedule: ScheduleRing}
+	p := Choice{Order: o, Schedule: allreduce.ScheduleRing}
 	if len(o) < 2 {
 		return p
 	}
@@ -402,7 +389,7 @@ func Choose(m Matrix, bytes int) Plan {
 	sh := Shares(ordered)
 	p.ProportionalSeconds = ProportionalSeconds(ordered, sh, float64(bytes))
 	if len(o) >= 3 && p.ProportionalSeconds*ProportionalGain < p.RingSeconds {
-		p.Schedule = ScheduleProportional
+		p.Schedule = allreduce.ScheduleProportional
 		p.Shares = sh
 	}
 	return p
