@@ -22,7 +22,7 @@
 // epoch with a new Session (and Reset error-feedback codecs, ResetShared
 // low-rank codecs). Close stops every goroutine the Session started.
 //
-// # Schedules (ALGORITHMS.md)
+// # Schedules (docs/codecs.md)
 //
 // Each bucket is cut into W segments (owner shares; equal unless
 // ScheduleProportional) and each segment into pipeline chunks of

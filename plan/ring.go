@@ -283,7 +283,7 @@ func PeerRates(m Matrix) []float64 {
 }
 
 // Shares returns the bandwidth-proportional owner shares for peers with
-// interface rates b (the water-filling closed form of DESIGN.md): peer i
+// interface rates b (a water-filling closed form, docs/data-path.md): peer i
 // sends and receives bytes·(1 + (n−2)·w_i) under the proportional schedule,
 // so w_i = max(0, (ξ·b_i − 1)/(n − 2)) with ξ chosen so Σw = 1 equalises the
 // time of every peer with a positive share. n ≤ 2 or unknown rates give
