@@ -24,7 +24,9 @@
 #
 # Common options: --size [64MiB] --rounds [5] --delay --loss --mtu --queue --open --timeout
 # --binary PATH (default: build bin/p2ptrain once) --out FILE (every host's JSON
-# line of every run, with "compare" naming the preset, appended as JSON Lines).
+# line of every run, with "compare" naming the preset, appended as JSON Lines)
+# --markdown FILE (the same figures as one Markdown table, overwritten: what
+# the README's speed table is; scripts/readme-speed.sh puts it there).
 #
 # Targets are printed next to the figures ("meets" / "below"); they are not
 # asserted: the exit status is 0 when every run produced its figures, 1 when
@@ -35,7 +37,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 
 presets=() codecs=() schedules=() hosts="" rate="" rates=""
-size=64MiB rounds=5 binary="" out="" common=() extra=()
+size=64MiB rounds=5 binary="" out="" markdown="" common=() extra=()
 
 usage_err() { printf 'compare: %s (see --help)\n' "$*" >&2; exit 2; }
 need_arg() { if [ $# -lt 2 ] || [ -z "$2" ]; then usage_err "$1 needs a value"; fi; }
@@ -51,6 +53,7 @@ while [ $# -gt 0 ]; do
 	--rounds) need_arg "$@"; rounds=$2; shift 2 ;;
 	--binary) need_arg "$@"; binary=$2; shift 2 ;;
 	--out) need_arg "$@"; out=$2; shift 2 ;;
+	--markdown) need_arg "$@"; markdown=$2; shift 2 ;;
 	--delay | --loss | --mtu | --queue | --timeout) need_arg "$@"; common+=("$1" "$2"); shift 2 ;;
 	--open) common+=("$1"); shift ;;
 	-h | --help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
@@ -76,6 +79,13 @@ if [ -z "$binary" ]; then
 	binary=$ROOT/bin/p2ptrain
 fi
 
+if [ -n "$markdown" ]; then
+	{
+		printf '| hosts | codec | schedule asked → run | median | busbw / slowest link | speed-up vs first row | target |\n'
+		printf '|---|---|---|---|---|---|---|\n'
+	} >"$markdown" || usage_err "cannot write --markdown $markdown"
+fi
+
 work=$(mktemp -d /tmp/p2pt-compare.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 failed=0
@@ -98,10 +108,11 @@ target_of() {
 	esac
 }
 
-# run_table preset hosts-args...: runs every codec × schedule and prints the table.
+# run_table preset label hosts-args...: runs every codec × schedule and prints
+# the table (label names the hosts in the Markdown table).
 run_table() {
-	local preset=$1 base="" n=0 c s sched links jl log med busbw algbw ratio tgt verdict linkrel min_bps
-	shift
+	local preset=$1 label=$2 base="" n=0 c s sched ran links jl log med busbw algbw ratio tgt verdict linkrel min_bps
+	shift 2
 	local net=("$@")
 	printf '\n== %s: %s, size %s, %s rounds %s\n' "$preset" "${net[*]}" "$size" "$rounds" "${common[*]:-}"
 	printf '%-28s %-10s %10s %11s %11s %10s %10s  %s\n' codec schedule median_s algbw_gbps busbw_gbps \
@@ -119,6 +130,8 @@ run_table() {
 			if ! "$HERE/netns.sh" "${net[@]}" --codec "$c" --schedule "$sched" --size "$size" --rounds "$rounds" \
 				--binary "$binary" --out "$jl" "${common[@]}" -- "${extra[@]}" "${links[@]}" >"$log" 2>&1; then
 				printf '%-28s %-10s %10s   (see %s)\n' "$c" "$s" FAILED "$log"
+				[ -z "$markdown" ] || printf '| %s | %s | %s | FAILED | | | |\n' "$label" "$c" "$s" >>"$markdown"
+				label=""
 				grep -E 'error:' "$log" | tail -n 2 | sed 's/^/    /'
 				trap - EXIT
 				failed=1
@@ -139,6 +152,12 @@ run_table() {
 			fi
 			printf '%-28s %-10s %10.3f %11.4f %11.4f %10s %10s  %s\n' "$c" "$s" "$med" "$algbw" "$busbw" \
 				"$linkrel" "$ratio" "$verdict"
+			if [ -n "$markdown" ]; then
+				ran=$(field schedule "$jl")
+				printf '| %s | %s | %s | %.3f s | %s | %s× | %s |\n' "$label" "$c" "$s → ${ran:-?}" "$med" "$linkrel" \
+					"$ratio" "$verdict" >>"$markdown"
+				label=""
+			fi
 			if [ -n "$out" ]; then
 				sed -E "s/\\}[[:space:]]*\$/,\"compare\":\"$preset\"}/" "$jl" >>"$out"
 			fi
@@ -166,22 +185,22 @@ for p in "${presets[@]}"; do
 	case "$p" in
 	gbit)
 		codecs=(fp32) schedules=(ring)
-		run_table gbit --hosts 4 --rate 1gbit
+		run_table gbit "4 × 1 Gbit/s" --hosts 4 --rate 1gbit
 		;;
 	codecs)
 		codecs=(fp32 int8 sint8 dyn8 onebit sign qsgd:bits=4) schedules=(ring)
-		run_table codecs --hosts 4 --rate 100mbit
+		run_table codecs "4 × 100 Mbit/s" --hosts 4 --rate 100mbit
 		;;
 	uneven)
 		codecs=(fp32) schedules=(ring auto proportional ring+links)
-		run_table uneven --rates 100mbit,1gbit,1gbit,1gbit
+		run_table uneven "1 × 100 Mbit/s + 3 × 1 Gbit/s" --rates 100mbit,1gbit,1gbit,1gbit
 		;;
 	custom)
 		net=()
 		[ -z "$hosts" ] || net+=(--hosts "$hosts")
 		[ -z "$rate" ] || net+=(--rate "$rate")
 		[ -z "$rates" ] || net+=(--rates "$rates")
-		run_table custom "${net[@]}"
+		run_table custom "${net[*]}" "${net[@]}"
 		;;
 	esac
 done

@@ -305,6 +305,9 @@ func TestBenchAllreduceCluster(t *testing.T) {
 	}{
 		{"fp32 ring", nil, "none", "ring"},
 		{"sint8 auto", []string{"--codec", "sint8", "--schedule", "auto"}, "sint8:bucket=2048", "auto:"},
+		// onebit cannot be summed inside a ring: the direct schedule runs, and
+		// the result says so (it once reported the schedule asked for).
+		{"onebit asked to ring", []string{"--codec", "onebit", "--schedule", "ring"}, "onebit:bucket=2048", "direct"},
 		// fp16 on the edges the probes found slow, if any ("ring+links").
 		{"fp32 ring with per-link codecs", []string{"--schedule", "ring", "--link-codecs", "fp16"}, "none", "ring"},
 	}

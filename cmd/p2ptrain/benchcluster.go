@@ -256,13 +256,15 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 	if err := tr.Close(); err != nil {
 		b.log.Debug("closing the measurement transport", zap.Error(err))
 	}
-	name := plan.name
-	if name == "" {
-		cd, err := compress.New(b.spec, compress.Options{Layout: compress.FlatLayout(1)})
-		if err != nil {
-			return allreducebench.Result{}, err
-		}
-		name = string(s.ScheduleFor(cd.Class()))
+	// Report the schedule that ran: a codec's class may override the one
+	// asked for (onebit asked to ring runs direct).
+	cd, err := compress.New(b.spec, compress.Options{Layout: compress.FlatLayout(1)})
+	if err != nil {
+		return allreducebench.Result{}, err
+	}
+	name := string(s.ScheduleFor(cd.Class()))
+	if b.schedule == "auto" {
+		name = "auto:" + name
 	}
 	if links != nil {
 		name += "+links"
@@ -309,7 +311,6 @@ type benchPlan struct {
 	schedule allreduce.Schedule
 	shares   []float64 // per rank of order; nil: equal
 	edges    []float64 // bytes/s of ring edge k, from order[k] to order[k+1]
-	name     string    // schedule as reported ("" until the session resolves it)
 }
 
 // edgeMatrix returns a link matrix over the members holding only the ring
@@ -330,7 +331,7 @@ func (p benchPlan) edgeMatrix() plan.Matrix {
 // now and the link figures it knows.
 func (b *clusterBench) localPlan() (benchPlan, error) {
 	w := len(b.members)
-	p := benchPlan{order: make([]int, w), name: b.schedule}
+	p := benchPlan{order: make([]int, w)}
 	for i := range p.order {
 		p.order[i] = i
 	}
@@ -350,7 +351,6 @@ func (b *clusterBench) localPlan() (benchPlan, error) {
 				return p, err
 			}
 			p.order, p.schedule, p.shares = c.Order, c.Schedule, c.Shares
-			p.name = "auto:" + string(c.Schedule)
 		} else {
 			p.order = plan.RingOrder(m)
 			rates := plan.PeerRates(m)
@@ -503,7 +503,7 @@ func (b *clusterBench) agree(ctx context.Context, ctrlEpoch uint64) (benchPlan, 
 				"(--size, --codec, --schedule, --rounds, --buckets or --chunk): give every peer the same")
 		}
 	}
-	got := benchPlan{order: make([]int, w), name: b.schedule}
+	got := benchPlan{order: make([]int, w)}
 	code := sum(2 * fpLen)
 	if code < 0 || int(code) >= len(codes) {
 		return local, fmt.Errorf("rank 0 sent schedule code %d", code)
@@ -538,9 +538,6 @@ func (b *clusterBench) agree(ctx context.Context, ctrlEpoch uint64) (benchPlan, 
 			// The same bits on every peer, so the same per-link codecs.
 			got.edges[k] = max(0, float64(out[2*fpLen+1+2*w+k])*float64(w)) * 1e6 / 8
 		}
-	}
-	if b.schedule == "auto" {
-		got.name = "auto:" + string(got.schedule)
 	}
 	if !slices.Equal(got.order, local.order) || got.schedule != local.schedule {
 		b.log.Info("using rank 0's plan", zap.Ints("order", got.order), zap.String("schedule", string(got.schedule)),

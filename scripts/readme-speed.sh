@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# scripts/readme-speed.sh — regenerates the README's all-reduce speed table
+# from the current code: runs bench/compare.sh (every preset, --rounds 5 by
+# default, on network-namespace test hosts; needs root) with --markdown and
+# puts the table between the README's speed-table markers. Extra arguments go
+# to bench/compare.sh (e.g. --rounds 7, or --preset codecs to rerun one group:
+# the table then holds only that group).
+#
+# Exit status: 0 when every run produced its figures and the README was
+# updated, 1 when a run failed (the README is left as it was).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+README=$ROOT/README.md
+BEGIN='<!-- speed-table:begin (scripts/readme-speed.sh writes this table) -->'
+END='<!-- speed-table:end -->'
+
+grep -qF "$BEGIN" "$README" && grep -qF "$END" "$README" || {
+	echo "readme-speed: $README lacks the speed-table markers" >&2
+	exit 1
+}
+table=$(mktemp /tmp/p2pt-speed.XXXXXX.md)
+trap 'rm -f "$table"' EXIT
+args=("$@")
+[[ " ${args[*]-} " == *" --rounds "* ]] || args+=(--rounds 5)
+"$ROOT/bench/compare.sh" --markdown "$table" "${args[@]}"
+{
+	printf '\n_Generated %s by `scripts/readme-speed.sh %s` at commit %s on %s (%s cores)._\n' \
+		"$(date -u +%Y-%m-%d)" "$*" "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+		"$(uname -m)" "$(nproc)"
+} >>"$table"
+awk -v begin="$BEGIN" -v end="$END" -v table="$table" '
+	$0 == begin { print; while ((getline line < table) > 0) print line; skip = 1; next }
+	$0 == end { skip = 0 }
+	!skip { print }' "$README" >"$README.tmp"
+mv "$README.tmp" "$README"
+echo "readme-speed: table updated in $README"
