@@ -177,6 +177,10 @@ type Node struct {
 	API string `toml:"api"`
 	// MaxPeers bounds the cluster size this peer connects to in full mesh.
 	MaxPeers int `toml:"max_peers"`
+	// Observer keeps this peer out of ring epochs: it follows the cluster
+	// but never trains or coordinates (`p2ptrain join` without train.steps).
+	// Not a file key: the command sets it.
+	Observer bool `toml:"-"`
 }
 
 // Gossip is the [gossip] section: heartbeats and failure detection.

@@ -129,8 +129,9 @@ func startPeerConfig(t *testing.T, extra string, args ...string) *proc {
 type status struct {
 	PeerID  string `json:"peer_id"`
 	Members []struct {
-		PeerID string `json:"peer_id"`
-		State  string `json:"state"`
+		PeerID   string `json:"peer_id"`
+		State    string `json:"state"`
+		Observer bool   `json:"observer"`
 	} `json:"members"`
 	Ring struct {
 		Epoch uint64   `json:"epoch"`
@@ -190,13 +191,32 @@ func TestProcessesAgreeOnRing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process suite: skipped with -short")
 	}
-	first := startPeer(t, "--name", "p0")
+	// The peers train (a tiny model, for longer than the test runs): a
+	// peer that does not train is an observer and never joins a ring.
+	const trains = "[train]\nsteps = 1000000\nhidden = [16]\nbatch_size = 8\ntrain_samples = 512\neval_samples = 64\neval_every = 0\n"
+	first := startPeerConfig(t, trains, "--name", "p0")
 	peers := []*proc{first}
 	for i := 1; i < 4; i++ {
-		peers = append(peers, startPeer(t, "--name", fmt.Sprintf("p%d", i), "--bootstrap", first.addr))
+		peers = append(peers, startPeerConfig(t, trains, "--name", fmt.Sprintf("p%d", i), "--bootstrap", first.addr))
 	}
 	took := eventually(t, 10*time.Second, "4 processes show the same ring", func() error { return sameRing(peers, 4) })
 	t.Logf("4 processes agreed on the ring %s after the last start", took)
+
+	// A plain join (no steps) follows the cluster as an observer: it is a
+	// member, but the ring stays the four that train.
+	obs := startPeer(t, "--name", "observer", "--bootstrap", first.addr)
+	eventually(t, 10*time.Second, "the observer is seen and kept out of the ring", func() error {
+		st, err := getStatus(first.api)
+		if err != nil {
+			return err
+		}
+		for _, m := range st.Members {
+			if m.Observer && m.State == "alive" {
+				return sameRing(append(slices.Clone(peers), obs), 4)
+			}
+		}
+		return fmt.Errorf("no alive observer among %d members", len(st.Members))
+	})
 
 	// kill -9 one: the other three agree on a 3-member epoch within failure timeout + 3 s.
 	victim := peers[1]

@@ -75,6 +75,10 @@ type Heartbeat struct {
 	// WantEpoch asks the coordinator for a new epoch numbered above it (a
 	// failed round needs a fresh ring even when membership is unchanged).
 	WantEpoch uint64 `json:"want_epoch,omitempty"`
+	// Observer marks a member that never joins a ring epoch (a peer that
+	// runs no training, such as a monitoring box): it is not put in a ring
+	// and never coordinates.
+	Observer bool `json:"observer,omitempty"`
 	// App is the application's payload (the trainer's position in an epoch,
 	// its parameter checks, its devices): opaque to gossip, which bounds only
 	// its size (MaxAppBytes) and carries it to every member.

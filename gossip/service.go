@@ -58,6 +58,11 @@ type Stats struct {
 	In, Out uint64
 	// Rejected counts messages the validator refused.
 	Rejected uint64
+	// EpochsRejected counts epochs the view refused (View.Rejections).
+	EpochsRejected uint64
+	// Waiting says why this peer, as coordinator, proposes no epoch
+	// although membership changed (View.Waiting); "" when nothing holds it.
+	Waiting string
 }
 
 // Service publishes heartbeats, tracks membership and agrees on ring epochs.
@@ -73,6 +78,10 @@ type Service struct {
 
 	mu   sync.Mutex
 	view *View
+	// loggedRejections and waiting are what the log last said of the
+	// view's refusals and of why it proposes nothing.
+	loggedRejections uint64
+	waiting          string
 	// lastProposal rate-limits proposals to one per heartbeat interval, so
 	// views that disagree for a while cannot out-propose each other at message speed.
 	lastProposal time.Time
@@ -206,8 +215,9 @@ func (s *Service) run(ctx context.Context, msgs <-chan *Envelope) {
 			case env.Leave != nil:
 				evs = s.view.Leave(*env.Leave, now)
 			case env.Epoch != nil:
-				evs = s.view.Offer(*env.Epoch, now)
+				evs = s.view.Offer(*env.Epoch, env.Epoch.Coordinator, now) // Decode checked that it signed the proposal
 			}
+			s.logRejection()
 			s.mu.Unlock()
 			s.emit(evs)
 			s.propose(ctx, false)
@@ -253,7 +263,15 @@ func (s *Service) propose(ctx context.Context, replan bool) {
 	var evs []Event
 	if ok {
 		s.lastProposal = now
-		evs = s.view.Offer(e, now)
+		evs = s.view.Offer(e, s.view.self, now)
+	}
+	if w := s.view.Waiting(); w != s.waiting {
+		s.waiting = w
+		if w != "" {
+			s.log.Warn("not proposing a ring epoch", zap.String("reason", w))
+		} else {
+			s.log.Info("proposing ring epochs again")
+		}
 	}
 	s.mu.Unlock()
 	if !ok {
@@ -349,9 +367,23 @@ func (s *Service) Snapshot() ([]Member, Epoch) {
 	return s.view.Members(), cloneEpoch(s.view.Epoch())
 }
 
-// Stats returns traffic counters.
+// Stats returns traffic counters and the view's epoch rejections.
 func (s *Service) Stats() Stats {
-	return Stats{In: s.in.Load(), Out: s.out.Load(), Rejected: s.rejected.Load()}
+	s.mu.Lock()
+	n, _ := s.view.Rejections()
+	w := s.view.Waiting()
+	s.mu.Unlock()
+	return Stats{In: s.in.Load(), Out: s.out.Load(), Rejected: s.rejected.Load(), EpochsRejected: n, Waiting: w}
+}
+
+// logRejection logs an epoch the view refused since the last call. Callers
+// hold s.mu.
+func (s *Service) logRejection() {
+	n, err := s.view.Rejections()
+	if n != s.loggedRejections {
+		s.loggedRejections = n
+		s.log.Warn("refused a ring epoch", zap.Uint64("refused_total", n), zap.Error(err))
+	}
 }
 
 // stopLoop stops heartbeating and reading; idempotent.

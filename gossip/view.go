@@ -1,9 +1,23 @@
 package gossip
 
 import (
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 )
+
+// Bounds on epoch numbers, so that no message can make the numbering wrap
+// or run out: an epoch above MaxEpochNumber is refused, and once a view has
+// seen an epoch, one numbered more than MaxEpochJump above the highest it
+// has seen is refused too.
+const (
+	MaxEpochNumber uint64 = 1 << 62
+	MaxEpochJump   uint64 = 1 << 20
+)
+
+// ErrEpochRejected marks an epoch a view refused to adopt (Rejection.Err).
+var ErrEpochRejected = errors.New("gossip: epoch rejected")
 
 // State is a member's liveness as seen locally.
 type State int
@@ -117,6 +131,11 @@ type View struct {
 	planner     Planner
 	replanEvery time.Duration
 	lastReplan  time.Time
+	// rejected counts refused epochs; lastRejection is the latest.
+	rejected      uint64
+	lastRejection error
+	// waiting says why the coordinator proposes nothing ("" when it may).
+	waiting string
 }
 
 // NewView returns a view whose only member is self, alive at now.
@@ -174,9 +193,23 @@ func (v *View) Live() []string {
 	return out
 }
 
-// Coordinator returns the lowest live peer ID.
+// ringable returns the live members that may join a ring (observers may
+// not), sorted.
+func (v *View) ringable() []string {
+	var out []string
+	for id, m := range v.members {
+		if m.State.inRing() && !m.Observer {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Coordinator returns the lowest peer ID among the live members that may
+// join a ring.
 func (v *View) Coordinator() string {
-	live := v.Live()
+	live := v.ringable()
 	if len(live) == 0 {
 		return ""
 	}
@@ -215,7 +248,7 @@ func (v *View) Heartbeat(hb Heartbeat, now time.Time) []Event {
 	if from != Alive || !ok {
 		evs = append(evs, v.change(m, from))
 	}
-	return append(evs, v.Offer(hb.Epoch, now)...)
+	return append(evs, v.Offer(hb.Epoch, hb.PeerID, now)...)
 }
 
 // Leave records a clean departure.
@@ -237,16 +270,30 @@ func (v *View) Leave(l Leave, now time.Time) []Event {
 	return []Event{v.change(m, from)}
 }
 
-// Offer considers an epoch heard from the network (a proposal or a heartbeat's
-// copy) and adopts it if it is newer than the current one.
-func (v *View) Offer(e Epoch, now time.Time) []Event {
+// Offer considers an epoch carried by a message that from signed: a
+// proposal, or a copy in from's heartbeat (from is the local peer for its
+// own proposals). It adopts e if e is newer than the current epoch, from is
+// e's coordinator, and that coordinator is one this view follows (see
+// checkProposer). A copy that another member forwards is only a hint of
+// the numbering. Numbers beyond the bounds (MaxEpochNumber, MaxEpochJump)
+// and proposals from a coordinator this view does not follow are refused
+// and counted (Rejections).
+func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
 	if e.Number == 0 || e.validate() != nil {
+		return nil
+	}
+	if err := v.checkNumber(e.Number); err != nil {
+		v.reject(from, e, err)
 		return nil
 	}
 	if e.Number > v.maxEpoch {
 		v.maxEpoch = e.Number
 	}
-	if !e.newer(v.epoch) {
+	if !e.newer(v.epoch) || from != e.Coordinator {
+		return nil
+	}
+	if err := v.checkProposer(e.Coordinator); err != nil {
+		v.reject(from, e, err)
 		return nil
 	}
 	v.epoch = cloneEpoch(e)
@@ -269,6 +316,51 @@ func (v *View) Offer(e Epoch, now time.Time) []Event {
 	}
 	return evs
 }
+
+// checkNumber refuses an epoch number that would let the numbering wrap or
+// run out: above MaxEpochNumber, or (once any epoch was seen) more than
+// MaxEpochJump above the highest seen.
+func (v *View) checkNumber(n uint64) error {
+	if n > MaxEpochNumber {
+		return fmt.Errorf("%w: number %d is above the limit %d", ErrEpochRejected, n, MaxEpochNumber)
+	}
+	if base := max(v.epoch.Number, v.maxEpoch); base != 0 && n-base > MaxEpochJump && n > base {
+		return fmt.Errorf("%w: number %d jumps %d past the highest seen, %d (limit %d)", ErrEpochRejected, n, n-base, base, MaxEpochJump)
+	}
+	return nil
+}
+
+// checkProposer refuses an epoch whose coordinator p this view does not
+// follow: a member it holds dead or departed, an observer, or one with a
+// higher peer ID than this view's coordinator. A lower ID it has not heard
+// of yet is followed: that peer will be its coordinator once heard.
+func (v *View) checkProposer(p string) error {
+	if m := v.members[p]; m != nil && p != v.self {
+		if !m.State.inRing() {
+			return fmt.Errorf("%w: coordinator %s is %s in this view", ErrEpochRejected, p, m.State)
+		}
+		if m.Observer {
+			return fmt.Errorf("%w: coordinator %s is an observer", ErrEpochRejected, p)
+		}
+	}
+	if c := v.Coordinator(); c != "" && p > c {
+		return fmt.Errorf("%w: proposed by %s, but this view's coordinator is %s", ErrEpochRejected, p, c)
+	}
+	return nil
+}
+
+func (v *View) reject(from string, e Epoch, err error) {
+	v.rejected++
+	v.lastRejection = fmt.Errorf("epoch %d from %s: %w", e.Number, from, err)
+}
+
+// Rejections returns how many epochs this view refused and the latest
+// refusal (nil if none).
+func (v *View) Rejections() (uint64, error) { return v.rejected, v.lastRejection }
+
+// Waiting returns why this view, as coordinator, proposes no epoch although
+// membership changed ("" when nothing holds it back).
+func (v *View) Waiting() string { return v.waiting }
 
 // Tick advances failure detection to now.
 func (v *View) Tick(now time.Time) []Event {
@@ -301,8 +393,13 @@ func (v *View) Tick(now time.Time) []Event {
 // Proposal returns the epoch the local peer should propose now, if it is the
 // coordinator and the live set differs from the current epoch's members.
 // startStep is the step at which the new ring should begin.
+//
+// It proposes only with a quorum: a majority of the current epoch's members
+// that have not departed cleanly must be live, so that of two sides of a
+// partition at most one trains on (a minority waits; Waiting says why).
 func (v *View) Proposal(startStep uint64) (Epoch, bool) {
-	live := v.Live()
+	v.waiting = ""
+	live := v.ringable()
 	if len(live) == 0 || live[0] != v.self {
 		return Epoch{}, false
 	}
@@ -311,7 +408,31 @@ func (v *View) Proposal(startStep uint64) (Epoch, bool) {
 	if v.epoch.Number != 0 && slices.Equal(cur, live) && !v.wantsNewEpoch(live) {
 		return Epoch{}, false
 	}
-	return v.next(v.plan(live), startStep), true
+	if err := v.quorum(live); err != nil {
+		v.waiting = err.Error()
+		return Epoch{}, false
+	}
+	return v.next(v.plan(live), startStep)
+}
+
+// quorum reports whether live holds a majority of the current epoch's
+// members, not counting those that departed cleanly.
+func (v *View) quorum(live []string) error {
+	base, have := 0, 0
+	for _, id := range v.epoch.Order {
+		if m := v.members[id]; m != nil && m.State == Left {
+			continue
+		}
+		base++
+		if slices.Contains(live, id) {
+			have++
+		}
+	}
+	if need := base/2 + 1; base > 0 && have < need {
+		return fmt.Errorf("no quorum: %d of the %d members of epoch %d are reachable, %d needed",
+			have, base, v.epoch.Number, need)
+	}
+	return nil
 }
 
 // Replan returns the epoch the local peer should propose now, if it is the
@@ -326,7 +447,7 @@ func (v *View) Replan(startStep uint64, now time.Time) (Epoch, bool) {
 	if !v.lastReplan.IsZero() && now.Sub(v.lastReplan) < v.replanEvery {
 		return Epoch{}, false
 	}
-	live := v.Live()
+	live := v.ringable()
 	if len(live) == 0 || live[0] != v.self {
 		return Epoch{}, false
 	}
@@ -343,13 +464,19 @@ func (v *View) Replan(startStep uint64, now time.Time) (Epoch, bool) {
 		return Epoch{}, false
 	}
 	v.lastReplan = now
-	return v.next(p, startStep), true
+	return v.next(p, startStep)
 }
 
-// next returns the epoch after every one seen, laid out by p.
-func (v *View) next(p EpochPlan, startStep uint64) Epoch {
+// next returns the epoch after every one seen, laid out by p; false when
+// the numbering is exhausted (MaxEpochNumber).
+func (v *View) next(p EpochPlan, startStep uint64) (Epoch, bool) {
+	n := max(v.maxEpoch, v.epoch.Number)
+	if n >= MaxEpochNumber {
+		v.waiting = fmt.Sprintf("epoch numbers exhausted at %d", n)
+		return Epoch{}, false
+	}
 	return Epoch{
-		Number:      max(v.maxEpoch, v.epoch.Number) + 1,
+		Number:      n + 1,
 		Order:       p.Order,
 		StartStep:   startStep,
 		Coordinator: v.self,
@@ -357,7 +484,7 @@ func (v *View) next(p EpochPlan, startStep uint64) Epoch {
 		Shares:      p.Shares,
 		LinkCodecs:  p.LinkCodecs,
 		FinalCodec:  p.FinalCodec,
-	}
+	}, true
 }
 
 // plan lays out an epoch of live (sorted) with the planner, falling back to
@@ -371,8 +498,8 @@ func (v *View) plan(live []string) EpochPlan {
 	p.Order, p.Shares, p.LinkCodecs = slices.Clone(p.Order), slices.Clone(p.Shares), slices.Clone(p.LinkCodecs)
 	sorted := slices.Clone(p.Order)
 	slices.Sort(sorted)
-	e := v.next(p, 0)
-	if !slices.Equal(sorted, live) || e.validate() != nil {
+	e, ok := v.next(p, 0)
+	if !ok || !slices.Equal(sorted, live) || e.validate() != nil {
 		return fallback
 	}
 	return p

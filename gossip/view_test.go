@@ -1,7 +1,9 @@
 package gossip
 
 import (
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -63,7 +65,7 @@ func (c *cluster) settle() {
 				proposed = true
 				for other, w := range c.views {
 					if !c.down[other] {
-						w.Offer(e, c.now)
+						w.Offer(e, e.Coordinator, c.now)
 					}
 				}
 				_ = id
@@ -195,15 +197,24 @@ func TestViewJoinerAdoptsAndNoProposalWar(t *testing.T) {
 		t.Fatalf("a's proposal %+v ok=%v, want epoch %d from step 7", e, ok, first.Number+1)
 	}
 	// c has never heard of a; it adopts the epoch and must not counter-propose.
-	c.views["c"].Offer(e, c.now)
+	c.views["c"].Offer(e, e.Coordinator, c.now)
 	if e2, ok := c.views["c"].Proposal(0); ok {
 		t.Fatalf("c counter-proposed %+v", e2)
 	}
-	c.views["b"].Offer(e, c.now)
-	c.views["a"].Offer(e, c.now)
+	c.views["b"].Offer(e, e.Coordinator, c.now)
+	c.views["a"].Offer(e, e.Coordinator, c.now)
+	// a follows only itself, so it did not adopt b's epoch and had not
+	// heard of c: one more epoch brings c in, and then the ring is stable.
 	c.round(time.Second)
-	if got := c.agree(t, []string{"a", "b", "c"}); got.Number != e.Number {
-		t.Fatalf("epoch moved on to %d", got.Number)
+	settled := c.agree(t, []string{"a", "b", "c"})
+	if settled.Number > e.Number+1 {
+		t.Fatalf("epoch moved on to %d, want at most %d", settled.Number, e.Number+1)
+	}
+	for range 3 {
+		c.round(time.Second)
+	}
+	if got := c.agree(t, []string{"a", "b", "c"}); got.Number != settled.Number {
+		t.Fatalf("epoch moved on to %d after settling at %d", got.Number, settled.Number)
 	}
 }
 
@@ -212,21 +223,21 @@ func TestOfferPrefersHigherThenLowerProposer(t *testing.T) {
 	e5b := Epoch{Number: 5, Order: []string{"b", "x"}, Coordinator: "b"}
 	e5a := Epoch{Number: 5, Order: []string{"a", "x"}, Coordinator: "a"}
 	e4 := Epoch{Number: 4, Order: []string{"a", "x"}, Coordinator: "a"}
-	v.Offer(e5b, t0)
-	v.Offer(e4, t0)
+	v.Offer(e5b, e5b.Coordinator, t0)
+	v.Offer(e4, e4.Coordinator, t0)
 	if v.Epoch().Coordinator != "b" {
 		t.Fatal("an older epoch replaced a newer one")
 	}
-	v.Offer(e5a, t0)
+	v.Offer(e5a, e5a.Coordinator, t0)
 	if v.Epoch().Coordinator != "a" {
 		t.Fatal("tie on number not broken by the lower proposer")
 	}
-	v.Offer(e5b, t0)
+	v.Offer(e5b, e5b.Coordinator, t0)
 	if v.Epoch().Coordinator != "a" {
 		t.Fatal("tie broken towards the higher proposer")
 	}
 	bad := Epoch{Number: 9, Order: []string{"a", "a"}, Coordinator: "a"}
-	v.Offer(bad, t0)
+	v.Offer(bad, bad.Coordinator, t0)
 	if v.Epoch().Number != 5 {
 		t.Fatal("adopted an invalid epoch")
 	}
@@ -254,7 +265,7 @@ func TestViewWantEpochForcesNewEpoch(t *testing.T) {
 	if !ok || next.Number != e.Number+1 || !slices.Equal(next.Order, e.Order) {
 		t.Fatalf("proposal %+v ok=%v, want epoch %d with the same members", next, ok, e.Number+1)
 	}
-	c.views["a"].Offer(next, c.now)
+	c.views["a"].Offer(next, next.Coordinator, c.now)
 	if _, ok := c.views["a"].Proposal(3); ok {
 		t.Fatal("the satisfied request keeps forcing epochs")
 	}
@@ -380,7 +391,7 @@ func TestViewReplan(t *testing.T) {
 		t.Fatalf("replan %+v ok=%v: want epoch %d ordered c b a from step 5", e, ok, first.Number+1)
 	}
 	for _, w := range c.views {
-		w.Offer(e, c.now)
+		w.Offer(e, e.Coordinator, c.now)
 	}
 	c.agree(t, []string{"c", "b", "a"})
 	// The adopted layout is what the planner wants: nothing to do, and the
@@ -396,7 +407,7 @@ func TestViewReplan(t *testing.T) {
 		t.Fatalf("replan %+v ok=%v: want the new schedule", e, ok)
 	}
 	for _, w := range c.views {
-		w.Offer(e, c.now)
+		w.Offer(e, e.Coordinator, c.now)
 	}
 	// Per-link codecs alone are a different layout too.
 	c.now = c.now.Add(time.Minute)
@@ -416,5 +427,156 @@ func TestViewReplan(t *testing.T) {
 	c.round(6 * time.Second)
 	if _, ok := v.Replan(8, c.now.Add(time.Hour)); ok {
 		t.Fatal("Replan proposed with a settled membership and an identical plan")
+	}
+}
+
+// TestOfferRefusesEpochNumbersThatWouldWrap: an epoch numbered near 2^64
+// (or far beyond the highest seen) is refused and counted; the numbering
+// goes on from the last good epoch. Such an epoch was once adopted, the
+// next proposal wrapped to 0 and was rejected, and the cluster stopped.
+func TestOfferRefusesEpochNumbersThatWouldWrap(t *testing.T) {
+	c := newCluster("a", "b")
+	c.round(time.Second)
+	good := c.agree(t, []string{"a", "b"})
+	for _, n := range []uint64{^uint64(0), MaxEpochNumber + 1, good.Number + MaxEpochJump + 1} {
+		forged := Epoch{Number: n, Order: []string{"a", "b"}, Coordinator: "a"}
+		for _, v := range c.views {
+			v.Offer(forged, "a", c.now)
+		}
+	}
+	for id, v := range c.views {
+		if v.Epoch().Number != good.Number {
+			t.Fatalf("%s adopted epoch %d", id, v.Epoch().Number)
+		}
+		if n, err := v.Rejections(); n != 3 || !errors.Is(err, ErrEpochRejected) {
+			t.Fatalf("%s counted %d rejections (%v), want 3", id, n, err)
+		}
+	}
+	// The next epoch follows the good one.
+	h := hb("b", 1000)
+	h.Epoch, h.WantEpoch = good, good.Number
+	c.views["a"].Heartbeat(h, c.now)
+	next, ok := c.views["a"].Proposal(0)
+	if !ok || next.Number != good.Number+1 {
+		t.Fatalf("proposal %+v ok=%v, want epoch %d", next, ok, good.Number+1)
+	}
+	// A view that has seen the limit proposes nothing rather than wrap.
+	v := NewView(hb("z", 0), testTiming, t0)
+	v.Offer(Epoch{Number: MaxEpochNumber, Order: []string{"z"}, Coordinator: "z"}, "z", t0)
+	v.members["z"].WantEpoch = MaxEpochNumber
+	if e, ok := v.Proposal(0); ok {
+		t.Fatalf("proposed %+v past the limit", e)
+	}
+}
+
+// TestOfferFollowsOnlyItsCoordinator: an epoch is adopted only from the
+// peer that proposed it, and only if that peer is this view's coordinator
+// (or a lower ID it has not heard of yet); a member's copy of someone
+// else's epoch is a hint of the numbering only.
+func TestOfferFollowsOnlyItsCoordinator(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	c.round(time.Second)
+	good := c.agree(t, []string{"a", "b", "c"})
+	v := c.views["c"]
+	// b is not c's coordinator (a is).
+	byB := Epoch{Number: good.Number + 1, Order: []string{"b", "c"}, Coordinator: "b"}
+	v.Offer(byB, "b", c.now)
+	// b forwards an epoch that names a as coordinator.
+	forwarded := Epoch{Number: good.Number + 2, Order: []string{"a", "c"}, Coordinator: "a"}
+	v.Offer(forwarded, "b", c.now)
+	if v.Epoch().Number != good.Number {
+		t.Fatalf("c adopted epoch %d (coordinator %s)", v.Epoch().Number, v.Epoch().Coordinator)
+	}
+	if n, _ := v.Rejections(); n != 1 {
+		t.Fatalf("%d rejections, want 1 (b's proposal; the forwarded copy is only a hint)", n)
+	}
+	// A dead member cannot propose either.
+	c.down["a"] = true
+	c.round(6 * time.Second)
+	if st := stateOf(v, "a"); st != Dead {
+		t.Fatalf("a is %v", st)
+	}
+	before := v.Epoch()
+	v.Offer(Epoch{Number: before.Number + 1, Order: []string{"a", "c"}, Coordinator: "a"}, "a", c.now)
+	if v.Epoch().Number != before.Number {
+		t.Fatal("adopted an epoch from a member this view holds dead")
+	}
+}
+
+// TestProposalNeedsQuorum: in a 2+1 partition the isolated peer proposes
+// no ring of its own and says why; the majority goes on, and on healing
+// the isolated peer adopts the majority's lineage. (The isolated peer once
+// formed a ring of one and trained alone.)
+func TestProposalNeedsQuorum(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	c.round(time.Second)
+	first := c.agree(t, []string{"a", "b", "c"})
+	// Partition {a, b} | {c}: simulate by running the two sides apart.
+	majority := &cluster{views: map[string]*View{"a": c.views["a"], "b": c.views["b"]}, now: c.now, seq: c.seq, down: map[string]bool{}}
+	minority := &cluster{views: map[string]*View{"c": c.views["c"]}, now: c.now, seq: c.seq, down: map[string]bool{}}
+	for range 4 {
+		majority.round(2 * time.Second)
+		minority.round(2 * time.Second)
+	}
+	maj := majority.agree(t, []string{"a", "b"})
+	if got := c.views["c"].Epoch(); got.Number != first.Number {
+		t.Fatalf("the isolated peer moved to epoch %d %v", got.Number, got.Order)
+	}
+	if w := c.views["c"].Waiting(); !strings.Contains(w, "no quorum: 1 of the 3 members") {
+		t.Fatalf("Waiting() = %q", w)
+	}
+	// Heal: everyone hears everyone again.
+	c.now, c.seq = majority.now, majority.seq
+	c.round(time.Second)
+	c.round(time.Second)
+	healed := c.agree(t, []string{"a", "b", "c"})
+	if healed.Number <= maj.Number || healed.Coordinator != "a" {
+		t.Fatalf("healed epoch %+v, want one after the majority's %d", healed, maj.Number)
+	}
+}
+
+// TestQuorumIgnoresCleanDepartures: members that left cleanly do not count
+// against the quorum, so a cluster can shrink to one peer by departures.
+func TestQuorumIgnoresCleanDepartures(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b", "c"})
+	for _, gone := range []string{"b", "c"} {
+		c.down[gone] = true
+		c.seq++
+		c.views["a"].Leave(Leave{PeerID: gone, Seq: c.seq}, c.now)
+		c.settle()
+	}
+	if e := c.views["a"].Epoch(); !slices.Equal(e.Order, []string{"a"}) {
+		t.Fatalf("epoch %+v, want a alone; waiting: %s", e, c.views["a"].Waiting())
+	}
+}
+
+// TestObserversStayOutOfRings: a member that announces itself an observer
+// (a peer that does not train) is never put in a ring and never
+// coordinates, even with the lowest peer ID. (A plain join once entered the
+// ring and froze training.)
+func TestObserversStayOutOfRings(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	c.views["a"].members["a"].Observer = true
+	for range 2 {
+		c.now = c.now.Add(time.Second)
+		c.seq++
+		for id, v := range c.views {
+			v.Tick(c.now)
+			h := hb(id, c.seq)
+			h.Observer = id == "a"
+			h.Epoch = v.Epoch()
+			for other, w := range c.views {
+				if other != id {
+					w.Heartbeat(h, c.now)
+				}
+			}
+		}
+		c.settle()
+	}
+	e := c.agree(t, []string{"b", "c"})
+	if e.Coordinator != "b" {
+		t.Fatalf("coordinator %s, want b", e.Coordinator)
 	}
 }

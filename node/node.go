@@ -241,6 +241,7 @@ func (n *Node) selfHeartbeat() gossip.Heartbeat {
 		Step:      n.step,
 		App:       n.app,
 		WantEpoch: n.wantEpoch,
+		Observer:  n.cfg.Node.Observer,
 		Links:     n.probe.Figures(),
 	}
 }

@@ -35,6 +35,8 @@ type MemberStatus struct {
 	LastSeenMS int64  `json:"last_seen_ms"`
 	Step       uint64 `json:"step"`
 	Version    string `json:"version"`
+	// Observer marks a member that does not train and never joins a ring.
+	Observer bool `json:"observer,omitempty"`
 }
 
 // RingStatus is the adopted ring epoch.
@@ -51,6 +53,13 @@ type RingStatus struct {
 	// reduce-scatter codec from Order[k] to Order[k+1], and the all-gather's.
 	LinkCodecs []string `json:"link_codecs,omitempty"`
 	FinalCodec string   `json:"final_codec,omitempty"`
+	// Waiting says why this peer, as coordinator, proposes no new epoch
+	// although membership changed (e.g. no quorum); absent when nothing
+	// holds it back.
+	Waiting string `json:"waiting,omitempty"`
+	// EpochsRejected counts epochs this peer refused to adopt (numbers out
+	// of bounds, proposers it does not follow).
+	EpochsRejected uint64 `json:"epochs_rejected"`
 }
 
 // Training is what a trainer reports for /status and /metrics.
@@ -74,6 +83,7 @@ func (n *Node) SetTraining(t Training) {
 // Status returns the peer's current status.
 func (n *Node) Status() Status {
 	members, epoch := n.gsp.Snapshot()
+	gs := n.gsp.Stats()
 	n.mu.Lock()
 	step, ti := n.step, n.training
 	n.mu.Unlock()
@@ -98,6 +108,7 @@ func (n *Node) Status() Status {
 		},
 		Links: n.probe.Figures(),
 	}
+	st.Ring.Waiting, st.Ring.EpochsRejected = gs.Waiting, gs.EpochsRejected
 	if st.Links == nil {
 		st.Links = []gossip.LinkFigure{}
 	}
@@ -123,6 +134,7 @@ func (n *Node) Status() Status {
 			LastSeenMS: now.Sub(m.LastSeen).Milliseconds(),
 			Step:       m.Step,
 			Version:    m.Version,
+			Observer:   m.Observer,
 		})
 	}
 	return st

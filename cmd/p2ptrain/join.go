@@ -131,6 +131,9 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
+	// A peer that does not train must not enter a ring: it would stall
+	// every step of the others.
+	cfg.Node.Observer = cfg.Train.Steps == 0
 	n, log, leave, err := startPeer(ctx, cfg, stdout, stderr)
 	if err != nil {
 		return err
