@@ -114,7 +114,7 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 		if !ok {
 			return o.failLocal(fmt.Errorf("%w: bucket %d: codec %s is shared-scale but not a SharedScaler", ErrConfig, b.ID, b.Codec.Spec()))
 		}
-		gran := ss.Bucket()
+		gran := ss.Block()
 		if gran < 1 {
 			gran = 1
 		}

@@ -35,7 +35,7 @@
 //     encodes once; ring all-gather of the owner's bytes.
 //   - compress.ClassSharedScale (sint8): a MAX all-reduce of the per-bucket
 //     scales (sub-phase 1), then the ring sums integer payloads
-//     (AddEncoded); chunks are aligned to SharedScaler.Bucket().
+//     (AddEncoded); chunks are aligned to SharedScaler.Block().
 //   - compress.ClassLowRank (powersgd, acpsgd): LowRank.Rounds() raw fp32
 //     SUM all-reduces of the factors (sub-phase = round).
 //   - compress.ClassQuantized (int8, dyn8, qsgd): ScheduleDirect by default

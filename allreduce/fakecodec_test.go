@@ -233,7 +233,7 @@ func (fakeS8) Spec() string            { return "fake-s8" }
 func (fakeS8) Class() compress.Class   { return compress.ClassSharedScale }
 func (fakeS8) MaxEncodedLen(n int) int { return n }
 func (fakeS8) Reset()                  {}
-func (c fakeS8) Bucket() int           { return c.bucket }
+func (c fakeS8) Block() int            { return c.bucket }
 func (c fakeS8) NumScales(n int) int   { return (n + c.bucket - 1) / c.bucket }
 func (c fakeS8) Scales(dst, src []float32) {
 	for b := 0; b < c.NumScales(len(src)); b++ {

@@ -20,7 +20,7 @@
 # --codec C and --schedule S (every codec with every schedule; the first codec
 # with the first schedule is the baseline; a schedule S+links adds
 # --link-codecs auto to S). Codec specs may contain commas
-# (qsgd:bits=4,bucket=512), hence one flag per codec.
+# (qsgd:bits=4,block=512), hence one flag per codec.
 #
 # Common options: --size [64MiB] --rounds [5] --delay --loss --mtu --queue --open --timeout
 # --binary PATH (default: build bin/p2ptrain once) --out FILE (every host's JSON

@@ -1,6 +1,6 @@
 // Package compress holds p2ptrain's gradient codecs behind one interface.
 //
-// A Codec is created per fusion bucket from a spec string ("qsgd:bits=4,bucket=512")
+// A Codec is created per fusion bucket from a spec string ("qsgd:bits=4,block=512")
 // and a Layout (the shapes of the tensors packed, in order, into the bucket's flat
 // fp32 buffer). It owns the bucket's error-feedback state. The package knows nothing
 // about networks or peers: the allreduce package drives codecs according to their
@@ -8,9 +8,9 @@
 //
 // # Spec strings
 //
-// New, Validate and Canonical accept none, fp16, bf16, int8[:bucket=2048],
-// sint8[:bucket=2048], dyn8[:bucket=2048], qsgd[:bits=2|4|8,bucket=512,norm=l2|linf],
-// onebit[:bucket=2048], sign[:bucket=2048], topk[:ratio=0.01,dgc=false,momentum=0.9],
+// New, Validate and Canonical accept none, fp16, bf16, int8[:block=2048],
+// sint8[:block=2048], dyn8[:block=2048], qsgd[:bits=2|4|8,block=512,norm=l2|linf],
+// onebit[:block=2048], sign[:block=2048], topk[:ratio=0.01,dgc=false,momentum=0.9],
 // powersgd[:rank=4] and acpsgd[:rank=4]; Spec returns the canonical form with every
 // parameter spelled out (momentum only with dgc=true). Specs lists the defaults.
 //
@@ -18,8 +18,9 @@
 //
 // Payloads carry no codec tag or value count: the decoder takes the count from
 // len(dst) and checks the payload length, every header field (scales must be
-// finite and non-negative, or NaN) and every padding bit and index. Bucketed codecs
-// bucket relative to the start of the slice handed to Encode. Encode output is a
+// finite and non-negative, or NaN) and every padding bit and index. Codecs with
+// scale blocks (block=N values per scale) count blocks from the start of the
+// slice handed to Encode. Encode output is a
 // deterministic function of (input, Options.Seed, Options.SharedSeed, Pos, codec
 // state): the random streams are counter-based (wyrand of a key mixed from Seed,
 // Step, Stream and Offset), every sum has a fixed order and no multiply-add is fused.
@@ -27,10 +28,10 @@
 // # Non-finite input
 //
 //   - none, fp16, bf16: NaN and ±Inf pass through (fp16 and bf16 round overflow to ±Inf).
-//   - int8, sint8, dyn8, qsgd, onebit, sign: a bucket holding NaN or ±Inf is sent
-//     with NaN scales and decodes to all NaN; onebit and sign reset that bucket's
+//   - int8, sint8, dyn8, qsgd, onebit, sign: a block holding NaN or ±Inf is sent
+//     with NaN scales and decodes to all NaN; onebit and sign reset that block's
 //     residual so the poison does not outlive the step. sint8's Scales reports NaN
-//     (or +Inf) for such a bucket and DecodeScaled gives NaN for a non-finite scale.
+//     (or +Inf) for such a block and DecodeScaled gives NaN for a non-finite scale.
 //   - topk: NaN and ±Inf rank above every finite magnitude, so they are sent
 //     (and leave the residual) first.
 //   - powersgd, acpsgd: a matrix whose local factor is not finite resets its error;
@@ -54,7 +55,7 @@ const (
 	// a ring hop decodes, accumulates in fp32 and re-encodes.
 	ClassLinear Class = iota
 	// ClassSharedScale codecs (sint8) are summable as integers once every peer
-	// uses the same per-bucket scale; they implement SharedScaler.
+	// uses the same per-block scale; they implement SharedScaler.
 	ClassSharedScale
 	// ClassQuantized codecs (int8, dyn8, qsgd) are not summable: decode → fp32 sum →
 	// re-encode at each hop, or the two-phase (direct) schedule.
@@ -166,12 +167,12 @@ type Codec interface {
 // them; every peer encodes with the agreed scales and the ring size; the ring
 // sums payloads with AddEncoded; DecodeScaled turns the integer sum into fp32.
 type SharedScaler interface {
-	// Bucket is the number of values that share one scale. Callers align the
-	// slices they encode to multiples of Bucket (relative to Offset 0).
-	Bucket() int
+	// Block is the number of values that share one scale. Callers align the
+	// slices they encode to multiples of Block (relative to Offset 0).
+	Block() int
 	// NumScales returns how many scales n values need.
 	NumScales(n int) int
-	// Scales writes the per-bucket absmax of src into dst[:NumScales(len(src))].
+	// Scales writes the per-block absmax of src into dst[:NumScales(len(src))].
 	Scales(dst, src []float32)
 	// EncodeScaled appends src quantized with the agreed absmax values, for a ring of peers.
 	EncodeScaled(dst []byte, src, absmax []float32, peers int, pos Pos) ([]byte, error)

@@ -10,8 +10,8 @@ import (
 
 // conformanceSpecs covers every codec, with defaults and with odd parameters.
 var conformanceSpecs = append(Specs(),
-	"int8:bucket=5", "sint8:bucket=9", "dyn8:bucket=33", "qsgd:bits=2,bucket=7", "qsgd:bits=8,norm=linf",
-	"qsgd:bits=4,bucket=31", "onebit:bucket=13", "sign:bucket=13", "topk:ratio=0.1,dgc=true", "topk:ratio=1",
+	"int8:block=5", "sint8:block=9", "dyn8:block=33", "qsgd:bits=2,block=7", "qsgd:bits=8,norm=linf",
+	"qsgd:bits=4,block=31", "onebit:block=13", "sign:block=13", "topk:ratio=0.1,dgc=true", "topk:ratio=1",
 	"powersgd:rank=1", "acpsgd:rank=3")
 
 var confLayout = Layout{Shapes: [][]int{{64, 48}, {100}, {7, 3}}}
@@ -191,9 +191,9 @@ func TestSpecs(t *testing.T) {
 	for _, tc := range []struct{ in, want, err string }{
 		{"none", "none", ""},
 		{" FP16 ", "fp16", ""},
-		{"int8", "int8:bucket=2048", ""},
-		{"qsgd", "qsgd:bits=4,bucket=512,norm=l2", ""},
-		{"qsgd:bucket=256, bits=8", "qsgd:bits=8,bucket=256,norm=l2", ""},
+		{"int8", "int8:block=2048", ""},
+		{"qsgd", "qsgd:bits=4,block=512,norm=l2", ""},
+		{"qsgd:block=256, bits=8", "qsgd:bits=8,block=256,norm=l2", ""},
 		{"topk", "topk:ratio=0.01,dgc=false", ""},
 		{"topk:dgc=true", "topk:ratio=0.01,dgc=true,momentum=0.9", ""},
 		{"powersgd", "powersgd:rank=4", ""},
@@ -201,9 +201,10 @@ func TestSpecs(t *testing.T) {
 		{"zstd", "", "valid: none, fp16"},
 		{"qsgd:bits=3", "", "want one of 2, 4, 8"},
 		{"qsgd:level=3", "", "valid: bits"},
-		{"fp16:bucket=3", "", "takes no parameters"},
-		{"int8:bucket=0", "", "bad bucket"},
-		{"int8:bucket=5,bucket=6", "", "twice"},
+		{"fp16:block=3", "", "takes no parameters"},
+		{"int8:block=0", "", "bad block"},
+		{"qsgd:bits=4,bucket=512", "", `parameter "bucket" is now called "block" (values per scale): use block=512`},
+		{"int8:block=5,block=6", "", "twice"},
 		{"topk:ratio=0", "", "bad ratio"},
 		{"topk:momentum=0.5", "", "needs dgc=true"},
 		{"powersgd:rank", "", "no value"},

@@ -5,11 +5,11 @@ import (
 	"sync"
 )
 
-// Dettmers' 8-bit dynamic tree ("dyn8"): per bucket one fp32 absmax, then one
+// Dettmers' 8-bit dynamic tree ("dyn8"): per block one fp32 absmax, then one
 // byte per value, [sign][k zero bits][1][6−k fraction bits F] with magnitude
 // 10^−k·(0.1 + 0.9·(F + 0.5)/2^(6−k)), k = 0…6, and magnitude bits 0 = zero.
 // Encoding picks the nearest codebook value (ties to the smaller magnitude) of
-// |x|/absmax. A bucket holding NaN or ±Inf stores a NaN absmax and decodes to NaN.
+// |x|/absmax. A block holding NaN or ±Inf stores a NaN absmax and decodes to NaN.
 
 // dyn8Tables holds the codebook and the encoder's lookup tables.
 type dyn8Tables struct {
@@ -102,7 +102,7 @@ func dyn8Code(t *dyn8Tables, a float32) byte {
 
 func buildDyn8(p params, opts Options) (Codec, error) {
 	t := dyn8()
-	return &byteCodec{newBase(p.canonical(), ClassQuantized, opts.Layout.Len()), p.int("bucket"),
+	return &byteCodec{newBase(p.canonical(), ClassQuantized, opts.Layout.Len()), p.int("block"),
 		func(out []byte, v []float32) float32 { return dyn8Encode(t, out, v, absMax(v)) },
 		func(dst []float32, codes []byte, m float32, add bool) { dyn8Decode(t, dst, codes, m, add) }}, nil
 }

@@ -28,7 +28,7 @@ func residualOf(c Codec) []float32 {
 func TestErrorFeedbackInvariant(t *testing.T) {
 	layout := Layout{Shapes: [][]int{{32, 24}, {50}, {3, 3}}}
 	n := layout.Len()
-	for _, spec := range []string{"onebit:bucket=64", "sign:bucket=100", "topk:ratio=0.05", "powersgd:rank=2", "acpsgd:rank=2", "powersgd:rank=4", "acpsgd:rank=4"} {
+	for _, spec := range []string{"onebit:block=64", "sign:block=100", "topk:ratio=0.05", "powersgd:rank=2", "acpsgd:rank=2", "powersgd:rank=4", "acpsgd:rank=4"} {
 		c := mustNew(t, spec, Options{Layout: layout, Seed: 1, SharedSeed: 2})
 		in, out := make([]float64, n), make([]float64, n)
 		for s := range 6 {

@@ -48,21 +48,21 @@ var fuzzLayout = Layout{Shapes: [][]int{{24, 16}, {9}, {3, 2}}}
 func FuzzDecodeNone(f *testing.F)     { fuzzDecode(f, "none", fuzzLayout) }
 func FuzzDecodeFP16(f *testing.F)     { fuzzDecode(f, "fp16", fuzzLayout) }
 func FuzzDecodeBF16(f *testing.F)     { fuzzDecode(f, "bf16", fuzzLayout) }
-func FuzzDecodeInt8(f *testing.F)     { fuzzDecode(f, "int8:bucket=50", fuzzLayout) }
-func FuzzDecodeSInt8(f *testing.F)    { fuzzDecode(f, "sint8:bucket=50", fuzzLayout) }
-func FuzzDecodeDyn8(f *testing.F)     { fuzzDecode(f, "dyn8:bucket=50", fuzzLayout) }
-func FuzzDecodeQSGD2(f *testing.F)    { fuzzDecode(f, "qsgd:bits=2,bucket=13", fuzzLayout) }
-func FuzzDecodeQSGD4(f *testing.F)    { fuzzDecode(f, "qsgd:bits=4,bucket=13", fuzzLayout) }
-func FuzzDecodeQSGD8(f *testing.F)    { fuzzDecode(f, "qsgd:bits=8,bucket=13", fuzzLayout) }
-func FuzzDecodeOneBit(f *testing.F)   { fuzzDecode(f, "onebit:bucket=50", fuzzLayout) }
-func FuzzDecodeSign(f *testing.F)     { fuzzDecode(f, "sign:bucket=50", fuzzLayout) }
+func FuzzDecodeInt8(f *testing.F)     { fuzzDecode(f, "int8:block=50", fuzzLayout) }
+func FuzzDecodeSInt8(f *testing.F)    { fuzzDecode(f, "sint8:block=50", fuzzLayout) }
+func FuzzDecodeDyn8(f *testing.F)     { fuzzDecode(f, "dyn8:block=50", fuzzLayout) }
+func FuzzDecodeQSGD2(f *testing.F)    { fuzzDecode(f, "qsgd:bits=2,block=13", fuzzLayout) }
+func FuzzDecodeQSGD4(f *testing.F)    { fuzzDecode(f, "qsgd:bits=4,block=13", fuzzLayout) }
+func FuzzDecodeQSGD8(f *testing.F)    { fuzzDecode(f, "qsgd:bits=8,block=13", fuzzLayout) }
+func FuzzDecodeOneBit(f *testing.F)   { fuzzDecode(f, "onebit:block=50", fuzzLayout) }
+func FuzzDecodeSign(f *testing.F)     { fuzzDecode(f, "sign:block=50", fuzzLayout) }
 func FuzzDecodeTopK(f *testing.F)     { fuzzDecode(f, "topk:ratio=0.1", fuzzLayout) }
 func FuzzDecodePowerSGD(f *testing.F) { fuzzDecode(f, "powersgd:rank=2", fuzzLayout) }
 func FuzzDecodeACPSGD(f *testing.F)   { fuzzDecode(f, "acpsgd:rank=2", fuzzLayout) }
 
 // FuzzSInt8Scaled fuzzes the shared-scale path: AddEncoded and DecodeScaled.
 func FuzzSInt8Scaled(f *testing.F) {
-	c := mustNew(f, "sint8:bucket=16", Options{Layout: FlatLayout(64)}).(*sint8Codec)
+	c := mustNew(f, "sint8:block=16", Options{Layout: FlatLayout(64)}).(*sint8Codec)
 	f.Add([]byte{1, 2, 3}, []byte{4, 5, 6}, uint8(2), float32(1))
 	f.Add([]byte{127}, []byte{1}, uint8(1), float32(0))
 	f.Fuzz(func(t *testing.T, a, b []byte, peers uint8, absmax float32) {

@@ -103,31 +103,31 @@ func goldenDigest(t *testing.T, spec string) string {
 // goldenDigests pin the exact output of every codec: any change to a kernel
 // must keep the bytes (GOLDEN_PRINT=1 prints the current digests).
 var goldenDigests = map[string]string{
-	"none":                           "16280c767a4d89d9",
-	"fp16":                           "7ef399ca122b27ad",
-	"bf16":                           "1cd499e98541ff55",
-	"int8:bucket=2048":               "acd3a749315214ae",
-	"sint8:bucket=2048":              "312d569a29fa0739",
-	"dyn8:bucket=2048":               "7bd3e3af348d828b",
-	"qsgd:bits=4,bucket=512,norm=l2": "4a910bd585533491",
-	"onebit:bucket=2048":             "6cb0b8de937210ba",
-	"sign:bucket=2048":               "816ff30a81ebbce9",
-	"topk:ratio=0.01,dgc=false":      "9bddf1b34efe3584",
-	"powersgd:rank=4":                "2d3e017ee3f05945",
-	"acpsgd:rank=4":                  "d42441175c071ebb",
-	"qsgd:bits=2":                    "55c2400d3b9a91ce",
-	"qsgd:bits=8,norm=linf":          "348980403a93b74d",
-	"topk:ratio=0.01,dgc=true":       "3e081c945a357731",
-	"powersgd:rank=1":                "ef39ddca9511b963",
-	"acpsgd:rank=3":                  "83dedc55b4afdfd3",
-	"sign:bucket=13":                 "87a05718e7ffb51a",
-	"onebit:bucket=13":               "eccd3e2f77333916",
-	"sint8:bucket=9":                 "e7df5b7e318918a2",
+	"none":                          "16280c767a4d89d9",
+	"fp16":                          "7ef399ca122b27ad",
+	"bf16":                          "1cd499e98541ff55",
+	"int8:block=2048":               "acd3a749315214ae",
+	"sint8:block=2048":              "312d569a29fa0739",
+	"dyn8:block=2048":               "7bd3e3af348d828b",
+	"qsgd:bits=4,block=512,norm=l2": "4a910bd585533491",
+	"onebit:block=2048":             "6cb0b8de937210ba",
+	"sign:block=2048":               "816ff30a81ebbce9",
+	"topk:ratio=0.01,dgc=false":     "9bddf1b34efe3584",
+	"powersgd:rank=4":               "2d3e017ee3f05945",
+	"acpsgd:rank=4":                 "d42441175c071ebb",
+	"qsgd:bits=2":                   "55c2400d3b9a91ce",
+	"qsgd:bits=8,norm=linf":         "348980403a93b74d",
+	"topk:ratio=0.01,dgc=true":      "3e081c945a357731",
+	"powersgd:rank=1":               "ef39ddca9511b963",
+	"acpsgd:rank=3":                 "83dedc55b4afdfd3",
+	"sign:block=13":                 "87a05718e7ffb51a",
+	"onebit:block=13":               "eccd3e2f77333916",
+	"sint8:block=9":                 "e7df5b7e318918a2",
 }
 
 func TestGoldenOutput(t *testing.T) {
 	for _, spec := range append(Specs(), "qsgd:bits=2", "qsgd:bits=8,norm=linf", "topk:ratio=0.01,dgc=true",
-		"powersgd:rank=1", "acpsgd:rank=3", "sign:bucket=13", "onebit:bucket=13", "sint8:bucket=9") {
+		"powersgd:rank=1", "acpsgd:rank=3", "sign:block=13", "onebit:block=13", "sint8:block=9") {
 		got := goldenDigest(t, spec)
 		if os.Getenv("GOLDEN_PRINT") != "" {
 			t.Logf("%q: %q,", spec, got)

@@ -5,8 +5,8 @@ import (
 	"math"
 )
 
-// Linear int8 ("int8"): per bucket one fp32 absmax then one int8 per value,
-// q = round-to-nearest-even(127·x/absmax). A bucket holding NaN or ±Inf stores a
+// Linear int8 ("int8"): per block one fp32 absmax then one int8 per value,
+// q = round-to-nearest-even(127·x/absmax). A block holding NaN or ±Inf stores a
 // NaN absmax and decodes to all NaN.
 //
 // Shared-scale int8 ("sint8"): the same layout for a single peer, stochastic
@@ -147,12 +147,12 @@ func dequant(dst []float32, codes []byte, absmax, levels float32, add bool) {
 	}
 }
 
-// bucketedLen is the payload size of n values in buckets with hdr header bytes
+// blockedLen is the payload size of n values in blocks with hdr header bytes
 // each and bytesFor(k) bytes for the codes of k values.
-func bucketedLen(n, bucket, hdr int, bytesFor func(int) int) int {
-	full := n / bucket
-	l := full * (hdr + bytesFor(bucket))
-	if r := n % bucket; r > 0 {
+func blockedLen(n, block, hdr int, bytesFor func(int) int) int {
+	full := n / block
+	l := full * (hdr + bytesFor(block))
+	if r := n % block; r > 0 {
 		l += hdr + bytesFor(r)
 	}
 	return l
@@ -160,24 +160,24 @@ func bucketedLen(n, bucket, hdr int, bytesFor func(int) int) int {
 
 func identity(n int) int { return n }
 
-// byteCodec is a bucketed codec with layout [absmax fp32][one byte per value]
+// byteCodec is a blocked codec with layout [absmax fp32][one byte per value]
 // (int8, dyn8).
 type byteCodec struct {
 	base
-	bucket int
-	// enc writes a bucket's codes and returns the absmax to store.
+	block int
+	// enc writes a block's codes and returns the absmax to store.
 	enc func(out []byte, v []float32) float32
-	// dec writes or adds a bucket's values from its validated absmax.
+	// dec writes or adds a block's values from its validated absmax.
 	dec func(dst []float32, codes []byte, absmax float32, add bool)
 }
 
 func buildInt8(p params, opts Options) (Codec, error) {
-	return &byteCodec{newBase(p.canonical(), ClassQuantized, opts.Layout.Len()), p.int("bucket"),
+	return &byteCodec{newBase(p.canonical(), ClassQuantized, opts.Layout.Len()), p.int("block"),
 		func(out []byte, v []float32) float32 { return quantRNE(out, v, absMax(v), 127) },
 		dequant127}, nil
 }
 
-func (c *byteCodec) MaxEncodedLen(n int) int { return bucketedLen(n, c.bucket, 4, identity) }
+func (c *byteCodec) MaxEncodedLen(n int) int { return blockedLen(n, c.block, 4, identity) }
 func (c *byteCodec) Reset()                  {}
 
 func (c *byteCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
@@ -185,8 +185,8 @@ func (c *byteCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
 		return dst, err
 	}
 	dst, out := grow(dst, c.MaxEncodedLen(len(src)))
-	for b := 0; b < len(src); b += c.bucket {
-		v := src[b:min(b+c.bucket, len(src))]
+	for b := 0; b < len(src); b += c.block {
+		v := src[b:min(b+c.block, len(src))]
 		putF32(out, c.enc(out[4:4+len(v)], v))
 		out = out[4+len(v):]
 	}
@@ -194,24 +194,24 @@ func (c *byteCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
 }
 
 func (c *byteCodec) Decode(dst []float32, src []byte) error {
-	return decodeScaledBuckets(c.name, dst, src, c.bucket, c.dec, false)
+	return decodeScaledBlocks(c.name, dst, src, c.block, c.dec, false)
 }
 
 func (c *byteCodec) DecodeAdd(dst []float32, src []byte) error {
-	return decodeScaledBuckets(c.name, dst, src, c.bucket, c.dec, true)
+	return decodeScaledBlocks(c.name, dst, src, c.block, c.dec, true)
 }
 
-// decodeScaledBuckets decodes the [absmax][byte codes] bucket layout with dec.
-func decodeScaledBuckets(name string, dst []float32, src []byte, bucket int,
+// decodeScaledBlocks decodes the [absmax][byte codes] block layout with dec.
+func decodeScaledBlocks(name string, dst []float32, src []byte, block int,
 	dec func(dst []float32, codes []byte, absmax float32, add bool), add bool) error {
-	if err := checkLen(name, len(src), bucketedLen(len(dst), bucket, 4, identity), len(dst)); err != nil {
+	if err := checkLen(name, len(src), blockedLen(len(dst), block, 4, identity), len(dst)); err != nil {
 		return err
 	}
-	for b := 0; b < len(dst); b += bucket {
-		d := dst[b:min(b+bucket, len(dst))]
+	for b := 0; b < len(dst); b += block {
+		d := dst[b:min(b+block, len(dst))]
 		m := getF32(src)
 		if !validScale(m) {
-			return corruptf(name, "bucket %d has absmax %g", b/bucket, m)
+			return corruptf(name, "block %d has absmax %g", b/block, m)
 		}
 		dec(d, src[4:4+len(d)], m, add)
 		src = src[4+len(d):]
@@ -222,34 +222,34 @@ func decodeScaledBuckets(name string, dst []float32, src []byte, bucket int,
 // sint8Codec is the shared-scale int8 codec; it implements SharedScaler.
 type sint8Codec struct {
 	base
-	bucket int
-	seed   uint64
+	block int
+	seed  uint64
 }
 
 var _ SharedScaler = (*sint8Codec)(nil)
 
 func buildSInt8(p params, opts Options) (Codec, error) {
-	b := p.int("bucket")
+	b := p.int("block")
 	return &sint8Codec{
-		base:   newBase(p.canonical(), ClassSharedScale, opts.Layout.Len()),
-		bucket: b, seed: opts.Seed,
+		base:  newBase(p.canonical(), ClassSharedScale, opts.Layout.Len()),
+		block: b, seed: opts.Seed,
 	}, nil
 }
 
-func (c *sint8Codec) MaxEncodedLen(n int) int { return bucketedLen(n, c.bucket, 4, identity) }
+func (c *sint8Codec) MaxEncodedLen(n int) int { return blockedLen(n, c.block, 4, identity) }
 func (c *sint8Codec) Reset()                  {}
 
-// Bucket is the number of values that share one scale.
-func (c *sint8Codec) Bucket() int { return c.bucket }
+// Block is the number of values that share one scale.
+func (c *sint8Codec) Block() int { return c.block }
 
 // NumScales returns how many scales n values need.
-func (c *sint8Codec) NumScales(n int) int { return numBuckets(n, c.bucket) }
+func (c *sint8Codec) NumScales(n int) int { return numBlocks(n, c.block) }
 
-// Scales writes the per-bucket absmax of src into dst[:NumScales(len(src))]:
-// NaN for a bucket holding a NaN, else +Inf for one holding an infinity.
+// Scales writes the per-block absmax of src into dst[:NumScales(len(src))]:
+// NaN for a block holding a NaN, else +Inf for one holding an infinity.
 func (c *sint8Codec) Scales(dst, src []float32) {
-	for b := 0; b < len(src); b += c.bucket {
-		dst[b/c.bucket] = absMax(src[b:min(b+c.bucket, len(src))])
+	for b := 0; b < len(src); b += c.block {
+		dst[b/c.block] = absMax(src[b:min(b+c.block, len(src))])
 	}
 }
 
@@ -261,7 +261,7 @@ func levelsFor(peers int) (int32, error) {
 	return int32(127 / peers), nil
 }
 
-// Encode is the single-peer form: per bucket the local absmax, then codes with
+// Encode is the single-peer form: per block the local absmax, then codes with
 // stochastic rounding to ±127 levels.
 func (c *sint8Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
 	if err := checkRegion("compress: sint8", pos, len(src), c.total); err != nil {
@@ -269,8 +269,8 @@ func (c *sint8Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) 
 	}
 	dst, out := grow(dst, c.MaxEncodedLen(len(src)))
 	key := streamKey(c.seed, pos)
-	for b := 0; b < len(src); b += c.bucket {
-		v := src[b:min(b+c.bucket, len(src))]
+	for b := 0; b < len(src); b += c.block {
+		v := src[b:min(b+c.block, len(src))]
 		m := absMax(v)
 		if !isFinite(m) {
 			m = canonicalNaN
@@ -283,7 +283,7 @@ func (c *sint8Codec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) 
 }
 
 // EncodeScaled appends one int8 code per value: floor(L·x/absmax + u) with
-// L = floor(127/peers), u uniform from (Seed, pos), clamped to ±L. Bucket i of
+// L = floor(127/peers), u uniform from (Seed, pos), clamped to ±L. Block i of
 // src uses absmax[i]. Only the codes travel (the scales are agreed separately).
 func (c *sint8Codec) EncodeScaled(dst []byte, src, absmax []float32, peers int, pos Pos) ([]byte, error) {
 	if err := checkRegion("compress: sint8", pos, len(src), c.total); err != nil {
@@ -299,9 +299,9 @@ func (c *sint8Codec) EncodeScaled(dst []byte, src, absmax []float32, peers int, 
 	}
 	dst, out := grow(dst, len(src))
 	key := streamKey(c.seed, pos)
-	for b := 0; b < len(src); b += c.bucket {
-		v := src[b:min(b+c.bucket, len(src))]
-		quantStochastic(out[b:], v, key, b, absmax[b/c.bucket], levels)
+	for b := 0; b < len(src); b += c.block {
+		v := src[b:min(b+c.block, len(src))]
+		quantStochastic(out[b:], v, key, b, absmax[b/c.block], levels)
 	}
 	return dst, nil
 }
@@ -324,7 +324,7 @@ func (c *sint8Codec) AddEncoded(a, b []byte) error {
 }
 
 // DecodeScaled writes sum·absmax/L for the (summed) codes in src; a NaN or
-// infinite absmax gives NaN for its bucket.
+// infinite absmax gives NaN for its block.
 func (c *sint8Codec) DecodeScaled(dst []float32, src []byte, absmax []float32, peers int) error {
 	if err := checkLen("compress: sint8", len(src), len(dst), len(dst)); err != nil {
 		return err
@@ -337,25 +337,25 @@ func (c *sint8Codec) DecodeScaled(dst []float32, src []byte, absmax []float32, p
 	if err != nil {
 		return err
 	}
-	for b := 0; b < len(dst); b += c.bucket {
-		m := absmax[b/c.bucket]
+	for b := 0; b < len(dst); b += c.block {
+		m := absmax[b/c.block]
 		if !isFinite(m) {
 			m = canonicalNaN
 		}
 		if !validScale(m) {
 			return fmt.Errorf("compress: sint8: negative absmax %g: %w", m, ErrShape)
 		}
-		dequant(dst[b:min(b+c.bucket, len(dst))], src[b:], m, float32(levels), false)
+		dequant(dst[b:min(b+c.block, len(dst))], src[b:], m, float32(levels), false)
 	}
 	return nil
 }
 
 func (c *sint8Codec) Decode(dst []float32, src []byte) error {
-	return decodeScaledBuckets("compress: sint8", dst, src, c.bucket, dequant127, false)
+	return decodeScaledBlocks("compress: sint8", dst, src, c.block, dequant127, false)
 }
 
 func (c *sint8Codec) DecodeAdd(dst []float32, src []byte) error {
-	return decodeScaledBuckets("compress: sint8", dst, src, c.bucket, dequant127, true)
+	return decodeScaledBlocks("compress: sint8", dst, src, c.block, dequant127, true)
 }
 
 func dequant127(dst []float32, codes []byte, absmax float32, add bool) {

@@ -81,14 +81,14 @@ func TestDyn8Nearest(t *testing.T) {
 // own bucket encoder and decoder) and returns the decoded values.
 func qsgdWithU(t *testing.T, v, u []float32, s int32, bucket int, norm string) []float32 {
 	t.Helper()
-	cd := mustNew(t, "qsgd:bits=8,norm="+norm+",bucket="+itoa(bucket), Options{Layout: FlatLayout(len(v))})
+	cd := mustNew(t, "qsgd:bits=8,norm="+norm+",block="+itoa(bucket), Options{Layout: FlatLayout(len(v))})
 	c := cd.(*qsgdCodec)
 	c.levels = s
 	buf := make([]byte, c.MaxEncodedLen(len(v)))
 	out := buf
 	for b := 0; b < len(v); b += bucket {
 		e := min(b+bucket, len(v))
-		out = c.encodeBucket(out, v[b:e], u[b:e])
+		out = c.encodeBlock(out, v[b:e], u[b:e])
 	}
 	dec := make([]float32, len(v))
 	if err := c.Decode(dec, buf); err != nil {
@@ -123,7 +123,7 @@ func TestQSGDKnownAnswers(t *testing.T) {
 func TestQSGDUnbiased(t *testing.T) {
 	v := []float32{0.3, -1.7, 0.01, 2.5, -0.6, 0, 1.1, -0.05}
 	const draws = 100000
-	for _, spec := range []string{"qsgd:bits=2,bucket=8", "qsgd:bits=4,bucket=8", "qsgd:bits=8,bucket=4,norm=linf"} {
+	for _, spec := range []string{"qsgd:bits=2,block=8", "qsgd:bits=4,block=8", "qsgd:bits=8,block=4,norm=linf"} {
 		c := mustNew(t, spec, Options{Layout: FlatLayout(len(v)), Seed: 7}).(*qsgdCodec)
 		sum := make([]float64, len(v))
 		buf := make([]byte, 0, c.MaxEncodedLen(len(v)))
@@ -140,8 +140,8 @@ func TestQSGDUnbiased(t *testing.T) {
 				sum[i] += float64(x)
 			}
 		}
-		for b := 0; b < len(v); b += c.bucket {
-			vb := v[b:min(b+c.bucket, len(v))]
+		for b := 0; b < len(v); b += c.block {
+			vb := v[b:min(b+c.block, len(v))]
 			n := float64(c.norm(vb))
 			for i, x := range vb {
 				a := math.Abs(float64(x)) * float64(c.levels) / n
@@ -158,7 +158,7 @@ func TestQSGDUnbiased(t *testing.T) {
 
 // TestOneBitKnownAnswer checks the CNTK example: column [1, 2, −3, −1].
 func TestOneBitKnownAnswer(t *testing.T) {
-	c := mustNew(t, "onebit:bucket=4", Options{Layout: FlatLayout(4)})
+	c := mustNew(t, "onebit:block=4", Options{Layout: FlatLayout(4)})
 	got := roundTrip(t, c, []float32{1, 2, -3, -1}, Pos{Feedback: true})
 	if !near(got, []float32{1.5, 1.5, -2, -2}, 0) {
 		t.Errorf("onebit = %v", got)
@@ -368,10 +368,10 @@ func TestInt8Bounds(t *testing.T) {
 		spec string
 		rel  float64 // bound relative to the bucket absmax
 	}{
-		{"int8:bucket=100", 1.0 / 254},
-		{"sint8:bucket=100", 1.0 / 127},
+		{"int8:block=100", 1.0 / 254},
+		{"sint8:block=100", 1.0 / 127},
 		// dyn8: half the largest gap of the codebook (in the top decade, 0.9/64/2).
-		{"dyn8:bucket=100", 0.9 / 128},
+		{"dyn8:block=100", 0.9 / 128},
 	} {
 		c := mustNew(t, tc.spec, Options{Layout: FlatLayout(len(g))})
 		got := roundTrip(t, c, g, Pos{})

@@ -6,26 +6,26 @@ import "math"
 // adding the region's residual when Pos.Feedback is set, and then keep
 // residual = a − reconstruction.
 //
-// onebit (1-bit SGD, CNTK style): per bucket [mean of entries with bit 1 (fp32)]
+// onebit (1-bit SGD, CNTK style): per block [mean of entries with bit 1 (fp32)]
 // [mean of entries with bit 0 (fp32)][bits]; each bit decodes to its group's mean.
 //
-// sign (EF-SignSGD): per bucket [‖a‖₁/len (fp32)][bits]; a bit decodes to ±scale
+// sign (EF-SignSGD): per block [‖a‖₁/len (fp32)][bits]; a bit decodes to ±scale
 // (sign(0) = +1).
 //
-// Bits are packed little-endian within bytes; the unused bits of a bucket's last
-// byte must be zero. A bucket whose input holds NaN or ±Inf stores NaN header
+// Bits are packed little-endian within bytes; the unused bits of a block's last
+// byte must be zero. A block whose input holds NaN or ±Inf stores NaN header
 // values (decoding to NaN) and its residual is reset to zero, so the poison does
 // not outlive the step.
 
 // efCodec holds what onebit and sign share.
 type efCodec struct {
 	base
-	bucket int
-	hdr    int // header bytes per bucket
-	res    residual
+	block int
+	hdr   int // header bytes per block
+	res   residual
 }
 
-func (c *efCodec) MaxEncodedLen(n int) int { return bucketedLen(n, c.bucket, c.hdr, bitBytes) }
+func (c *efCodec) MaxEncodedLen(n int) int { return blockedLen(n, c.block, c.hdr, bitBytes) }
 
 // Reset zeroes the error-feedback residuals.
 func (c *efCodec) Reset() { c.res.Reset() }
@@ -33,7 +33,7 @@ func (c *efCodec) Reset() { c.res.Reset() }
 func bitBytes(n int) int { return (n + 7) / 8 }
 
 // encode runs the shared encode loop; header adds the gradient g into the
-// residual r when r is not nil (a = r, else a = g), writes the bucket's header
+// residual r when r is not nil (a = r, else a = g), writes the block's header
 // and returns the reconstruction of bit 0 and bit 1 (NaN for non-finite input).
 func (c *efCodec) encode(dst []byte, src []float32, pos Pos, name string,
 	header func(out []byte, g, r []float32) (vals [2]float32)) ([]byte, error) {
@@ -45,8 +45,8 @@ func (c *efCodec) encode(dst []byte, src []float32, pos Pos, name string,
 	if pos.Feedback {
 		res = c.res.region(pos, len(src))
 	}
-	for b := 0; b < len(src); b += c.bucket {
-		a := src[b:min(b+c.bucket, len(src))]
+	for b := 0; b < len(src); b += c.block {
+		a := src[b:min(b+c.block, len(src))]
 		var r []float32
 		if res != nil {
 			r = res[b : b+len(a)]
@@ -80,7 +80,7 @@ func addInto(r, a []float32) {
 }
 
 // signBit returns 1 if x >= 0 (−0 included), else 0, without a branch: adding
-// +0 turns −0 into +0. (NaN gives its sign bit's complement; NaN buckets are
+// +0 turns −0 into +0. (NaN gives its sign bit's complement; NaN blocks are
 // cleared anyway.)
 func signBit(x float32) uint32 { return ^math.Float32bits(x+0) >> 31 }
 
@@ -169,21 +169,21 @@ func unpackBits(d []float32, bits []byte, vals [2]float32, add bool) bool {
 	return true
 }
 
-// decodeBits checks a payload of bit buckets and writes or adds its values;
-// vals returns a bucket's reconstruction values from its header, or ok=false.
+// decodeBits checks a payload of bit blocks and writes or adds its values;
+// vals returns a block's reconstruction values from its header, or ok=false.
 func (c *efCodec) decodeBits(dst []float32, src []byte, add bool, name string,
 	vals func(hdr []byte) ([2]float32, bool)) error {
 	if err := checkLen(name, len(src), c.MaxEncodedLen(len(dst)), len(dst)); err != nil {
 		return err
 	}
-	for b := 0; b < len(dst); b += c.bucket {
-		d := dst[b:min(b+c.bucket, len(dst))]
+	for b := 0; b < len(dst); b += c.block {
+		d := dst[b:min(b+c.block, len(dst))]
 		v, ok := vals(src[:c.hdr])
 		if !ok {
-			return corruptf(name, "bucket %d has a bad header %x", b/c.bucket, src[:c.hdr])
+			return corruptf(name, "block %d has a bad header %x", b/c.block, src[:c.hdr])
 		}
 		if !unpackBits(d, src[c.hdr:], v, add) {
-			return corruptf(name, "bucket %d has non-zero padding bits", b/c.bucket)
+			return corruptf(name, "block %d has non-zero padding bits", b/c.block)
 		}
 		src = src[c.hdr+bitBytes(len(d)):]
 	}
@@ -194,7 +194,7 @@ type oneBitCodec struct{ efCodec }
 
 func buildOneBit(p params, opts Options) (Codec, error) {
 	n := opts.Layout.Len()
-	return &oneBitCodec{efCodec{newBase(p.canonical(), ClassErrorFeedback, n), p.int("bucket"), 8, residual{n: n}}}, nil
+	return &oneBitCodec{efCodec{newBase(p.canonical(), ClassErrorFeedback, n), p.int("block"), 8, residual{n: n}}}, nil
 }
 
 func (c *oneBitCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
@@ -276,7 +276,7 @@ type signCodec struct{ efCodec }
 
 func buildSign(p params, opts Options) (Codec, error) {
 	n := opts.Layout.Len()
-	return &signCodec{efCodec{newBase(p.canonical(), ClassErrorFeedback, n), p.int("bucket"), 4, residual{n: n}}}, nil
+	return &signCodec{efCodec{newBase(p.canonical(), ClassErrorFeedback, n), p.int("block"), 4, residual{n: n}}}, nil
 }
 
 func (c *signCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {

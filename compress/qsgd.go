@@ -2,32 +2,32 @@ package compress
 
 import "math"
 
-// QSGD ("qsgd:bits=b,bucket=d,norm=l2|linf"): per bucket one fp32 norm n, then
+// QSGD ("qsgd:bits=b,block=d,norm=l2|linf"): per block one fp32 norm n, then
 // b bits per value packed little-endian in bytes: the level l in 0…s (s = 2^(b−1)−1)
 // in the low b−1 bits and the sign above. With a = s·|v|/n, l = floor(a) + 1 iff
 // u < a − floor(a), u uniform in [0, 1) from the stream of (Seed, Step, Stream,
-// Offset); decoding gives n·sign·l/s, an unbiased estimate. Each bucket's codes
+// Offset); decoding gives n·sign·l/s, an unbiased estimate. Each block's codes
 // start on a byte boundary; unused bits of its last byte must be zero.
-// A bucket holding NaN or ±Inf (or whose ℓ2 norm overflows fp32) stores a NaN norm
+// A block holding NaN or ±Inf (or whose ℓ2 norm overflows fp32) stores a NaN norm
 // and decodes to NaN.
 
 type qsgdCodec struct {
 	base
-	bits, bucket int
-	levels       int32
-	linf         bool
-	seed         uint64
-	u, scaled    []float32 // scratch, one bucket each
+	bits, block int
+	levels      int32
+	linf        bool
+	seed        uint64
+	u, scaled   []float32 // scratch, one block each
 	// signed[c] is the signed level of code c.
 	signed [256]float32
 }
 
 func buildQSGD(p params, opts Options) (Codec, error) {
-	bits, bucket := p.int("bits"), p.int("bucket")
-	sz := min(bucket, max(opts.Layout.Len(), 1))
+	bits, block := p.int("bits"), p.int("block")
+	sz := min(block, max(opts.Layout.Len(), 1))
 	c := &qsgdCodec{
 		base: newBase(p.canonical(), ClassQuantized, opts.Layout.Len()),
-		bits: bits, bucket: bucket, levels: int32(1)<<(bits-1) - 1,
+		bits: bits, block: block, levels: int32(1)<<(bits-1) - 1,
 		linf: p.vals["norm"] == "linf", seed: opts.Seed,
 		u: make([]float32, sz), scaled: make([]float32, sz),
 	}
@@ -43,10 +43,10 @@ func buildQSGD(p params, opts Options) (Codec, error) {
 
 func (c *qsgdCodec) packedLen(n int) int { return (n*c.bits + 7) / 8 }
 
-func (c *qsgdCodec) MaxEncodedLen(n int) int { return bucketedLen(n, c.bucket, 4, c.packedLen) }
+func (c *qsgdCodec) MaxEncodedLen(n int) int { return blockedLen(n, c.block, 4, c.packedLen) }
 func (c *qsgdCodec) Reset()                  {}
 
-// norm returns the bucket norm of v.
+// norm returns the block norm of v.
 func (c *qsgdCodec) norm(v []float32) float32 {
 	if c.linf {
 		return absMax(v)
@@ -60,18 +60,18 @@ func (c *qsgdCodec) Encode(dst []byte, src []float32, pos Pos) ([]byte, error) {
 	}
 	dst, out := grow(dst, c.MaxEncodedLen(len(src)))
 	key := streamKey(c.seed, pos)
-	for b := 0; b < len(src); b += c.bucket {
-		v := src[b:min(b+c.bucket, len(src))]
+	for b := 0; b < len(src); b += c.block {
+		v := src[b:min(b+c.block, len(src))]
 		u := c.u[:len(v)]
 		fillUniform(u, key, b)
-		out = c.encodeBucket(out, v, u)
+		out = c.encodeBlock(out, v, u)
 	}
 	return dst, nil
 }
 
-// encodeBucket writes one bucket (norm + packed codes) using the uniforms u and
+// encodeBlock writes one block (norm + packed codes) using the uniforms u and
 // returns the rest of out.
-func (c *qsgdCodec) encodeBucket(out []byte, v, u []float32) []byte {
+func (c *qsgdCodec) encodeBlock(out []byte, v, u []float32) []byte {
 	n := c.norm(v)
 	pl := c.packedLen(len(v))
 	codes := out[4 : 4+pl]
@@ -152,25 +152,25 @@ func (c *qsgdCodec) decode(dst []float32, src []byte, add bool) error {
 	if err := checkLen(name, len(src), c.MaxEncodedLen(len(dst)), len(dst)); err != nil {
 		return err
 	}
-	for b := 0; b < len(dst); b += c.bucket {
-		d := dst[b:min(b+c.bucket, len(dst))]
+	for b := 0; b < len(dst); b += c.block {
+		d := dst[b:min(b+c.block, len(dst))]
 		n := getF32(src)
 		if !validScale(n) {
-			return corruptf(name, "bucket %d has norm %g", b/c.bucket, n)
+			return corruptf(name, "block %d has norm %g", b/c.block, n)
 		}
 		pl := c.packedLen(len(d))
 		codes := src[4 : 4+pl]
 		if pad := len(d) * c.bits % 8; pad != 0 && codes[pl-1]>>pad != 0 {
-			return corruptf(name, "bucket %d has non-zero padding bits", b/c.bucket)
+			return corruptf(name, "block %d has non-zero padding bits", b/c.block)
 		}
-		c.decodeBucket(d, codes, n/float32(c.levels), add)
+		c.decodeBlock(d, codes, n/float32(c.levels), add)
 		src = src[4+pl:]
 	}
 	return nil
 }
 
-// decodeBucket writes or adds signed[code]·scale for each packed code.
-func (c *qsgdCodec) decodeBucket(d []float32, codes []byte, scale float32, add bool) {
+// decodeBlock writes or adds signed[code]·scale for each packed code.
+func (c *qsgdCodec) decodeBlock(d []float32, codes []byte, scale float32, add bool) {
 	t := &c.signed
 	per := 8 / c.bits
 	mask := byte(1)<<c.bits - 1

@@ -104,30 +104,30 @@ func floatParam(lo, hi float64, closedLow bool) func(string) (string, error) {
 	}
 }
 
-// maxBucket bounds bucket sizes so that bucket arithmetic cannot overflow.
-const maxBucket = 1 << 24
+// maxBlock bounds block sizes so that block arithmetic cannot overflow.
+const maxBlock = 1 << 24
 
 // maxRank bounds the rank of the low-rank codecs.
 const maxRank = 64
 
-func bucketParam(def string) paramDef {
-	return paramDef{"bucket", def, "values per scale", intParam(1, maxBucket)}
+func blockParam(def string) paramDef {
+	return paramDef{"block", def, "values per scale", intParam(1, maxBlock)}
 }
 
 var codecDefs = []codecDef{
 	{name: "none", build: buildNone},
 	{name: "fp16", build: buildFP16},
 	{name: "bf16", build: buildBF16},
-	{name: "int8", params: []paramDef{bucketParam("2048")}, build: buildInt8},
-	{name: "sint8", params: []paramDef{bucketParam("2048")}, build: buildSInt8},
-	{name: "dyn8", params: []paramDef{bucketParam("2048")}, build: buildDyn8},
+	{name: "int8", params: []paramDef{blockParam("2048")}, build: buildInt8},
+	{name: "sint8", params: []paramDef{blockParam("2048")}, build: buildSInt8},
+	{name: "dyn8", params: []paramDef{blockParam("2048")}, build: buildDyn8},
 	{name: "qsgd", params: []paramDef{
 		{"bits", "4", "bits per value", oneOf("2", "4", "8")},
-		bucketParam("512"),
-		{"norm", "l2", "bucket norm", oneOf("l2", "linf")},
+		blockParam("512"),
+		{"norm", "l2", "block norm", oneOf("l2", "linf")},
 	}, build: buildQSGD},
-	{name: "onebit", params: []paramDef{bucketParam("2048")}, build: buildOneBit},
-	{name: "sign", params: []paramDef{bucketParam("2048")}, build: buildSign},
+	{name: "onebit", params: []paramDef{blockParam("2048")}, build: buildOneBit},
+	{name: "sign", params: []paramDef{blockParam("2048")}, build: buildSign},
 	{name: "topk", params: []paramDef{
 		{"ratio", "0.01", "fraction of values sent", floatParam(0, 1, false)},
 		{"dgc", "false", "DGC momentum correction", boolParam},
@@ -186,6 +186,9 @@ func parseSpec(spec string) (*codecDef, params, error) {
 			switch {
 			case pd == nil && len(def.params) == 0:
 				return nil, params{}, fmt.Errorf("compress: codec %s takes no parameters, got %q", name, kv)
+			case pd == nil && k == "bucket":
+				return nil, params{}, fmt.Errorf("compress: codec %s: parameter \"bucket\" is now called \"block\" (values per scale): use block=%s",
+					name, v)
 			case pd == nil:
 				return nil, params{}, fmt.Errorf("compress: unknown parameter %q for codec %s (valid: %s)",
 					k, name, strings.Join(valid, "; "))

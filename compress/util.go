@@ -20,8 +20,8 @@ func grow(dst []byte, n int) (all, tail []byte) {
 	return dst, dst[l:]
 }
 
-// numBuckets returns ceil(n / bucket).
-func numBuckets(n, bucket int) int { return (n + bucket - 1) / bucket }
+// numBlocks returns ceil(n / block).
+func numBlocks(n, block int) int { return (n + block - 1) / block }
 
 // checkRegion reports whether [pos.Offset, pos.Offset+n) lies inside a layout of total values.
 func checkRegion(name string, pos Pos, n, total int) error {
@@ -78,14 +78,14 @@ func absMaxBitsGo(src []float32) uint32 {
 // absMax returns max |src[i]|: NaN if any value is NaN, else +Inf if any is infinite.
 func absMax(src []float32) float32 { return math.Float32frombits(absMaxBits(src)) }
 
-// canonicalNaN is the quiet NaN stored for a bucket whose input was not finite.
+// canonicalNaN is the quiet NaN stored for a block whose input was not finite.
 var canonicalNaN = math.Float32frombits(0x7fc00000)
 
 func isFinite(f float32) bool { return absBits(f) < 0x7f800000 }
 
 func isNaN(f float32) bool { return absBits(f) > 0x7f800000 }
 
-// degenerate handles a bucket whose absmax is zero or not finite: it zeroes the
+// degenerate handles a block whose absmax is zero or not finite: it zeroes the
 // codes in out and returns the scale to store (0 or NaN) and true.
 func degenerate(out []byte, absmax float32) (float32, bool) {
 	if isFinite(absmax) && absmax != 0 {
@@ -99,7 +99,7 @@ func degenerate(out []byte, absmax float32) (float32, bool) {
 }
 
 // validScale reports whether a stored non-negative scale is acceptable:
-// finite and >= 0, or NaN (the marker of a bucket with non-finite input).
+// finite and >= 0, or NaN (the marker of a block with non-finite input).
 func validScale(s float32) bool { return isNaN(s) || (s >= 0 && isFinite(s)) }
 
 func putF32(b []byte, f float32) { binary.LittleEndian.PutUint32(b, math.Float32bits(f)) }

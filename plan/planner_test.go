@@ -231,7 +231,7 @@ func TestPlannerLinkCodecs(t *testing.T) {
 	override := cfg
 	override.Codec, override.LinkCodecs = "qsgd:bits=8", "int8"
 	plan = NewPlanner(override).Plan(ids, members)
-	if plan.FinalCodec != "int8:bucket=2048" || !slices.Contains(plan.LinkCodecs, "qsgd:bits=8,bucket=512,norm=l2") {
+	if plan.FinalCodec != "int8:block=2048" || !slices.Contains(plan.LinkCodecs, "qsgd:bits=8,block=512,norm=l2") {
 		t.Fatalf("override: plan %+v", plan)
 	}
 	for name, c := range map[string]Settings{

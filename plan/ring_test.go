@@ -198,12 +198,12 @@ func TestLinkSpec(t *testing.T) {
 		want string
 	}{
 		{"none", 1, "none"}, {"none", 4, "fp16"},
-		{"qsgd:bits=8", 1, "qsgd:bits=8,bucket=512,norm=l2"},
-		{"qsgd:bits=8", 2, "qsgd:bits=4,bucket=512,norm=l2"},
-		{"qsgd:bits=8", 10, "qsgd:bits=2,bucket=512,norm=l2"},
-		{"qsgd:bits=4", 3, "qsgd:bits=2,bucket=512,norm=l2"},
+		{"qsgd:bits=8", 1, "qsgd:bits=8,block=512,norm=l2"},
+		{"qsgd:bits=8", 2, "qsgd:bits=4,block=512,norm=l2"},
+		{"qsgd:bits=8", 10, "qsgd:bits=2,block=512,norm=l2"},
+		{"qsgd:bits=4", 3, "qsgd:bits=2,block=512,norm=l2"},
 		{"topk:ratio=0.01", 10, "topk:ratio=0.001,dgc=false"},
-		{"onebit", 10, "onebit:bucket=2048"},
+		{"onebit", 10, "onebit:block=2048"},
 	} {
 		got, err := EdgeCodec(tc.spec, tc.slow)
 		if err != nil || got != tc.want {
@@ -213,12 +213,12 @@ func TestLinkSpec(t *testing.T) {
 	m := uniform(3, 100)
 	m[1][2] = 25
 	s, final, err := EdgeCodecs("qsgd:bits=8", m, []int{0, 1, 2}, "")
-	if err != nil || s[0] != "qsgd:bits=8,bucket=512,norm=l2" || s[1] != "qsgd:bits=2,bucket=512,norm=l2" ||
+	if err != nil || s[0] != "qsgd:bits=8,block=512,norm=l2" || s[1] != "qsgd:bits=2,block=512,norm=l2" ||
 		s[2] != s[0] || final != s[1] {
 		t.Fatalf("EdgeCodecs = %v, %q, %v", s, final, err)
 	}
 	// The override replaces only the slow edge, and is the final spec.
-	if s, final, _ := EdgeCodecs("qsgd", m, []int{0, 1, 2}, "int8"); s[1] != "int8:bucket=2048" || s[0] != "qsgd:bits=4,bucket=512,norm=l2" || final != s[1] {
+	if s, final, _ := EdgeCodecs("qsgd", m, []int{0, 1, 2}, "int8"); s[1] != "int8:block=2048" || s[0] != "qsgd:bits=4,block=512,norm=l2" || final != s[1] {
 		t.Fatalf("override: %v, %q", s, final)
 	}
 	// A ring a little uneven (below SlowLink) keeps fp32 everywhere.

@@ -40,7 +40,7 @@ func cmdBenchCodecs(args []string, stdout, stderr io.Writer) error {
 	fs.Var(size, "size", "number of float32 `VALUES` to encode (e.g. 4096, 1Mi)")
 	asJSON := fs.Bool("json", false, "print a JSON list of {codec, ratio, encode_gbps, decode_gbps, rel_error}")
 	codecs := fs.String("codecs", "", "comma-separated codec `SPECS` to measure (default: every codec); "+
-		"a spec's own parameters stay with it, e.g. qsgd:bits=4,bucket=512,int8")
+		"a spec's own parameters stay with it, e.g. qsgd:bits=4,block=512,int8")
 	repeats := fs.Int("repeats", 5, "timed encodes and decodes per codec (the median counts)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -66,7 +66,7 @@ func cmdBenchCodecs(args []string, stdout, stderr io.Writer) error {
 }
 
 // splitSpecs splits a comma-separated list of codec specs. Specs have
-// comma-separated parameters themselves ("qsgd:bits=4,bucket=512"), so a
+// comma-separated parameters themselves ("qsgd:bits=4,block=512"), so a
 // piece of the form key=value with no colon continues the previous spec.
 // Every spec is validated.
 func splitSpecs(list string) ([]string, error) {

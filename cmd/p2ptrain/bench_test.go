@@ -105,7 +105,7 @@ func TestSplitSpecs(t *testing.T) {
 		{"", nil, false},
 		{"int8", []string{"int8"}, false},
 		{"none,fp16", []string{"none", "fp16"}, false},
-		{"qsgd:bits=4,bucket=512,int8,topk:ratio=0.01,dgc=true", []string{"qsgd:bits=4,bucket=512", "int8", "topk:ratio=0.01,dgc=true"}, false},
+		{"qsgd:bits=4,block=512,int8,topk:ratio=0.01,dgc=true", []string{"qsgd:bits=4,block=512", "int8", "topk:ratio=0.01,dgc=true"}, false},
 		{"int8,,fp16", nil, true},
 		{"bogus", nil, true},
 	}
@@ -145,8 +145,8 @@ func TestBenchCodecsJSON(t *testing.T) {
 		t.Fatalf("codecs %v, want every codec %v", got, want)
 	}
 	// The table form, and a --codecs subset.
-	code, out, stderr = runCLI(t, "bench", "codecs", "--size", "1Ki", "--codecs", "qsgd:bits=4,bucket=512,int8", "--repeats", "1")
-	if code != 0 || !strings.Contains(out, "qsgd:bits=4,bucket=512") || !strings.Contains(out, "int8:bucket=2048") ||
+	code, out, stderr = runCLI(t, "bench", "codecs", "--size", "1Ki", "--codecs", "qsgd:bits=4,block=512,int8", "--repeats", "1")
+	if code != 0 || !strings.Contains(out, "qsgd:bits=4,block=512") || !strings.Contains(out, "int8:block=2048") ||
 		strings.Contains(out, "onebit") {
 		t.Fatalf("table: exit %d\n%s%s", code, out, stderr)
 	}
@@ -205,7 +205,7 @@ func TestBenchAllreduceInproc(t *testing.T) {
 	}
 	code, out, stderr = runCLI(t, "bench", "allreduce", "--inproc", "--peers", "2", "--size", "64KiB", "--rounds", "1",
 		"--codec", "int8", "--bandwidth", "1gbit,10gbit", "--latency", "100us")
-	if code != 0 || !strings.HasPrefix(out, "size 64KiB  codec int8:bucket=2048  schedule direct  peers 2") {
+	if code != 0 || !strings.HasPrefix(out, "size 64KiB  codec int8:block=2048  schedule direct  peers 2") {
 		t.Fatalf("line form: exit %d\n%s%s", code, out, stderr)
 	}
 	// Schedule auto with per-link codecs picks what a training cluster
@@ -246,7 +246,7 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"allreduce link codecs", []string{"bench", "allreduce", "--inproc", "--link-codecs", "onebit"}, "--link-codecs: want off, auto or a linear or quantized codec spec"},
 		{"cluster link codecs", []string{"bench", "allreduce", "--expect", "3", "--link-codecs", "topk"}, "--link-codecs: want off, auto or a linear or quantized codec spec"},
 		{"cluster link codecs for sint8", []string{"bench", "allreduce", "--expect", "3", "--codec", "sint8", "--link-codecs", "auto", "--listen", "/ip4/127.0.0.1/tcp/0"},
-			"--link-codecs auto: allreduce: invalid configuration: codec sint8:bucket=2048 is shared-scale"},
+			"--link-codecs auto: allreduce: invalid configuration: codec sint8:block=2048 is shared-scale"},
 		{"inproc with expect", []string{"bench", "allreduce", "--inproc", "--expect", "3"}, "--expect is for a cluster member"},
 		{"inproc with listen", []string{"bench", "allreduce", "--inproc", "--listen", "/ip4/127.0.0.1/tcp/0"}, "--listen starts a real peer"},
 		{"peers without inproc", []string{"bench", "allreduce", "--expect", "3", "--peers", "3"}, "--peers needs --inproc"},
@@ -304,10 +304,10 @@ func TestBenchAllreduceCluster(t *testing.T) {
 		schedule string // prefix: auto picks from the links measured so far
 	}{
 		{"fp32 ring", nil, "none", "ring"},
-		{"sint8 auto", []string{"--codec", "sint8", "--schedule", "auto"}, "sint8:bucket=2048", "auto:"},
+		{"sint8 auto", []string{"--codec", "sint8", "--schedule", "auto"}, "sint8:block=2048", "auto:"},
 		// onebit cannot be summed inside a ring: the direct schedule runs, and
 		// the result says so (it once reported the schedule asked for).
-		{"onebit asked to ring", []string{"--codec", "onebit", "--schedule", "ring"}, "onebit:bucket=2048", "direct"},
+		{"onebit asked to ring", []string{"--codec", "onebit", "--schedule", "ring"}, "onebit:block=2048", "direct"},
 		// fp16 on the edges the probes found slow, if any ("ring+links").
 		{"fp32 ring with per-link codecs", []string{"--schedule", "ring", "--link-codecs", "fp16"}, "none", "ring"},
 	}

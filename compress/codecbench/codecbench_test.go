@@ -44,7 +44,7 @@ func TestRun(t *testing.T) {
 	if err := WriteTable(&tb, rs); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(tb.String(), "qsgd:bits=4,bucket=512,norm=l2") {
+	if !strings.Contains(tb.String(), "qsgd:bits=4,block=512,norm=l2") {
 		t.Errorf("table:\n%s", tb.String())
 	}
 	if _, err := Run(Config{Size: 10, Codecs: []string{"zstd"}}); err == nil {
