@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// acpRef is a float64 transcription of the ACP-SGD spec (shared/ALGORITHMS.md)
+// acpRef is a float64 transcription of the ACP-SGD formulas in docs/codecs.md
 // for one n×m matrix and W peers: the codec is checked against it step by step.
 type acpRef struct {
 	n, m, r int

@@ -4,7 +4,7 @@
 // and a Layout (the shapes of the tensors packed, in order, into the bucket's flat
 // fp32 buffer). It owns the bucket's error-feedback state. The package knows nothing
 // about networks or peers: the allreduce package drives codecs according to their
-// Class (see ALGORITHMS.md, "Which codecs can be summed inside a ring").
+// Class (docs/codecs.md, "Classes and schedules").
 //
 // # Spec strings
 //

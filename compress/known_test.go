@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// TestDyn8KnownAnswers checks the codes and values listed in ALGORITHMS.md (absmax 1).
+// TestDyn8KnownAnswers checks the codes and values listed in docs/codecs.md (absmax 1).
 func TestDyn8KnownAnswers(t *testing.T) {
 	tab := dyn8()
 	for _, tc := range []struct {
@@ -99,7 +99,7 @@ func qsgdWithU(t *testing.T, v, u []float32, s int32, bucket int, norm string) [
 
 func itoa(i int) string { return formatInt(i) }
 
-// TestQSGDKnownAnswers checks the explicit-u examples of ALGORITHMS.md.
+// TestQSGDKnownAnswers checks the explicit-u examples of docs/codecs.md.
 func TestQSGDKnownAnswers(t *testing.T) {
 	for _, tc := range []struct {
 		v, u   []float32
@@ -192,7 +192,7 @@ func topkPayload(b []byte) (idx []uint32, val []float32) {
 	return idx, val
 }
 
-// TestTopKKnownAnswer checks the two k = 2 steps of ALGORITHMS.md.
+// TestTopKKnownAnswer checks the two k = 2 steps of docs/codecs.md.
 func TestTopKKnownAnswer(t *testing.T) {
 	c := mustNew(t, "topk:ratio=0.5", Options{Layout: FlatLayout(4)})
 	res := &c.(*topKCodec).res
