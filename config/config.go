@@ -175,6 +175,9 @@ type Node struct {
 	MDNS bool `toml:"mdns"`
 	// API is the local HTTP API address; empty turns it off.
 	API string `toml:"api"`
+	// APIPublic allows the API on a non-loopback address (it has no
+	// authentication: anyone who reaches it sees the cluster's status).
+	APIPublic bool `toml:"api_public"`
 	// MaxPeers bounds the cluster size this peer connects to in full mesh.
 	MaxPeers int `toml:"max_peers"`
 	// Observer keeps this peer out of ring epochs: it follows the cluster
@@ -250,6 +253,24 @@ func DefaultConfig() Config {
 	}
 }
 
+// MinHeartbeat is the shortest heartbeat interval accepted.
+const MinHeartbeat = 10 * time.Millisecond
+
+// checkDuration reports a duration outside [lo, hi] under key and returns
+// whether it was inside. A value below a microsecond most likely came from
+// a bare TOML integer, which counts nanoseconds: the message says so.
+func checkDuration(bad func(key, format string, args ...any), key string, d, lo, hi time.Duration) bool {
+	switch {
+	case d > 0 && d < time.Microsecond:
+		bad(key, "%s is below %s: a bare number counts nanoseconds; write a duration string such as \"%s\"", d, lo, lo*100)
+	case d < lo || d > hi:
+		bad(key, "%s is outside %s..%s", d, lo, hi)
+	default:
+		return true
+	}
+	return false
+}
+
 // Validate reports every invalid value at once, each naming its key.
 func (c *Config) Validate() error {
 	var errs []error
@@ -285,21 +306,20 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.Node.API != "" {
-		if _, _, err := net.SplitHostPort(c.Node.API); err != nil {
+		host, _, err := net.SplitHostPort(c.Node.API)
+		switch {
+		case err != nil:
 			bad("node.api", "%q is not HOST:PORT (use \"\" to turn the API off)", c.Node.API)
+		case !c.Node.APIPublic && !loopbackHost(host):
+			bad("node.api", "%q is not a loopback address; the API has no authentication: set node.api_public = true (--api-public) to serve it there anyway", c.Node.API)
 		}
 	}
 	if c.Node.MaxPeers < 1 || c.Node.MaxPeers > 1024 {
 		bad("node.max_peers", "%d is outside 1..1024", c.Node.MaxPeers)
 	}
 	hb, ft := c.Gossip.Heartbeat.D(), c.Gossip.FailureTimeout.D()
-	if hb <= 0 {
-		bad("gossip.heartbeat", "must be positive, got %s", hb)
-	}
-	switch {
-	case ft <= 0:
-		bad("gossip.failure_timeout", "must be positive, got %s", ft)
-	case hb > 0 && ft < 2*hb:
+	hbOK := checkDuration(bad, "gossip.heartbeat", hb, MinHeartbeat, time.Minute)
+	if checkDuration(bad, "gossip.failure_timeout", ft, 2*MinHeartbeat, 10*time.Minute) && hbOK && ft < 2*hb {
 		bad("gossip.failure_timeout", "%s must be at least twice gossip.heartbeat (%s)", ft, hb)
 	}
 	if err := compress.Validate(c.Allreduce.Codec); err != nil {
@@ -320,8 +340,8 @@ func (c *Config) Validate() error {
 	if c.Allreduce.Concurrency < 1 || c.Allreduce.Concurrency > 64 {
 		bad("allreduce.concurrency", "%d is outside 1..64", c.Allreduce.Concurrency)
 	}
-	if c.Allreduce.FrameTimeout < 0 {
-		bad("allreduce.frame_timeout", "must not be negative, got %s", c.Allreduce.FrameTimeout.D())
+	if ftm := c.Allreduce.FrameTimeout.D(); ftm != 0 {
+		checkDuration(bad, "allreduce.frame_timeout", ftm, 100*time.Millisecond, time.Hour)
 	}
 	c.Train.validate(bad)
 	if iv := c.Probe.Interval.D(); iv < time.Second || iv > 24*time.Hour {
@@ -421,6 +441,16 @@ func (t *Train) validate(bad func(key, format string, args ...any)) {
 			bad(fmt.Sprintf("train.devices[%d]", i), "%v", err)
 		}
 	}
+}
+
+// loopbackHost reports whether host (from HOST:PORT) names only loopback:
+// "localhost" or a loopback IP. An empty host means every interface.
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // IsLoopback reports whether a is a loopback address (127.0.0.0/8, ::1 or

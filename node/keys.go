@@ -25,8 +25,17 @@ func WriteSwarmKey(path string) error {
 	return writeNew(path, []byte(data))
 }
 
-// LoadSwarmKey reads a private-network key file.
+// LoadSwarmKey reads a private-network key file. Like ssh with a private
+// key, it refuses a file that other users may read or write: whoever reads
+// the key is a member of the cluster.
 func LoadSwarmKey(path string) (pnet.PSK, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("node: read swarm key: %w", err)
+	}
+	if m := fi.Mode().Perm(); m&0o077 != 0 {
+		return nil, fmt.Errorf("node: swarm key %s has mode %#o, open to other users: anyone who reads it can join the cluster (run chmod 600 %s)", path, m, path)
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("node: read swarm key: %w", err)

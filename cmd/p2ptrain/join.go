@@ -28,6 +28,7 @@ type peerFlags struct {
 	name      string
 	cluster   string
 	open      bool
+	apiPublic bool
 	mdns      bool
 	logLevel  string
 	logFormat string
@@ -45,6 +46,7 @@ func addPeerFlags(fs *flag.FlagSet) *peerFlags {
 	fs.StringVar(&p.swarmKey, "swarm-key", "", "private-network key `FILE` (p2ptrain keygen --swarm-key)")
 	fs.StringVar(&p.identity, "identity", "", "persistent identity `FILE` (p2ptrain keygen --identity)")
 	fs.StringVar(&p.api, "api", "", "local HTTP API `HOST:PORT` (\"\" turns it off; default 127.0.0.1:7420)")
+	fs.BoolVar(&p.apiPublic, "api-public", false, "allow the local API on a non-loopback address (it has no authentication)")
 	fs.StringVar(&p.name, "name", "", "human-readable peer `NAME` (default: host name)")
 	fs.StringVar(&p.cluster, "cluster", "", "cluster `NAME`; peers of other clusters are ignored")
 	fs.BoolVar(&p.open, "open", false, "allow listening on non-loopback addresses without a swarm key")
@@ -75,6 +77,7 @@ func (p *peerFlags) resolve() (config.Config, error) {
 		"swarm-key":  func() { cfg.Node.SwarmKey = p.swarmKey },
 		"identity":   func() { cfg.Node.Identity = p.identity },
 		"api":        func() { cfg.Node.API = p.api },
+		"api-public": func() { cfg.Node.APIPublic = p.apiPublic },
 		"name":       func() { cfg.Node.Name = p.name },
 		"cluster":    func() { cfg.Node.Cluster = p.cluster },
 		"open":       func() { cfg.Node.Open = p.open },
