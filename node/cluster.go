@@ -50,7 +50,7 @@ func (n *Node) FetchState(ctx context.Context, p string, step, max uint64) ([]by
 }
 
 // ServeState serves the training state from src (nil stops serving).
-func (n *Node) ServeState(src func(step uint64) ([]byte, error)) {
+func (n *Node) ServeState(src func(from string, step uint64) ([]byte, error)) {
 	n.state.SetSource(src)
 }
 

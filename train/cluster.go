@@ -31,7 +31,8 @@ type Cluster interface {
 	// steps, refusing more than max bytes.
 	FetchState(ctx context.Context, peer string, step, max uint64) ([]byte, error)
 	// ServeState serves this peer's training state from src (nil stops).
-	ServeState(src func(step uint64) ([]byte, error))
+	// src learns which peer asks (a peer ID string).
+	ServeState(src func(from string, step uint64) ([]byte, error))
 }
 
 // Status is what the trainer reports after every change, for /status and

@@ -35,6 +35,10 @@ type Ready struct {
 	Epoch  uint64 `json:"epoch"`
 	Digest string `json:"digest"`
 	Step   uint64 `json:"step"`
+	// Hash is the sender's parameter hash after Step steps: a peer that
+	// fetches the state of that step accepts only the hash most of its
+	// holders announced.
+	Hash string `json:"hash,omitempty"`
 }
 
 // In reports whether r was announced in epoch ep.

@@ -1,6 +1,8 @@
 package train
 
 import (
+	"encoding/binary"
+	"math"
 	"strings"
 	"testing"
 
@@ -42,6 +44,63 @@ func TestDecodePayload(t *testing.T) {
 	} {
 		if _, err := DecodePayload([]byte(tc.in)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want one mentioning %q", tc.in, err, tc.want)
+		}
+	}
+}
+
+// TestChooseState: members continue from the state most of them announce,
+// counting only members past step 0; one member claiming a far higher step
+// does not outvote the rest (every honest peer once adopted such a
+// member's state, NaN included).
+func TestChooseState(t *testing.T) {
+	type st struct {
+		step uint64
+		hash string
+	}
+	for _, tc := range []struct {
+		name    string
+		members map[string]st
+		step    uint64
+		hash    string
+	}{
+		{"a liar with a higher step", map[string]st{"a": {100, "H"}, "b": {100, "H"}, "x": {1 << 40, "NaN"}}, 100, "H"},
+		{"joiners follow the trained peer", map[string]st{"a": {100, "H"}, "j1": {0, "I"}, "j2": {0, "I"}}, 100, "H"},
+		{"a fresh cluster", map[string]st{"a": {0, "I"}, "b": {0, "I"}}, 0, ""},
+		{"a diverged peer", map[string]st{"a": {50, "H"}, "b": {50, "H"}, "c": {50, "D"}}, 50, "H"},
+		{"a one-to-one tie goes to the higher step", map[string]st{"a": {50, "H"}, "b": {60, "K"}}, 60, "K"},
+		{"the majority's lineage, not the higher step", map[string]st{"a": {200, "M"}, "b": {200, "M"}, "c": {300, "m"}}, 200, "M"},
+		{"a claim beyond train.steps", map[string]st{"a": {0, "I"}, "x": {1 << 40, "NaN"}}, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var order []string
+			steps, hashes := map[string]uint64{}, map[string]string{}
+			for p, s := range tc.members {
+				order = append(order, p)
+				steps[p], hashes[p] = s.step, s.hash
+			}
+			step, hash := chooseState(order, steps, hashes, 1000)
+			if step != tc.step || hash != tc.hash {
+				t.Fatalf("chooseState = %d %q, want %d %q", step, hash, tc.step, tc.hash)
+			}
+		})
+	}
+}
+
+// TestFirstNonFinite: a downloaded state with a NaN or ±Inf parameter is
+// found (and refused by syncFrom).
+func TestFirstNonFinite(t *testing.T) {
+	vals := []float32{1, -2, 3.5, 0}
+	b := make([]byte, 4*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	if i := firstNonFinite(b); i != -1 {
+		t.Fatalf("finite values: index %d", i)
+	}
+	for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+		binary.LittleEndian.PutUint32(b[8:], math.Float32bits(bad))
+		if i := firstNonFinite(b); i != 2 {
+			t.Fatalf("%v at index 2: got %d", bad, i)
 		}
 	}
 }

@@ -8,6 +8,7 @@ package train
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -246,14 +247,21 @@ func (t *Trainer) Close() {
 	t.devs = nil
 }
 
-// serveState snapshots the state after step completed steps.
-func (t *Trainer) serveState(step uint64) ([]byte, error) {
+// serveState snapshots the state after step completed steps for peer
+// from, which must be a member of this peer's current ring epoch. The
+// snapshot is copied under the trainer's lock and serialized outside it.
+func (t *Trainer) serveState(from string, step uint64) ([]byte, error) {
+	if _, ep := t.c.View(); !slices.Contains(ep.Order, from) {
+		return nil, fmt.Errorf("%w: %s is not a member of ring epoch %d", statesync.ErrRefused, from, ep.Number)
+	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.step != step {
+		t.mu.Unlock()
 		return nil, fmt.Errorf("%w: at step %d", statesync.ErrUnavailable, t.step)
 	}
-	return t.m.Checkpoint(t.opt, int64(step), t.cfgHash).Marshal(), nil
+	c := t.m.Checkpoint(t.opt, int64(step), t.cfgHash)
+	t.mu.Unlock()
+	return c.Marshal(), nil
 }
 
 // Run trains until train.steps, then evaluates and returns the result. It
@@ -313,27 +321,27 @@ func (t *Trainer) waitEpoch(ctx context.Context, first bool) (gossip.Epoch, erro
 // enter announces this peer ready in ep, waits for every member, and brings
 // this peer's state up to the most advanced member's.
 func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
-	t.payload.Ready = &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: t.step}
+	t.payload.Ready = &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: t.step, Hash: t.m.ParamHash()}
 	t.publish()
 	var target uint64
 	var ready map[string]uint64
+	var hashes map[string]string
 	for {
 		members, cur := t.c.View()
 		if !sameEpoch(cur, ep) {
 			return errEpochChanged
 		}
-		ready = map[string]uint64{}
+		ready, hashes = map[string]uint64{}, map[string]string{}
 		for _, m := range members {
 			if r := payloadOf(m).Ready; r.In(ep) {
-				ready[m.PeerID] = r.Step
+				ready[m.PeerID], hashes[m.PeerID] = r.Step, r.Hash
 			}
 		}
-		ready[t.self] = t.step
+		ready[t.self], hashes[t.self] = t.step, t.payload.Ready.Hash
 		all := true
 		for _, p := range ep.Order {
-			s, ok := ready[p]
+			_, ok := ready[p]
 			all = all && ok
-			target = max(target, s)
 		}
 		if all {
 			// Every member announced its settings with its Ready: refuse to
@@ -358,20 +366,26 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 			return ctx.Err()
 		}
 	}
+	target, want := chooseState(ep.Order, ready, hashes, uint64(t.cfg.Steps))
 	t.mu.Lock()
-	behind, force := t.step < target, t.forceSync
+	behind, force := t.step != target || (want != "" && hashes[t.self] != want), t.forceSync
 	t.mu.Unlock()
 	self := t.self
+	if t.step > target && behind {
+		t.log.Warn("the epoch's majority holds another state: discarding this peer's own",
+			zap.Uint64("own_step", t.step), zap.Uint64("majority_step", target), zap.Uint64("steps_discarded", t.step-target))
+	}
 	if !behind && !(force && ep.Coordinator != self) {
 		t.mu.Lock()
 		t.forceSync = false
 		t.mu.Unlock()
 		return nil
 	}
-	// Fetch from the coordinator if it is at the target, else the lowest peer ID that is.
+	// Fetch it from the coordinator if it holds it, else from the lowest
+	// peer ID that does.
 	src := ""
 	for _, p := range append([]string{ep.Coordinator}, ep.Order...) {
-		if p != self && ready[p] == target {
+		if p != self && ready[p] == target && hashes[p] == want {
 			src = p
 			break
 		}
@@ -379,11 +393,42 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 	if src == "" {
 		return fmt.Errorf("train: no member holds step %d", target)
 	}
-	return t.syncFrom(ctx, src, target)
+	return t.syncFrom(ctx, src, target, want)
 }
 
-// syncFrom replaces this peer's state with peer src's at step.
-func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64) error {
+// chooseState picks the training state the members of an epoch continue
+// from, given each member's announced step and parameter hash: the (step,
+// hash) most members announce, counting only members past step 0 (a fresh
+// peer holds the seeded initial state, not a lineage of work); ties go to
+// the higher step, then the lower hash, so every member picks the same.
+// One member claiming a far higher step cannot outvote the others, and a
+// claim above limit (train.steps: no honest peer gets there) is ignored.
+// With every member at step 0 it returns step 0 and no hash.
+func chooseState(order []string, steps map[string]uint64, hashes map[string]string, limit uint64) (uint64, string) {
+	type state struct {
+		step uint64
+		hash string
+	}
+	count := map[state]int{}
+	for _, p := range order {
+		if s := steps[p]; s > 0 && s <= limit {
+			count[state{s, hashes[p]}]++
+		}
+	}
+	var best state
+	n := 0
+	for st, c := range count {
+		if c > n || (c == n && (st.step > best.step || (st.step == best.step && st.hash < best.hash))) {
+			best, n = st, c
+		}
+	}
+	return best.step, best.hash
+}
+
+// syncFrom replaces this peer's state with peer src's at step. The state
+// must have parameter hash want when want is not empty, and finite
+// parameters.
+func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64, want string) error {
 	t.log.Info("fetching training state", zap.String("from", src), zap.Uint64("step", step))
 	b, err := t.c.FetchState(ctx, src, step, t.maxStateBytes())
 	if err != nil {
@@ -400,6 +445,12 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64) error {
 	// announced one for this step, the parameters received must match it.
 	sum := sha256.Sum256(c.Params) // ParamHash: SHA-256 of the little-endian fp32 bytes
 	got := hex.EncodeToString(sum[:])
+	if want != "" && got != want {
+		return fmt.Errorf("train: state from %s has parameter hash %s, but the members at step %d announced %s", src, got, step, want)
+	}
+	if i := firstNonFinite(c.Params); i >= 0 {
+		return fmt.Errorf("train: state from %s holds a non-finite parameter (index %d): refused", src, i)
+	}
 	members, _ := t.c.View()
 	for _, m := range members {
 		if c := payloadOf(m).Check; m.PeerID == src && c != nil && c.Step == step && c.Hash != got {
@@ -419,7 +470,7 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64) error {
 	hash := t.m.ParamHash()
 	t.status.ParamHash, t.status.Step = hash, step
 	if t.payload.Ready != nil {
-		t.payload.Ready.Step = step
+		t.payload.Ready.Step, t.payload.Ready.Hash = step, hash
 	}
 	t.publish()
 	t.log.Info("training state synchronised", zap.String("from", src), zap.Uint64("step", step), zap.String("param_hash", hash))
@@ -482,7 +533,7 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 			if ctx.Err() != nil {
 				break
 			}
-			if de := (*model.DeviceError)(nil); errors.As(err, &de) {
+			if de := (*model.DeviceError)(nil); errors.As(err, &de) || errors.Is(err, errNonFinite) {
 				// Retrying on a device that failed would only fail again.
 				fatal = fmt.Errorf("train: training stopped at step %d: %w", t.step, err)
 				failed = true
@@ -571,10 +622,27 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 	samples := float64(sh.global)
 	t.status.Step, t.status.Loss, t.status.SamplesPerS, t.status.BytesPerStep = t.step, stats.Loss, samples/elapsed, sent
 	t.afterStep()
+	if t.cfg.CheckEvery > 0 && t.step%uint64(t.cfg.CheckEvery) == 0 {
+		if err := t.checkFinite(); err != nil {
+			return err
+		}
+	}
 	t.publish()
 	if t.progress != nil {
 		t.progress(Progress{Step: t.step, Steps: uint64(t.cfg.Steps), Loss: stats.Loss, Accuracy: t.lastEval,
 			SamplesPerS: samples / elapsed, BytesPerStep: sent, Peers: world, Epoch: epoch, Skipped: skip})
+	}
+	return nil
+}
+
+// errNonFinite marks a run stopped because its parameters are not finite.
+var errNonFinite = errors.New("train: parameters are not finite")
+
+// checkFinite returns an error wrapping errNonFinite when a parameter is
+// NaN or ±Inf: training on, or reporting a result, would only spread it.
+func (t *Trainer) checkFinite() error {
+	if model.HasNonFinite(t.m.Params()) {
+		return fmt.Errorf("%w after step %d: stopping (lower train.lr, or set train.clip_norm)", errNonFinite, t.step)
 	}
 	return nil
 }
@@ -662,6 +730,9 @@ func (t *Trainer) checkParams(ep gossip.Epoch) bool {
 // finish evaluates, writes the final checkpoint, and keeps serving state for a
 // while so a peer whose last round failed can still catch up.
 func (t *Trainer) finish(ctx context.Context) (Result, error) {
+	if err := t.checkFinite(); err != nil {
+		return Result{}, err
+	}
 	st, err := t.evaluate()
 	if de := (*model.DeviceError)(nil); errors.As(err, &de) {
 		return Result{}, fmt.Errorf("train: final evaluation: %w", err)
@@ -678,7 +749,7 @@ func (t *Trainer) finish(ctx context.Context) (Result, error) {
 		members, ep := t.c.View()
 		// Keep answering new epochs: a peer that joins now syncs to the final state.
 		if slices.Contains(ep.Order, self) && !t.payload.Ready.In(ep) {
-			t.payload.Ready = &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: t.step}
+			t.payload.Ready = &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: t.step, Hash: res.ParamHash}
 			t.publish()
 		}
 		done := true
@@ -703,6 +774,17 @@ func (r Result) String() string {
 // the same content (gossip may adopt two different rings under one number).
 func sameEpoch(a, b gossip.Epoch) bool {
 	return a.Number == b.Number && a.Digest() == b.Digest()
+}
+
+// firstNonFinite returns the index of the first NaN or ±Inf among the
+// little-endian float32 values of b, or -1.
+func firstNonFinite(b []byte) int {
+	for i := 0; i+4 <= len(b); i += 4 {
+		if binary.LittleEndian.Uint32(b[i:])&0x7f800000 == 0x7f800000 {
+			return i / 4
+		}
+	}
+	return -1
 }
 
 // maxStateBytes bounds a downloaded state: the parameters and up to three

@@ -28,6 +28,7 @@ const (
 	stateOK       byte = 0
 	stateWrongPos byte = 1
 	stateNone     byte = 2
+	stateRefused  byte = 3
 
 	// MaxBytes bounds a transferred state (parameters + optimizer state)
 	// when the client gives no tighter bound.
@@ -43,8 +44,13 @@ const ID protocol.ID = "/p2ptrain/state/1.0.0"
 var ErrUnavailable = errors.New("statesync: state unavailable at the requested step")
 
 // Source returns the serialized training state after step completed
-// steps, or ErrUnavailable if this peer is not at that step.
-type Source func(step uint64) ([]byte, error)
+// steps for the peer from (a peer ID string), or ErrUnavailable if this
+// peer is not at that step, or ErrRefused if it does not serve from.
+type Source func(from string, step uint64) ([]byte, error)
+
+// ErrRefused: the server does not serve its state to the requesting peer
+// (for example, one that is not a member of its ring epoch).
+var ErrRefused = errors.New("statesync: state refused to this peer")
 
 // Server answers state requests on a host from its current Source.
 type Server struct {
@@ -86,11 +92,15 @@ func (srv *Server) serve(s network.Stream) {
 		_, _ = s.Write([]byte{stateNone})
 		return
 	}
-	b, err := src(step)
+	b, err := src(s.Conn().RemotePeer().String(), step)
 	if err != nil {
 		code := stateNone
-		if errors.Is(err, ErrUnavailable) {
+		switch {
+		case errors.Is(err, ErrUnavailable):
 			code = stateWrongPos
+		case errors.Is(err, ErrRefused):
+			code = stateRefused
+			srv.log.Warn("refused a state request", zap.Stringer("peer", s.Conn().RemotePeer()), zap.Error(err))
 		}
 		_, _ = s.Write([]byte{code})
 		return
@@ -140,6 +150,8 @@ func Fetch(ctx context.Context, h host.Host, p peer.ID, step uint64, max uint64)
 		return nil, fmt.Errorf("%w: %s is not at step %d", ErrUnavailable, p, step)
 	case stateNone:
 		return nil, fmt.Errorf("%w: %s serves no state", ErrUnavailable, p)
+	case stateRefused:
+		return nil, fmt.Errorf("%w: %s does not serve this peer", ErrRefused, p)
 	default:
 		return nil, fmt.Errorf("statesync: state from %s: unknown status %d", p, hdr[0])
 	}

@@ -1,0 +1,67 @@
+package statesync
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"go.uber.org/zap/zaptest"
+)
+
+func newHost(t *testing.T) host.Host {
+	t.Helper()
+	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+// TestFetch: the state arrives whole; a wrong step, a refused peer, a
+// source that serves nothing and a state above the client's bound are each
+// their own error.
+func TestFetch(t *testing.T) {
+	srv, cli, other := newHost(t), newHost(t), newHost(t)
+	for _, h := range []host.Host{cli, other} {
+		if err := h.Connect(context.Background(), peer.AddrInfo{ID: srv.ID(), Addrs: srv.Addrs()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := bytes.Repeat([]byte("state"), 1000)
+	s := NewServer(srv, zaptest.NewLogger(t))
+	s.SetSource(func(from string, step uint64) ([]byte, error) {
+		switch {
+		case from != cli.ID().String():
+			return nil, fmt.Errorf("%w: %s is not a member", ErrRefused, from)
+		case step != 7:
+			return nil, fmt.Errorf("%w: at step 7", ErrUnavailable)
+		}
+		return state, nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got, err := Fetch(ctx, cli, srv.ID(), 7, 0)
+	if err != nil || !bytes.Equal(got, state) {
+		t.Fatalf("Fetch = %d bytes, %v", len(got), err)
+	}
+	if _, err := Fetch(ctx, cli, srv.ID(), 8, 0); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("wrong step: %v, want ErrUnavailable", err)
+	}
+	if _, err := Fetch(ctx, other, srv.ID(), 7, 0); !errors.Is(err, ErrRefused) {
+		t.Errorf("a peer the source refuses: %v, want ErrRefused", err)
+	}
+	if _, err := Fetch(ctx, cli, srv.ID(), 7, uint64(len(state)-1)); err == nil {
+		t.Error("a state above the client's bound was accepted")
+	}
+	s.SetSource(nil)
+	if _, err := Fetch(ctx, cli, srv.ID(), 7, 0); err == nil {
+		t.Error("fetched from a server that serves nothing")
+	}
+}
