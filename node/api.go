@@ -39,7 +39,7 @@ func startAPI(addr string, n *Node, log *zap.Logger) (*apiServer, error) {
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	s := &apiServer{
-		ln:   ln,
+		ln: ln,
 		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 			WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10},
 		done: make(chan struct{}),
