@@ -259,9 +259,14 @@ func (v *View) Leave(l Leave, now time.Time) []Event {
 	if seq, ok := v.leftSeq[l.PeerID]; ok && l.Seq <= seq {
 		return nil
 	}
-	v.leftSeq[l.PeerID] = l.Seq
 	m, ok := v.members[l.PeerID]
-	if !ok || m.Seq > l.Seq || m.State == Left {
+	if !ok {
+		// A departure of a peer this view never knew changes nothing; recording
+		// it would let fresh identities grow the view without bound.
+		return nil
+	}
+	v.leftSeq[l.PeerID] = l.Seq
+	if m.Seq > l.Seq || m.State == Left {
 		return nil
 	}
 	from := m.State

@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -578,5 +579,18 @@ func TestObserversStayOutOfRings(t *testing.T) {
 	e := c.agree(t, []string{"b", "c"})
 	if e.Coordinator != "b" {
 		t.Fatalf("coordinator %s, want b", e.Coordinator)
+	}
+}
+
+// TestLeaveOfUnknownPeersIsNotRecorded: departures of peers the view never
+// knew leave no trace (each once added an entry that lived until forgotten,
+// so fresh identities could grow the view without bound).
+func TestLeaveOfUnknownPeersIsNotRecorded(t *testing.T) {
+	v := NewView(hb("a", 0), testTiming, t0)
+	for i := range 1000 {
+		v.Leave(Leave{PeerID: fmt.Sprintf("stranger-%d", i), Seq: 1}, t0)
+	}
+	if len(v.leftSeq) != 0 || len(v.members) != 1 {
+		t.Fatalf("%d departures and %d members recorded, want 0 and 1", len(v.leftSeq), len(v.members))
 	}
 }
