@@ -56,6 +56,10 @@ const (
 	// DefaultTimeoutSlack multiplies the expected transfer time of a bucket
 	// to derive the frame deadline.
 	DefaultTimeoutSlack = 4
+	// TimeoutCeiling is the largest derived frame deadline, whatever the
+	// bandwidth figure: a member that gossips a tiny link speed cannot
+	// stretch every deadline to days.
+	TimeoutCeiling = 10 * time.Minute
 )
 
 // Config configures a Session. The zero value is usable.
@@ -73,7 +77,8 @@ type Config struct {
 	// Concurrency bounds the buckets of a round reduced at once (default 2).
 	Concurrency int
 	// FrameTimeout is the deadline for each awaited frame. 0 derives it per
-	// bucket: max(TimeoutFloor, DefaultTimeoutSlack · 2 · bucket bytes / Bandwidth).
+	// bucket: max(TimeoutFloor, min(TimeoutCeiling, DefaultTimeoutSlack · 2 ·
+	// bucket bytes / Bandwidth)).
 	// A peer that has already received part of the bucket waits up to one
 	// more FrameTimeout in proportion to its progress before blaming its
 	// upstream peer (so the stalled peer's direct neighbour reports first):
@@ -134,8 +139,8 @@ func (c Config) frameTimeout(bucketBytes int) time.Duration {
 	}
 	d := c.TimeoutFloor
 	if c.Bandwidth > 0 {
-		t := time.Duration(float64(DefaultTimeoutSlack) * 2 * float64(bucketBytes) / c.Bandwidth * float64(time.Second))
-		if t > d {
+		secs := min(float64(DefaultTimeoutSlack)*2*float64(bucketBytes)/c.Bandwidth, TimeoutCeiling.Seconds())
+		if t := time.Duration(secs * float64(time.Second)); t > d {
 			d = t
 		}
 	}
