@@ -60,6 +60,9 @@ const (
 	// bandwidth figure: a member that gossips a tiny link speed cannot
 	// stretch every deadline to days.
 	TimeoutCeiling = 10 * time.Minute
+	// DefaultMaxBufferedBytes is the default Config.MaxBufferedBytes: room
+	// for a peer running one step ahead with a large model.
+	DefaultMaxBufferedBytes = 1 << 30
 )
 
 // Config configures a Session. The zero value is usable.
@@ -89,6 +92,10 @@ type Config struct {
 	// Bandwidth is the measured bandwidth of the slowest link in bytes/s
 	// (0: unknown, the deadline is TimeoutFloor).
 	Bandwidth float64
+	// MaxBufferedBytes bounds, per peer, the bytes of frames received and
+	// not yet consumed (default DefaultMaxBufferedBytes, at least one
+	// frame): a peer that sends more fails the session and is named.
+	MaxBufferedBytes int
 	// Logger receives failure reasons (default zap.NewNop()).
 	Logger *zap.Logger
 }
@@ -108,6 +115,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.TimeoutFloor <= 0 {
 		c.TimeoutFloor = DefaultTimeoutFloor
+	}
+	if c.MaxBufferedBytes <= 0 {
+		c.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
+	if c.MaxBufferedBytes < c.MaxFrameBytes {
+		c.MaxBufferedBytes = c.MaxFrameBytes
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()

@@ -151,6 +151,10 @@ func TestInvalidFrames(t *testing.T) {
 		{"corrupt-payload", frameFor(5, 9, allreduce.PhaseReduce, fp, make([]byte, 3)), allreduce.ErrBadFrame},
 		{"oversize", make([]byte, 1<<20+1), allreduce.ErrFrameTooLarge},
 		{"bad-abort", frameFor(5, 9, allreduce.PhaseAbort, 0, []byte{9}), allreduce.ErrBadFrame},
+		// Frames outside the round's step window are refused, not buffered
+		// (a member once made its victim buffer 600 MiB of far-future frames).
+		{"far-future-step", frameFor(5, 1<<40, allreduce.PhaseReduce, fp, make([]byte, 4)), allreduce.ErrBadFrame},
+		{"past-step", frameFor(5, 8, allreduce.PhaseReduce, fp, make([]byte, 4)), allreduce.ErrBadFrame},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -169,6 +173,29 @@ func TestInvalidFrames(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestBufferedBytesBounded: a peer whose unread frames exceed
+// Config.MaxBufferedBytes fails the session and is named, however many it
+// sends.
+func TestBufferedBytesBounded(t *testing.T) {
+	fp := allreduce.CodecID(fakeFP32{}.Spec())
+	synctest.Test(t, func(t *testing.T) {
+		opts := memOpts()
+		opts.MaxFrame = 1 << 20
+		cfg := allreduce.Config{MaxFrameBytes: 1 << 20, MaxBufferedBytes: 1 << 20}
+		pes := failRound(t, 3, cfg, opts, func(c *cluster) {
+			// Frames for the next step, which no round reads yet.
+			for range 20 {
+				c.net.Inject("peer-0", "peer-1", frameFor(5, 10, allreduce.PhaseReduce, fp, make([]byte, 64<<10)))
+			}
+		}, allreduce.ErrFrameTooLarge)
+		for i, pe := range pes {
+			if pe.Peer != "peer-0" {
+				t.Errorf("peer %d: %v does not name peer-0", i, pe)
+			}
+		}
+	})
 }
 
 func TestContextCancel(t *testing.T) {

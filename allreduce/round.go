@@ -82,6 +82,21 @@ type job struct {
 // NewRound starts the round of training step step. Canceling ctx aborts the
 // round (and the session).
 func (s *Session) NewRound(ctx context.Context, step uint64) *Round {
+	s.mu.Lock()
+	s.round, s.rounds = step, true
+	// Frames that arrived before this round must fit its window too.
+	var stray *boxKey
+	for k, mb := range s.boxes {
+		if len(mb.q) > 0 && (k.step < step || k.step > step+1) {
+			stray = &k
+			break
+		}
+	}
+	s.mu.Unlock()
+	if stray != nil {
+		s.fail(s.peerErr(s.ep.Peers[stray.from], stray.step, stray.bucket,
+			fmt.Errorf("%w: frame for step %d outside the window [%d, %d]", ErrBadFrame, stray.step, step, step+1)))
+	}
 	r := &Round{s: s, ctx: ctx, step: step, ready: make(chan struct{}, 1), ids: make(map[uint32]bool)}
 	r.dispWG.Add(1)
 	go r.dispatch()

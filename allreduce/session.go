@@ -48,6 +48,13 @@ type Session struct {
 
 	mu    sync.Mutex
 	boxes map[boxKey]*mailbox
+	// buffered counts, per rank, the frame bytes held in mailboxes and not
+	// yet consumed (bounded by Config.MaxBufferedBytes).
+	buffered []int
+	// round is the step of the latest local round; rounds says one exists.
+	// Frames for other steps than round and round+1 are refused.
+	round  uint64
+	rounds bool
 	// ended marks peers (by rank) that closed the epoch cleanly.
 	ended map[int]bool
 	err   error
@@ -105,20 +112,21 @@ func NewSession(ep Ring, t Transport, cfg Config) (*Session, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Session{
-		ep:     ep,
-		rank:   ep.Rank(ep.Self),
-		w:      len(ep.Peers),
-		t:      t,
-		cfg:    cfg,
-		log:    cfg.Logger.Named("allreduce").With(zap.Uint64("epoch", ep.Number), zap.String("self", string(ep.Self))),
-		max:    cfg.MaxFrameBytes,
-		ctx:    ctx,
-		cancel: cancel,
-		sem:    make(chan struct{}, cfg.Concurrency),
-		boxes:  make(map[boxKey]*mailbox),
-		ended:  make(map[int]bool),
-		done:   make(chan struct{}),
-		out:    make([]*outQueue, len(ep.Peers)),
+		ep:       ep,
+		rank:     ep.Rank(ep.Self),
+		w:        len(ep.Peers),
+		t:        t,
+		cfg:      cfg,
+		log:      cfg.Logger.Named("allreduce").With(zap.Uint64("epoch", ep.Number), zap.String("self", string(ep.Self))),
+		max:      cfg.MaxFrameBytes,
+		ctx:      ctx,
+		cancel:   cancel,
+		sem:      make(chan struct{}, cfg.Concurrency),
+		boxes:    make(map[boxKey]*mailbox),
+		buffered: make([]int, len(ep.Peers)),
+		ended:    make(map[int]bool),
+		done:     make(chan struct{}),
+		out:      make([]*outQueue, len(ep.Peers)),
 	}
 	// Every queue exists before any goroutine starts: a reader that fails at
 	// once calls fail → wakeFlush, which walks all of s.out.
@@ -336,6 +344,21 @@ func (s *Session) readLoop(from int) {
 		}
 		key := boxKey{from: from, step: h.Step, bucket: h.Bucket, phase: h.Phase}
 		s.mu.Lock()
+		if s.rounds && (h.Step < s.round || h.Step > s.round+1) {
+			base := s.round
+			s.mu.Unlock()
+			s.fail(s.peerErr(peer, h.Step, h.Bucket,
+				fmt.Errorf("%w: frame for step %d outside the window [%d, %d]", ErrBadFrame, h.Step, base, base+1)))
+			return
+		}
+		if s.buffered[from]+len(b) > s.cfg.MaxBufferedBytes {
+			held := s.buffered[from]
+			s.mu.Unlock()
+			s.fail(s.peerErr(peer, h.Step, h.Bucket,
+				fmt.Errorf("%w: %d bytes of its frames already wait unread (limit %d)", ErrFrameTooLarge, held, s.cfg.MaxBufferedBytes)))
+			return
+		}
+		s.buffered[from] += len(b)
 		mb := s.box(key)
 		mb.q = append(mb.q, frameMsg{h: h, payload: p, raw: b})
 		s.mu.Unlock()
@@ -359,8 +382,11 @@ func (s *Session) box(key boxKey) *mailbox {
 // dropBoxes forgets the mailboxes of one bucket of one step.
 func (s *Session) dropBoxes(step uint64, bucket uint32) {
 	s.mu.Lock()
-	for k := range s.boxes {
+	for k, mb := range s.boxes {
 		if k.step == step && k.bucket == bucket {
+			for _, m := range mb.q {
+				s.buffered[k.from] -= len(m.raw)
+			}
 			delete(s.boxes, k)
 		}
 	}
@@ -499,6 +525,7 @@ func (o *op) recv(from int, ph Phase, chunk int) (raw, payload []byte, err error
 			m := mb.q[0]
 			mb.q[0] = frameMsg{}
 			mb.q = mb.q[1:]
+			s.buffered[from] -= len(m.raw)
 			s.mu.Unlock()
 			want := o.id
 			if ph.Kind() == PhaseReduce && o.recvID != 0 {
