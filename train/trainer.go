@@ -523,14 +523,37 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 	plan.StartCodecs(t.codecs)
 	t.log.Info("training in ring epoch", zap.Uint64("epoch", ep.Number), zap.Int("peers", len(ep.Order)),
 		zap.Int("rank", rank), zap.Uint64("step", t.step))
+	// A newer epoch cancels the round in flight rather than letting it wait
+	// for frames from members the new epoch dropped.
+	stepCtx, cancelStep := context.WithCancelCause(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		for ctxutil.Sleep(stepCtx, pollInterval) {
+			if _, cur := t.c.View(); !sameEpoch(cur, ep) {
+				cancelStep(errEpochChanged)
+				return
+			}
+		}
+	}()
+	defer func() {
+		cancelStep(nil)
+		<-watchDone
+	}()
 	failed := false
 	var fatal error
 	for t.step < uint64(t.cfg.Steps) && ctx.Err() == nil {
 		if _, cur := t.c.View(); !sameEpoch(cur, ep) {
 			break
 		}
-		if err := t.runStep(ctx, sess, tr, links, len(ep.Order), ep.Number); err != nil {
+		if err := t.runStep(stepCtx, sess, tr, links, len(ep.Order), ep.Number); err != nil {
 			if ctx.Err() != nil {
+				break
+			}
+			if errors.Is(context.Cause(stepCtx), errEpochChanged) {
+				t.log.Info("a newer ring epoch cancelled the step in flight; retrying it there", zap.Uint64("step", t.step))
+				plan.ResetCodecs(t.codecs)
+				failed = true
 				break
 			}
 			if de := (*model.DeviceError)(nil); errors.As(err, &de) || errors.Is(err, errNonFinite) {
