@@ -182,23 +182,18 @@ func (v *View) Members() []Member {
 }
 
 // Live returns the peer IDs of alive and suspect members, sorted.
-func (v *View) Live() []string {
-	var out []string
-	for id, m := range v.members {
-		if m.State.inRing() {
-			out = append(out, id)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
+func (v *View) Live() []string { return v.live(true) }
 
 // ringable returns the live members that may join a ring (observers may
 // not), sorted.
-func (v *View) ringable() []string {
+func (v *View) ringable() []string { return v.live(false) }
+
+// live returns the peer IDs of alive and suspect members, observers only
+// with observers, sorted.
+func (v *View) live(observers bool) []string {
 	var out []string
 	for id, m := range v.members {
-		if m.State.inRing() && !m.Observer {
+		if m.State.inRing() && (observers || !m.Observer) {
 			out = append(out, id)
 		}
 	}
@@ -329,7 +324,7 @@ func (v *View) checkNumber(n uint64) error {
 	if n > MaxEpochNumber {
 		return fmt.Errorf("%w: number %d is above the limit %d", ErrEpochRejected, n, MaxEpochNumber)
 	}
-	if base := max(v.epoch.Number, v.maxEpoch); base != 0 && n-base > MaxEpochJump && n > base {
+	if base := max(v.epoch.Number, v.maxEpoch); base != 0 && n > base && n-base > MaxEpochJump {
 		return fmt.Errorf("%w: number %d jumps %d past the highest seen, %d (limit %d)", ErrEpochRejected, n, n-base, base, MaxEpochJump)
 	}
 	return nil

@@ -139,10 +139,7 @@ func TestShares(t *testing.T) {
 
 func TestChoose(t *testing.T) {
 	mbit := 1e6 / 8
-	m := uniform(4, 1000*mbit)
-	for j := range m {
-		m[0][j], m[j][0] = 100*mbit, 100*mbit
-	}
+	m := mbitMatrix(slowPeer(4, 100, 1000))
 	p := Choose(m, 64<<20)
 	if p.Schedule != allreduce.ScheduleProportional || p.Shares[0] != 0 {
 		t.Fatalf("plan %+v", p)
@@ -161,10 +158,7 @@ func TestChoose(t *testing.T) {
 // links keep the plain ring.
 func TestChooseLinks(t *testing.T) {
 	mbit := 1e6 / 8
-	m := uniform(4, 1000*mbit)
-	for j := range m {
-		m[0][j], m[j][0] = 100*mbit, 100*mbit
-	}
+	m := mbitMatrix(slowPeer(4, 100, 1000))
 	p, edges, final, err := ChooseLinks(m, 64<<20, "none", "")
 	if err != nil || p.Schedule != allreduce.ScheduleRing || p.Shares != nil || final != "fp16" || len(edges) != 4 {
 		t.Fatalf("ChooseLinks = %+v, %v, %q, %v; want the ring with fp16 links", p, edges, final, err)

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/p2ptrain/p2ptrain/internal/p2ptest"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 )
@@ -22,18 +22,9 @@ var defaultConfig = Config{Interval: 30 * time.Second, MaxBytes: 4 << 20, DutyCy
 // connected to b.
 func startPair(t *testing.T) (a, b host.Host) {
 	t.Helper()
-	mk := func() host.Host {
-		h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { h.Close() })
+	a, b = p2ptest.Pair(t)
+	for _, h := range []host.Host{a, b} {
 		New(h, defaultConfig, zaptest.NewLogger(t))
-		return h
-	}
-	a, b = mk(), mk()
-	if err := a.Connect(context.Background(), peer.AddrInfo{ID: b.ID(), Addrs: b.Addrs()}); err != nil {
-		t.Fatal(err)
 	}
 	return a, b
 }

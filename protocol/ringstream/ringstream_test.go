@@ -7,33 +7,24 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/host"
-	"github.com/libp2p/go-libp2p/core/peer"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
+	"github.com/p2ptrain/p2ptrain/internal/p2ptest"
 )
 
-func newHost(t *testing.T) host.Host {
-	t.Helper()
-	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	return h
+// servicePair starts two connected loopback hosts, each with a Service.
+func servicePair(t *testing.T) (a, b host.Host, sa, sb *Service) {
+	a, b = p2ptest.Pair(t)
+	log := zaptest.NewLogger(t)
+	return a, b, New(a, 1<<20, nil, log), New(b, 1<<20, nil, log)
 }
 
 // TestSentCountsOnlyWrittenFrames: Sent counts the frames that were written
 // and none that failed (it once counted a frame before its write failed).
 func TestSentCountsOnlyWrittenFrames(t *testing.T) {
-	a, b := newHost(t), newHost(t)
-	if err := a.Connect(context.Background(), peer.AddrInfo{ID: b.ID(), Addrs: b.Addrs()}); err != nil {
-		t.Fatal(err)
-	}
-	log := zaptest.NewLogger(t)
-	sa, sb := New(a, 1<<20, nil, log), New(b, 1<<20, nil, log)
+	a, b, sa, sb := servicePair(t)
 	defer sa.Close()
 	ep := allreduce.Ring{Number: 1, Peers: []allreduce.PeerID{allreduce.PeerID(a.ID().String()), allreduce.PeerID(b.ID().String())}}
 	ea, eb := ep, ep
@@ -71,12 +62,7 @@ func TestSentCountsOnlyWrittenFrames(t *testing.T) {
 // whose number and digest both match, even when it arrives before that
 // transport opens.
 func TestRingsUnderOneNumberDoNotMix(t *testing.T) {
-	a, b := newHost(t), newHost(t)
-	if err := a.Connect(context.Background(), peer.AddrInfo{ID: b.ID(), Addrs: b.Addrs()}); err != nil {
-		t.Fatal(err)
-	}
-	log := zaptest.NewLogger(t)
-	sa, sb := New(a, 1<<20, nil, log), New(b, 1<<20, nil, log)
+	a, b, sa, sb := servicePair(t)
 	defer sa.Close()
 	defer sb.Close()
 	pa, pb := allreduce.PeerID(a.ID().String()), allreduce.PeerID(b.ID().String())

@@ -8,32 +8,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p"
-	"github.com/libp2p/go-libp2p/core/host"
-	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/p2ptrain/p2ptrain/internal/p2ptest"
 	"go.uber.org/zap/zaptest"
 )
-
-func newHost(t *testing.T) host.Host {
-	t.Helper()
-	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	return h
-}
 
 // TestFetch: the state arrives whole; a wrong step, a refused peer, a
 // source that serves nothing and a state above the client's bound are each
 // their own error.
 func TestFetch(t *testing.T) {
-	srv, cli, other := newHost(t), newHost(t), newHost(t)
-	for _, h := range []host.Host{cli, other} {
-		if err := h.Connect(context.Background(), peer.AddrInfo{ID: srv.ID(), Addrs: srv.Addrs()}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv, cli, other := p2ptest.Host(t), p2ptest.Host(t), p2ptest.Host(t)
+	p2ptest.Connect(t, srv, cli, other)
 	state := bytes.Repeat([]byte("state"), 1000)
 	s := NewServer(srv, zaptest.NewLogger(t))
 	s.SetSource(func(from string, step uint64) ([]byte, error) {
