@@ -59,7 +59,10 @@ type Session struct {
 	ended map[int]bool
 	err   error
 	done  chan struct{}
-	out   []*outQueue
+	// aborted is closed when the abort notices of a failed session went
+	// out (or abortTimeout passed); Close waits for it before cancelling.
+	aborted chan struct{}
+	out     []*outQueue
 }
 
 type boxKey struct {
@@ -169,7 +172,11 @@ func (s *Session) Close() error {
 		s.err = fmt.Errorf("%w (epoch %d)", ErrClosed, s.ep.Number)
 		close(s.done)
 	}
+	aborted := s.aborted
 	s.mu.Unlock()
+	if aborted != nil {
+		<-aborted // the abort notices go out before the session's streams are cut
+	}
 	s.cancel()
 	s.wg.Wait()
 	return nil
@@ -228,6 +235,7 @@ func (s *Session) fail(err error) error {
 	}
 	s.err = err
 	close(s.done)
+	s.aborted = make(chan struct{})
 	s.wg.Add(1)
 	s.mu.Unlock()
 	s.wakeFlush()
@@ -245,6 +253,7 @@ func (s *Session) errNow() error {
 // abort tells every other peer (best effort) and resets the transport.
 func (s *Session) abort(err error) {
 	defer s.wg.Done()
+	defer close(s.aborted)
 	if s.t == nil {
 		return
 	}
@@ -257,7 +266,10 @@ func (s *Session) abort(err error) {
 		h.Step, h.Bucket = pe.Step, pe.Bucket
 	}
 	frame := marshalAbort(nil, h, culprit, kindOf(err), err.Error())
-	ctx, cancel := context.WithTimeout(s.ctx, abortTimeout)
+	// Not s.ctx: closing the session must not cut the notices short (a
+	// peer that misses one blames this peer for the broken link instead of
+	// the culprit); Close waits for them instead.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), abortTimeout)
 	var wg sync.WaitGroup
 	for i, p := range s.ep.Peers {
 		if i == s.rank {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/gpu"
 	"github.com/p2ptrain/p2ptrain/model"
 	"github.com/p2ptrain/p2ptrain/plan"
@@ -112,12 +113,19 @@ type Train struct {
 	EvalSamples int `toml:"eval_samples"`
 	// CheckEvery gossips a parameter hash every N steps (0: off).
 	CheckEvery int `toml:"check_every"`
-	// MinPeers: peers to wait for before the first step.
+	// MinPeers: members a ring epoch needs before it trains.
 	MinPeers int `toml:"min_peers"`
 	// CheckpointDir: where checkpoints go ("" : none); the latest is resumed.
 	CheckpointDir string `toml:"checkpoint_dir"`
 	// CheckpointEvery writes a checkpoint every N steps (0: only at the end).
 	CheckpointEvery int `toml:"checkpoint_every"`
+	// ExcludeAfter is how many consecutive failed steps blamed on one
+	// member (a late, missing or invalid frame from it) make this peer
+	// exclude it from ring epochs for gossip.exclude_for.
+	ExcludeAfter int `toml:"exclude_after"`
+	// ReadyTimeout bounds the wait for every member of a new ring epoch to
+	// announce itself ready; members still silent then are excluded.
+	ReadyTimeout Duration `toml:"ready_timeout"`
 }
 
 // Allreduce is the [allreduce] section: how gradients cross the ring.
@@ -192,6 +200,9 @@ type Gossip struct {
 	Heartbeat Duration `toml:"heartbeat"`
 	// FailureTimeout is the silence after which a peer is declared dead.
 	FailureTimeout Duration `toml:"failure_timeout"`
+	// ExcludeFor is the first back-off of a member excluded from ring
+	// epochs (train.exclude_after); it doubles with each repeat, up to 16×.
+	ExcludeFor Duration `toml:"exclude_for"`
 }
 
 // Log is the [log] section.
@@ -216,6 +227,7 @@ func DefaultConfig() Config {
 		Gossip: Gossip{
 			Heartbeat:      Duration(time.Second),
 			FailureTimeout: Duration(5 * time.Second),
+			ExcludeFor:     Duration(gossip.DefaultExcludeFor),
 		},
 		Allreduce: Allreduce{
 			Codec:       "none",
@@ -241,6 +253,8 @@ func DefaultConfig() Config {
 			EvalEvery:          200,
 			CheckEvery:         50,
 			MinPeers:           1,
+			ExcludeAfter:       2,
+			ReadyTimeout:       Duration(30 * time.Second),
 		},
 		Probe: Probe{
 			Enabled:        true,
@@ -322,6 +336,7 @@ func (c *Config) Validate() error {
 	if checkDuration(bad, "gossip.failure_timeout", ft, 2*MinHeartbeat, 10*time.Minute) && hbOK && ft < 2*hb {
 		bad("gossip.failure_timeout", "%s must be at least twice gossip.heartbeat (%s)", ft, hb)
 	}
+	checkDuration(bad, "gossip.exclude_for", c.Gossip.ExcludeFor.D(), time.Second, time.Hour)
 	if err := compress.Validate(c.Allreduce.Codec); err != nil {
 		bad("allreduce.codec", "%v", err)
 	}
@@ -407,6 +422,7 @@ func (t *Train) validate(bad func(key, format string, args ...any)) {
 		{"train.steps", t.Steps, 0}, {"train.batch_size", t.BatchSize, 1}, {"train.warmup_steps", t.WarmupSteps, 0}, {"train.lowrank_warmup_steps", t.LowRankWarmupSteps, 0},
 		{"train.train_samples", t.TrainSamples, 0}, {"train.eval_every", t.EvalEvery, 0}, {"train.eval_samples", t.EvalSamples, 0},
 		{"train.check_every", t.CheckEvery, 0}, {"train.min_peers", t.MinPeers, 1}, {"train.checkpoint_every", t.CheckpointEvery, 0},
+		{"train.exclude_after", t.ExcludeAfter, 1},
 	} {
 		if c.v < c.min {
 			bad(c.key, "%d must be at least %d", c.v, c.min)
@@ -433,6 +449,7 @@ func (t *Train) validate(bad func(key, format string, args ...any)) {
 	if !(t.Dropout >= 0 && t.Dropout < 1) {
 		bad("train.dropout", "%g must be in [0, 1)", t.Dropout)
 	}
+	checkDuration(bad, "train.ready_timeout", t.ReadyTimeout.D(), time.Second, time.Hour)
 	if len(t.Devices) == 0 {
 		bad("train.devices", "needs at least one device")
 	}

@@ -49,6 +49,14 @@ func DefaultTiming(interval, failAfter time.Duration) Timing {
 	}
 }
 
+// minBeatDivisor spaces the extra heartbeats Beat asks for: at least
+// Interval/minBeatDivisor apart, so a peer stepping fast does not flood
+// the topic (and stays within the others' rate limits).
+const minBeatDivisor = 8
+
+// scoreInspectEvery is how often the Service reads gossipsub's peer scores.
+const scoreInspectEvery = time.Second
+
 // Topic returns the control topic of a cluster.
 func Topic(cluster string) string { return "/p2ptrain/" + cluster + "/control/1" }
 
@@ -58,6 +66,9 @@ type Stats struct {
 	In, Out uint64
 	// Rejected counts messages the validator refused.
 	Rejected uint64
+	// RateLimited counts messages ignored because their author exceeded
+	// its rate limit.
+	RateLimited uint64
 	// EpochsRejected counts epochs the view refused (View.Rejections).
 	EpochsRejected uint64
 	// Waiting says why this peer, as coordinator, proposes no epoch
@@ -74,7 +85,12 @@ type Service struct {
 	topic *pubsub.Topic
 	sub   *pubsub.Subscription
 
-	in, out, rejected atomic.Uint64
+	in, out, rejected, limited atomic.Uint64
+	limit                      *limiter
+
+	// scores are gossipsub's latest peer scores (scoreMu guards them).
+	scoreMu sync.Mutex
+	scores  map[peer.ID]float64
 
 	mu   sync.Mutex
 	view *View
@@ -85,9 +101,11 @@ type Service struct {
 	// lastProposal rate-limits proposals to one per heartbeat interval, so
 	// views that disagree for a while cannot out-propose each other at message speed.
 	lastProposal time.Time
-	seq          uint64
-	subs         map[chan Event]struct{}
-	closed       bool
+	// lastBeat is when the run loop last published a heartbeat (its own).
+	lastBeat time.Time
+	seq      uint64
+	subs     map[chan Event]struct{}
+	closed   bool
 
 	// beat asks the loop for an immediate heartbeat.
 	beat chan struct{}
@@ -103,9 +121,14 @@ func New(ctx context.Context, h host.Host, cfg Config, log *zap.Logger) (*Servic
 		return nil, errors.New("gossip: config needs a cluster, a positive interval and failure timeout, and Self")
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	s := &Service{cfg: cfg, self: h.ID(), log: log, cancel: cancel, subs: map[chan Event]struct{}{}}
+	s := &Service{cfg: cfg, self: h.ID(), log: log, cancel: cancel, subs: map[chan Event]struct{}{},
+		limit: newLimiter(ratePerInterval, cfg.Interval, rateBurst)}
+	name := Topic(cfg.Cluster)
+	params, thresholds := scoreParams(name)
 	ps, err := pubsub.NewGossipSub(ctx, h,
 		pubsub.WithMessageSignaturePolicy(pubsub.StrictSign),
+		pubsub.WithPeerScore(params, thresholds),
+		pubsub.WithPeerScoreInspect(s.setScores, scoreInspectEvery),
 		pubsub.WithMaxMessageSize(MaxMessageSize+4096),
 		pubsub.WithLogger(slog.New(zapslog.NewHandler(log.Named("pubsub").Core()))),
 	)
@@ -114,7 +137,6 @@ func New(ctx context.Context, h host.Host, cfg Config, log *zap.Logger) (*Servic
 		return nil, fmt.Errorf("gossip: start gossipsub: %w", err)
 	}
 	s.ps = ps
-	name := Topic(cfg.Cluster)
 	if err := ps.RegisterTopicValidator(name, s.validate); err != nil {
 		cancel()
 		return nil, fmt.Errorf("gossip: register validator: %w", err)
@@ -160,6 +182,12 @@ func (s *Service) selfHeartbeat(now time.Time) Heartbeat {
 }
 
 func (s *Service) validate(_ context.Context, _ peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
+	if from := msg.GetFrom(); from != s.self && !s.limit.allow(from, time.Now()) {
+		if s.limited.Add(1)%100 == 1 {
+			s.log.Warn("gossip rate limit: ignoring messages", zap.Stringer("from", from), zap.Uint64("ignored_total", s.limited.Load()))
+		}
+		return pubsub.ValidationIgnore
+	}
 	env, err := Decode(msg.GetData(), s.cfg.Cluster, msg.GetFrom().String())
 	if err != nil {
 		s.rejected.Add(1)
@@ -201,6 +229,12 @@ func (s *Service) run(ctx context.Context, msgs <-chan *Envelope) {
 	s.heartbeat(ctx)
 	timer := time.NewTimer(rand.N(s.cfg.Interval) + 1)
 	defer timer.Stop()
+	// beatLater holds back a Beat that came too soon after the last
+	// heartbeat (minBeatDivisor); beatDue is its channel while armed.
+	beatLater := time.NewTimer(time.Hour)
+	beatLater.Stop()
+	defer beatLater.Stop()
+	var beatDue <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -222,6 +256,17 @@ func (s *Service) run(ctx context.Context, msgs <-chan *Envelope) {
 			s.emit(evs)
 			s.propose(ctx, false)
 		case <-s.beat:
+			if wait := time.Until(s.lastBeat.Add(s.cfg.Interval / minBeatDivisor)); wait > 0 {
+				if beatDue == nil {
+					beatLater.Reset(wait)
+					beatDue = beatLater.C
+				}
+				continue
+			}
+			s.heartbeat(ctx)
+			s.propose(ctx, false)
+		case <-beatDue:
+			beatDue = nil
 			s.heartbeat(ctx)
 			s.propose(ctx, false)
 		case <-timer.C:
@@ -236,8 +281,10 @@ func (s *Service) run(ctx context.Context, msgs <-chan *Envelope) {
 	}
 }
 
+// heartbeat publishes the local heartbeat; only the run loop calls it.
 func (s *Service) heartbeat(ctx context.Context) {
 	now := time.Now()
+	s.lastBeat = now
 	s.mu.Lock()
 	hb := s.selfHeartbeat(now)
 	s.view.UpdateSelf(hb, now)
@@ -360,6 +407,22 @@ func (s *Service) Subscribe() (<-chan Event, func()) {
 	}
 }
 
+// Exclude keeps peer out of the ring epochs this peer proposes, and out
+// of the coordinator's seat in its view, for a back-off (View.Exclude): the
+// trainer calls it for a member blamed for consecutive failed steps. It
+// logs the exclusion and re-evaluates the proposal at once.
+func (s *Service) Exclude(peer, reason string) {
+	now := time.Now()
+	s.mu.Lock()
+	d := s.view.Exclude(peer, reason, now)
+	s.mu.Unlock()
+	if d == 0 {
+		return
+	}
+	s.log.Warn("excluding a member from ring epochs", zap.String("peer", peer), zap.Duration("for", d), zap.String("reason", reason))
+	s.Beat()
+}
+
 // Snapshot returns the members (sorted by peer ID) and the adopted epoch.
 func (s *Service) Snapshot() ([]Member, Epoch) {
 	s.mu.Lock()
@@ -373,7 +436,28 @@ func (s *Service) Stats() Stats {
 	n, _ := s.view.Rejections()
 	w := s.view.Waiting()
 	s.mu.Unlock()
-	return Stats{In: s.in.Load(), Out: s.out.Load(), Rejected: s.rejected.Load(), EpochsRejected: n, Waiting: w}
+	return Stats{In: s.in.Load(), Out: s.out.Load(), Rejected: s.rejected.Load(), RateLimited: s.limited.Load(),
+		EpochsRejected: n, Waiting: w}
+}
+
+// setScores records gossipsub's peer scores (its inspection callback).
+func (s *Service) setScores(scores map[peer.ID]float64) {
+	s.scoreMu.Lock()
+	s.scores = scores
+	s.scoreMu.Unlock()
+}
+
+// Score returns gossipsub's latest score of peer p (0 when it has none): a
+// peer that sends messages the validator rejects goes negative, and below
+// -1000 everything it sends is dropped.
+func (s *Service) Score(p string) float64 {
+	id, err := peer.Decode(p)
+	if err != nil {
+		return 0
+	}
+	s.scoreMu.Lock()
+	defer s.scoreMu.Unlock()
+	return s.scores[id]
 }
 
 // logRejection logs an epoch the view refused since the last call. Callers

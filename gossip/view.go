@@ -53,6 +53,10 @@ type Member struct {
 	Heartbeat
 	State    State
 	LastSeen time.Time
+	// ExcludedUntil, when not zero, is when this peer's exclusion from ring
+	// epochs ends (View.Exclude); ExcludedFor says why.
+	ExcludedUntil time.Time
+	ExcludedFor   string
 }
 
 // Event reports a change of the view: a member's state (Member set) or a newly
@@ -79,6 +83,24 @@ type Timing struct {
 	FailAfter time.Duration
 	// ForgetAfter: time after which a dead or departed member is dropped.
 	ForgetAfter time.Duration
+	// ExcludeFor is the first back-off of an excluded member (View.Exclude);
+	// each further exclusion of the same member doubles it, up to
+	// MaxExcludeDoublings doublings. 0: DefaultExcludeFor.
+	ExcludeFor time.Duration
+}
+
+// DefaultExcludeFor is Timing.ExcludeFor's default; MaxExcludeDoublings
+// bounds how often a member's back-off doubles (16× the first at most).
+const (
+	DefaultExcludeFor   = 30 * time.Second
+	MaxExcludeDoublings = 4
+)
+
+// exclusion is a member kept out of ring epochs for a back-off.
+type exclusion struct {
+	until  time.Time
+	count  int // exclusions so far: the back-off doubles with each
+	reason string
 }
 
 // EpochPlan is a Planner's layout of a ring epoch.
@@ -136,15 +158,22 @@ type View struct {
 	lastRejection error
 	// waiting says why the coordinator proposes nothing ("" when it may).
 	waiting string
+	// excluded holds the members this peer keeps out of ring epochs (and
+	// does not follow as coordinator) until their back-off ends; now is the
+	// latest time the view was told, against which back-offs are judged.
+	excluded map[string]*exclusion
+	now      time.Time
 }
 
 // NewView returns a view whose only member is self, alive at now.
 func NewView(self Heartbeat, timing Timing, now time.Time) *View {
 	v := &View{
-		self:    self.PeerID,
-		timing:  timing,
-		members: map[string]*Member{},
-		leftSeq: map[string]uint64{},
+		self:     self.PeerID,
+		timing:   timing,
+		members:  map[string]*Member{},
+		leftSeq:  map[string]uint64{},
+		excluded: map[string]*exclusion{},
+		now:      now,
 	}
 	v.members[self.PeerID] = &Member{Heartbeat: self, State: Alive, LastSeen: now}
 	return v
@@ -166,8 +195,10 @@ func (v *View) Epoch() Epoch { return v.epoch }
 // Members returns a copy of every known member, sorted by peer ID.
 func (v *View) Members() []Member {
 	out := make([]Member, 0, len(v.members))
-	for _, m := range v.members {
-		out = append(out, *m)
+	for id, m := range v.members {
+		c := *m
+		c.ExcludedUntil, c.ExcludedFor = v.Excluded(id)
+		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b Member) int {
 		switch {
@@ -188,12 +219,12 @@ func (v *View) Live() []string { return v.live(true) }
 // not), sorted.
 func (v *View) ringable() []string { return v.live(false) }
 
-// live returns the peer IDs of alive and suspect members, observers only
-// with observers, sorted.
+// live returns the peer IDs of alive and suspect members, sorted; with
+// observers false, without observers and excluded members.
 func (v *View) live(observers bool) []string {
 	var out []string
 	for id, m := range v.members {
-		if m.State.inRing() && (observers || !m.Observer) {
+		if m.State.inRing() && (observers || !m.Observer && !v.isExcluded(id)) {
 			out = append(out, id)
 		}
 	}
@@ -220,6 +251,7 @@ func (v *View) UpdateSelf(hb Heartbeat, now time.Time) {
 
 // Heartbeat records a heartbeat received at now and returns what changed.
 func (v *View) Heartbeat(hb Heartbeat, now time.Time) []Event {
+	v.advance(now)
 	if hb.PeerID == v.self {
 		return nil
 	}
@@ -279,6 +311,7 @@ func (v *View) Leave(l Leave, now time.Time) []Event {
 // and proposals from a coordinator this view does not follow are refused
 // and counted (Rejections).
 func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
+	v.advance(now)
 	if e.Number == 0 || e.validate() != nil {
 		return nil
 	}
@@ -331,7 +364,8 @@ func (v *View) checkNumber(n uint64) error {
 }
 
 // checkProposer refuses an epoch whose coordinator p this view does not
-// follow: a member it holds dead or departed, an observer, or one with a
+// follow: a member it holds dead or departed, an observer, an excluded
+// member (Exclude), or one with a
 // higher peer ID than this view's coordinator. A lower ID it has not heard
 // of yet is followed: that peer will be its coordinator once heard.
 func (v *View) checkProposer(p string) error {
@@ -342,11 +376,60 @@ func (v *View) checkProposer(p string) error {
 		if m.Observer {
 			return fmt.Errorf("%w: coordinator %s is an observer", ErrEpochRejected, p)
 		}
+		if until, why := v.Excluded(p); !until.IsZero() {
+			return fmt.Errorf("%w: coordinator %s is excluded until %s (%s)", ErrEpochRejected, p, until.Format(time.RFC3339), why)
+		}
 	}
 	if c := v.Coordinator(); c != "" && p > c {
 		return fmt.Errorf("%w: proposed by %s, but this view's coordinator is %s", ErrEpochRejected, p, c)
 	}
 	return nil
+}
+
+// Exclude keeps peer out of the ring epochs this view proposes and out of
+// the coordinator's seat (its proposals are refused) for a back-off that
+// starts at Timing.ExcludeFor and doubles with each exclusion of the same
+// peer (MaxExcludeDoublings at most). The local peer is never excluded. It
+// returns the back-off, 0 when nothing was done.
+func (v *View) Exclude(peer, reason string, now time.Time) time.Duration {
+	v.advance(now)
+	if peer == v.self || v.members[peer] == nil {
+		return 0
+	}
+	x := v.excluded[peer]
+	if x == nil {
+		x = &exclusion{}
+		v.excluded[peer] = x
+	}
+	base := v.timing.ExcludeFor
+	if base <= 0 {
+		base = DefaultExcludeFor
+	}
+	d := base << min(x.count, MaxExcludeDoublings)
+	x.count++
+	x.until, x.reason = now.Add(d), reason
+	return d
+}
+
+// Excluded returns when peer's exclusion ends and why (zero time: not
+// excluded now).
+func (v *View) Excluded(peer string) (time.Time, string) {
+	if x := v.excluded[peer]; x != nil && v.isExcluded(peer) {
+		return x.until, x.reason
+	}
+	return time.Time{}, ""
+}
+
+func (v *View) isExcluded(peer string) bool {
+	x := v.excluded[peer]
+	return x != nil && v.now.Before(x.until)
+}
+
+// advance moves the view's clock forward (never back).
+func (v *View) advance(now time.Time) {
+	if now.After(v.now) {
+		v.now = now
+	}
 }
 
 func (v *View) reject(from string, e Epoch, err error) {
@@ -364,6 +447,7 @@ func (v *View) Waiting() string { return v.waiting }
 
 // Tick advances failure detection to now.
 func (v *View) Tick(now time.Time) []Event {
+	v.advance(now)
 	var evs []Event
 	for id, m := range v.members {
 		if id == v.self {
@@ -374,6 +458,7 @@ func (v *View) Tick(now time.Time) []Event {
 		switch {
 		case (m.State == Dead || m.State == Left) && silent >= v.timing.ForgetAfter:
 			delete(v.members, id)
+			delete(v.excluded, id)
 			if seq, ok := v.leftSeq[id]; ok && seq < m.Seq {
 				delete(v.leftSeq, id)
 			}

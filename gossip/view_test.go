@@ -594,3 +594,49 @@ func TestLeaveOfUnknownPeersIsNotRecorded(t *testing.T) {
 		t.Fatalf("%d departures and %d members recorded, want 0 and 1", len(v.leftSeq), len(v.members))
 	}
 }
+
+// TestExcludedMemberSitsOutItsBackOff: a member every view excludes (the
+// trainers blamed it for consecutive failed steps) leaves the ring and the
+// coordinator's seat for its back-off, its proposals are refused, it comes
+// back when the back-off ends, and a second exclusion lasts twice as long.
+// (A member that heartbeats but sends no frames once failed every step.)
+func TestExcludedMemberSitsOutItsBackOff(t *testing.T) {
+	c := newCluster("a", "b", "c", "d")
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b", "c", "d"})
+	for _, id := range []string{"b", "c", "d"} {
+		if d := c.views[id].Exclude("a", "frame timeouts", c.now); d != DefaultExcludeFor {
+			t.Fatalf("first back-off %s, want %s", d, DefaultExcludeFor)
+		}
+	}
+	if d := c.views["b"].Exclude("b", "self", c.now); d != 0 {
+		t.Fatal("a view excluded its own peer")
+	}
+	c.round(time.Second)
+	// a still sees itself as coordinator; the others follow b.
+	delete(c.views, "a")
+	c.agree(t, []string{"b", "c", "d"})
+	v := c.views["c"]
+	before := v.Epoch()
+	v.Offer(Epoch{Number: before.Number + 1, Order: []string{"a", "b", "c", "d"}, Coordinator: "a"}, "a", c.now)
+	if v.Epoch().Number != before.Number {
+		t.Fatal("adopted an epoch proposed by an excluded member")
+	}
+	if until, why := v.Excluded("a"); until.IsZero() || why != "frame timeouts" {
+		t.Fatalf("Excluded(a) = %v, %q", until, why)
+	}
+	// The back-off ends: a is back in the next ring.
+	c.views["a"] = NewView(hb("a", c.seq), testTiming, c.now)
+	c.round(DefaultExcludeFor)
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b", "c", "d"})
+	if d := c.views["b"].Exclude("a", "again", c.now); d != 2*DefaultExcludeFor {
+		t.Fatalf("second back-off %s, want %s", d, 2*DefaultExcludeFor)
+	}
+	for range 10 {
+		c.views["b"].Exclude("a", "again", c.now)
+	}
+	if until, _ := c.views["b"].Excluded("a"); until.Sub(c.now) != DefaultExcludeFor<<MaxExcludeDoublings {
+		t.Fatalf("back-off grew to %s, want the cap %s", until.Sub(c.now), DefaultExcludeFor<<MaxExcludeDoublings)
+	}
+}

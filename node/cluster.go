@@ -38,6 +38,10 @@ func (n *Node) RequestEpoch(current uint64) {
 	n.gsp.Beat()
 }
 
+// Exclude keeps peer out of the ring epochs this peer's view proposes or
+// follows, for a back-off (gossip.Service.Exclude).
+func (n *Node) Exclude(peer, reason string) { n.gsp.Exclude(peer, reason) }
+
 // FetchState downloads peer's training state after step completed steps
 // (statesync.Fetch), refusing more than max bytes.
 func (n *Node) FetchState(ctx context.Context, p string, step, max uint64) ([]byte, error) {

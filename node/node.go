@@ -113,10 +113,12 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 	// The node lives until Close, not until the caller's context ends: Close
 	// still needs gossip to announce the departure.
 	ctx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	timing := gossip.DefaultTiming(cfg.Gossip.Heartbeat.D(), cfg.Gossip.FailureTimeout.D())
+	timing.ExcludeFor = cfg.Gossip.ExcludeFor.D()
 	n.gsp, err = gossip.New(ctx, n.host, gossip.Config{
 		Cluster:  cfg.Node.Cluster,
 		Interval: cfg.Gossip.Heartbeat.D(),
-		Timing:   gossip.DefaultTiming(cfg.Gossip.Heartbeat.D(), cfg.Gossip.FailureTimeout.D()),
+		Timing:   timing,
 		Self:     n.selfHeartbeat,
 
 		Planner:     plan.NewPlanner(cfg.Allreduce.Planner()),

@@ -37,6 +37,13 @@ type MemberStatus struct {
 	Version    string `json:"version"`
 	// Observer marks a member that does not train and never joins a ring.
 	Observer bool `json:"observer,omitempty"`
+	// ExcludedForMS, when set, is how long this peer still keeps the member
+	// out of ring epochs (it was blamed for failed steps), and ExcludedFor why.
+	ExcludedForMS int64  `json:"excluded_for_ms,omitempty"`
+	ExcludedFor   string `json:"excluded_for,omitempty"`
+	// GossipScore is gossipsub's score of the member: negative after
+	// messages the validator rejected; below -1000 it is graylisted.
+	GossipScore float64 `json:"gossip_score"`
 }
 
 // RingStatus is the adopted ring epoch.
@@ -60,6 +67,10 @@ type RingStatus struct {
 	// EpochsRejected counts epochs this peer refused to adopt (numbers out
 	// of bounds, proposers it does not follow).
 	EpochsRejected uint64 `json:"epochs_rejected"`
+	// MessagesRejected counts gossip messages the validator refused, and
+	// MessagesRateLimited those ignored because their author sent too many.
+	MessagesRejected    uint64 `json:"messages_rejected"`
+	MessagesRateLimited uint64 `json:"messages_rate_limited"`
 }
 
 // Training is what a trainer reports for /status and /metrics.
@@ -109,6 +120,7 @@ func (n *Node) Status() Status {
 		Links: n.probe.Figures(),
 	}
 	st.Ring.Waiting, st.Ring.EpochsRejected = gs.Waiting, gs.EpochsRejected
+	st.Ring.MessagesRejected, st.Ring.MessagesRateLimited = gs.Rejected, gs.RateLimited
 	if st.Links == nil {
 		st.Links = []gossip.LinkFigure{}
 	}
@@ -127,15 +139,20 @@ func (n *Node) Status() Status {
 		st.Ring.Order = []string{}
 	}
 	for _, m := range members {
-		st.Members = append(st.Members, MemberStatus{
-			PeerID:     m.PeerID,
-			Name:       m.Name,
-			State:      m.State.String(),
-			LastSeenMS: now.Sub(m.LastSeen).Milliseconds(),
-			Step:       m.Step,
-			Version:    m.Version,
-			Observer:   m.Observer,
-		})
+		ms := MemberStatus{
+			PeerID:      m.PeerID,
+			Name:        m.Name,
+			State:       m.State.String(),
+			LastSeenMS:  now.Sub(m.LastSeen).Milliseconds(),
+			Step:        m.Step,
+			Version:     m.Version,
+			Observer:    m.Observer,
+			GossipScore: n.gsp.Score(m.PeerID),
+		}
+		if !m.ExcludedUntil.IsZero() {
+			ms.ExcludedForMS, ms.ExcludedFor = m.ExcludedUntil.Sub(now).Milliseconds(), m.ExcludedFor
+		}
+		st.Members = append(st.Members, ms)
 	}
 	return st
 }

@@ -22,6 +22,10 @@ type Cluster interface {
 	// RequestEpoch asks the coordinator for a ring epoch numbered above
 	// current (a failed round needs a fresh ring).
 	RequestEpoch(current uint64)
+	// Exclude keeps peer out of the ring epochs this peer proposes or
+	// follows for a back-off, saying why (a member blamed for consecutive
+	// failed steps, or one that never got ready).
+	Exclude(peer, reason string)
 	// LinkMatrix returns the measured throughput between the peers of order
 	// (plan.LinkMatrix of this peer's and the members' figures).
 	LinkMatrix(order []string) plan.Matrix

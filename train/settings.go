@@ -107,9 +107,9 @@ var errSettingsDiffer = errors.New("train: this peer's training settings differ 
 // checkSettings compares the settings every member of ep announced. The
 // settings most members hold win (ties: the coordinator's). A peer in the
 // minority gets an error wrapping errSettingsDiffer that names the keys; a
-// peer in the majority gets a plain error naming the peers that differ (it
-// waits for them to leave).
-func checkSettings(mine Settings, self string, members []gossip.Member, ep gossip.Epoch) error {
+// peer in the majority gets a plain error and the peers that differ (it
+// excludes them: they run another job).
+func checkSettings(mine Settings, self string, members []gossip.Member, ep gossip.Epoch) (odd []string, err error) {
 	held := map[string]Settings{self: mine}
 	for _, m := range members {
 		if m.PeerID != self && slices.Contains(ep.Order, m.PeerID) {
@@ -135,16 +135,15 @@ func checkSettings(mine Settings, self string, members []gossip.Member, ep gossi
 		}
 	}
 	if best == nil || mine.equal(best) {
-		var odd []string
 		for _, p := range ep.Order {
 			if held[p] == nil || !held[p].equal(mine) {
 				odd = append(odd, p)
 			}
 		}
 		if len(odd) == 0 {
-			return nil
+			return nil, nil
 		}
-		return fmt.Errorf("train: members %s announce other training settings; waiting for them to leave", strings.Join(odd, ", "))
+		return odd, fmt.Errorf("train: members %s announce other training settings; training without them", strings.Join(odd, ", "))
 	}
-	return fmt.Errorf("%w (%d of %d members hold the others): %s", errSettingsDiffer, bestN, len(ep.Order), strings.Join(mine.diff(best), "; "))
+	return nil, fmt.Errorf("%w (%d of %d members hold the others): %s", errSettingsDiffer, bestN, len(ep.Order), strings.Join(mine.diff(best), "; "))
 }

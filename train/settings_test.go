@@ -2,6 +2,7 @@ package train
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -66,31 +67,31 @@ func settingsMembers(held map[string]Settings) []gossip.Member {
 }
 
 // TestCheckSettings: the settings most members hold win; the minority is
-// told which key differs, the majority waits.
+// told which key differs, the majority learns which members to exclude.
 func TestCheckSettings(t *testing.T) {
 	good := testSettings(t, nil).cluster()
 	odd := testSettings(t, func(c *config.Train, _ *config.Allreduce) { c.Momentum = 0.5 }).cluster()
 	ep := gossip.Epoch{Number: 4, Order: []string{"a", "b", "c"}, Coordinator: "a"}
 	members := settingsMembers(map[string]Settings{"a": odd, "b": good, "c": good})
-	err := checkSettings(odd, "a", members, ep)
+	_, err := checkSettings(odd, "a", members, ep)
 	if !errors.Is(err, errSettingsDiffer) || !strings.Contains(err.Error(), "train.momentum = 0.5 here, 0.9 there") {
 		t.Fatalf("minority (the coordinator): %v", err)
 	}
-	err = checkSettings(good, "b", members, ep)
-	if err == nil || errors.Is(err, errSettingsDiffer) || !strings.Contains(err.Error(), "a") {
-		t.Fatalf("majority: %v, want a wait naming a", err)
+	exclude, err := checkSettings(good, "b", members, ep)
+	if err == nil || errors.Is(err, errSettingsDiffer) || !slices.Equal(exclude, []string{"a"}) {
+		t.Fatalf("majority: %v, %v; want an error and a to exclude", err, exclude)
 	}
 	// A tie goes to the coordinator's settings.
 	two := gossip.Epoch{Number: 5, Order: []string{"a", "b"}, Coordinator: "a"}
-	if err := checkSettings(good, "b", settingsMembers(map[string]Settings{"a": odd, "b": good}), two); !errors.Is(err, errSettingsDiffer) {
+	if _, err := checkSettings(good, "b", settingsMembers(map[string]Settings{"a": odd, "b": good}), two); !errors.Is(err, errSettingsDiffer) {
 		t.Fatalf("tie, not the coordinator: %v", err)
 	}
-	if err := checkSettings(good, "b", settingsMembers(map[string]Settings{"a": good, "b": good, "c": good}), ep); err != nil {
+	if odd, err := checkSettings(good, "b", settingsMembers(map[string]Settings{"a": good, "b": good, "c": good}), ep); err != nil || odd != nil {
 		t.Fatalf("equal settings: %v", err)
 	}
 	// Steps differ between peers: they would follow different learning-rate schedules.
 	long := testSettings(t, func(c *config.Train, _ *config.Allreduce) { c.Steps = 99 }).cluster()
-	if err := checkSettings(long, "b", settingsMembers(map[string]Settings{"a": good, "b": long}), two); !errors.Is(err, errSettingsDiffer) {
+	if _, err := checkSettings(long, "b", settingsMembers(map[string]Settings{"a": good, "b": long}), two); !errors.Is(err, errSettingsDiffer) {
 		t.Fatalf("train.steps differs: %v", err)
 	}
 }

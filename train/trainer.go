@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,8 +48,6 @@ type Progress struct {
 	BytesPerStep float64 // all-reduce bytes this peer sent for the step
 	Peers        int
 	Epoch        uint64
-	// Skipped: the averaged gradient was not finite, so no peer applied it.
-	Skipped bool
 }
 
 // Result is the outcome of a finished training run.
@@ -111,6 +110,12 @@ type Trainer struct {
 	// minEpoch is the lowest epoch number this peer may train in: after a
 	// failure in epoch N it waits for N+1 (which it asked the coordinator for).
 	minEpoch uint64
+	// strikes counts, per member, the consecutive failed steps blamed on it
+	// (train.exclude_after of them exclude it); a completed step clears them.
+	strikes map[string]int
+	// nonFinite counts consecutive attempts at one step whose averaged
+	// gradient was not finite (maxNonFiniteRetries stop the run).
+	nonFinite int
 
 	// mu guards the parameters, optimizer state and step against the state server.
 	mu        sync.Mutex
@@ -267,9 +272,8 @@ func (t *Trainer) serveState(from string, step uint64) ([]byte, error) {
 // Run trains until train.steps, then evaluates and returns the result. It
 // returns early with ctx's error.
 func (t *Trainer) Run(ctx context.Context) (Result, error) {
-	first := true
 	for t.step < uint64(t.cfg.Steps) {
-		ep, err := t.waitEpoch(ctx, first)
+		ep, err := t.waitEpoch(ctx)
 		if err != nil {
 			return Result{}, err
 		}
@@ -287,7 +291,6 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			t.requestEpoch(ep.Number)
 			continue
 		}
-		first = false
 		if err := t.runEpoch(ctx, ep); err != nil {
 			return Result{}, err
 		}
@@ -298,19 +301,19 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	return t.finish(ctx)
 }
 
-// waitEpoch waits for an adopted epoch that includes this peer (and, before
-// the first step, has at least train.min_peers members).
-func (t *Trainer) waitEpoch(ctx context.Context, first bool) (gossip.Epoch, error) {
+// waitEpoch waits for an adopted epoch that includes this peer and has at
+// least train.min_peers members.
+func (t *Trainer) waitEpoch(ctx context.Context) (gossip.Epoch, error) {
 	self := t.self
-	logged := false
+	var logged uint64
 	for {
 		_, ep := t.c.View()
-		if ep.Number >= t.minEpoch && slices.Contains(ep.Order, self) && (!first || len(ep.Order) >= t.cfg.MinPeers) {
+		if ep.Number >= t.minEpoch && slices.Contains(ep.Order, self) && len(ep.Order) >= t.cfg.MinPeers {
 			return ep, nil
 		}
-		if first && !logged && ep.Number != 0 {
-			t.log.Info("waiting for peers", zap.Int("have", len(ep.Order)), zap.Int("min_peers", t.cfg.MinPeers))
-			logged = true
+		if ep.Number != 0 && ep.Number != logged && len(ep.Order) < t.cfg.MinPeers {
+			t.log.Info("waiting for peers", zap.Uint64("epoch", ep.Number), zap.Int("have", len(ep.Order)), zap.Int("min_peers", t.cfg.MinPeers))
+			logged = ep.Number
 		}
 		if !ctxutil.Sleep(ctx, pollInterval) {
 			return gossip.Epoch{}, ctx.Err()
@@ -326,6 +329,7 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 	var target uint64
 	var ready map[string]uint64
 	var hashes map[string]string
+	deadline := time.Now().Add(t.cfg.ReadyTimeout.D())
 	for {
 		members, cur := t.c.View()
 		if !sameEpoch(cur, ep) {
@@ -346,7 +350,11 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 		if all {
 			// Every member announced its settings with its Ready: refuse to
 			// train together before the first step if they differ.
-			if err := checkSettings(t.settings.cluster(), t.self, members, ep); err != nil {
+			odd, err := checkSettings(t.settings.cluster(), t.self, members, ep)
+			for _, p := range odd {
+				t.c.Exclude(p, "announces other training settings (another job)")
+			}
+			if err != nil {
 				return err
 			}
 			devices := map[string]int{t.self: len(t.devs)}
@@ -361,6 +369,16 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 			}
 			t.shard = sh
 			break
+		}
+		if time.Now().After(deadline) {
+			var late []string
+			for _, p := range ep.Order {
+				if _, ok := ready[p]; !ok {
+					late = append(late, p)
+					t.c.Exclude(p, fmt.Sprintf("not ready in ring epoch %d within train.ready_timeout (%s)", ep.Number, t.cfg.ReadyTimeout.D()))
+				}
+			}
+			return fmt.Errorf("train: members %s did not get ready in ring epoch %d within %s", strings.Join(late, ", "), ep.Number, t.cfg.ReadyTimeout.D())
 		}
 		if !ctxutil.Sleep(ctx, pollInterval) {
 			return ctx.Err()
@@ -540,7 +558,9 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 		cancelStep(nil)
 		<-watchDone
 	}()
-	failed := false
+	// failed: the epoch broke (its transport is reset); retry: the epoch is
+	// healthy but the step must be retried in a new one.
+	failed, retry := false, false
 	var fatal error
 	for t.step < uint64(t.cfg.Steps) && ctx.Err() == nil {
 		if _, cur := t.c.View(); !sameEpoch(cur, ep) {
@@ -562,11 +582,28 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 				failed = true
 				break
 			}
+			if errors.Is(err, errNonFiniteAverage) {
+				// The round itself succeeded: every member holds the same
+				// average and decides alike. Close the epoch cleanly (the
+				// last frames still reach the others) and retry the step
+				// in the next one.
+				if t.nonFinite++; t.nonFinite >= maxNonFiniteRetries {
+					fatal = fmt.Errorf("train: training stopped at step %d: %w %d times in a row (lower train.lr, set train.clip_norm, or allreduce.robust)", t.step, err, t.nonFinite)
+				} else {
+					t.log.Warn("step not applied; retrying it in a new ring epoch", zap.Uint64("step", t.step), zap.Error(err))
+				}
+				plan.ResetCodecs(t.codecs)
+				retry = true
+				break
+			}
 			t.log.Warn("step failed; retrying it in a new ring epoch", zap.Uint64("step", t.step), zap.Error(err))
+			t.blame(err, ep)
 			plan.ResetCodecs(t.codecs)
 			failed = true
 			break
 		}
+		clear(t.strikes)
+		t.nonFinite = 0
 		if t.checkParams(ep) {
 			failed = true
 			break
@@ -579,7 +616,10 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 		return fatal
 	}
 	tr.Close()
-	return nil
+	if retry {
+		t.requestEpoch(ep.Number)
+	}
+	return fatal
 }
 
 // runStep computes, all-reduces and applies one step.
@@ -630,14 +670,13 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 	if err := errors.Join(cerr, addErr, werr); err != nil {
 		return err
 	}
-	grads := t.m.Grads()
-	skip := model.HasNonFinite(grads)
-	t.mu.Lock()
-	if skip {
-		t.log.Error("non-finite averaged gradient: every peer skips this step", zap.Uint64("step", step))
-	} else {
-		t.m.ApplyGradients(t.opt, int64(step))
+	if model.HasNonFinite(t.m.Grads()) {
+		// Every peer holds the same average: none applies it, and the step
+		// is retried (the codecs' residuals are reset).
+		return fmt.Errorf("%w at step %d", errNonFiniteAverage, step)
 	}
+	t.mu.Lock()
+	t.m.ApplyGradients(t.opt, int64(step))
 	t.step++
 	t.mu.Unlock()
 	elapsed := time.Since(start).Seconds()
@@ -653,13 +692,47 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 	t.publish()
 	if t.progress != nil {
 		t.progress(Progress{Step: t.step, Steps: uint64(t.cfg.Steps), Loss: stats.Loss, Accuracy: t.lastEval,
-			SamplesPerS: samples / elapsed, BytesPerStep: sent, Peers: world, Epoch: epoch, Skipped: skip})
+			SamplesPerS: samples / elapsed, BytesPerStep: sent, Peers: world, Epoch: epoch})
 	}
 	return nil
 }
 
 // errNonFinite marks a run stopped because its parameters are not finite.
 var errNonFinite = errors.New("train: parameters are not finite")
+
+// errNonFiniteAverage marks a step whose averaged gradient was not finite:
+// it is not applied and not counted; maxNonFiniteRetries attempts in a row
+// stop the run.
+var errNonFiniteAverage = errors.New("train: the averaged gradient is not finite")
+
+const maxNonFiniteRetries = 3
+
+// blame counts a failed step against the member its error names (a frame
+// that came late, never, or invalid; not an abort, which the aborting peer
+// sends when its own step was cancelled). train.exclude_after consecutive
+// failures blamed on one member exclude it from ring epochs for a back-off,
+// so the others train on without it.
+func (t *Trainer) blame(err error, ep gossip.Epoch) {
+	var pe *allreduce.PeerError
+	if !errors.As(err, &pe) || string(pe.Peer) == t.self || !slices.Contains(ep.Order, string(pe.Peer)) {
+		return
+	}
+	switch {
+	case errors.Is(err, allreduce.ErrTimeout), errors.Is(err, allreduce.ErrPeerFailed), errors.Is(err, allreduce.ErrBadFrame),
+		errors.Is(err, allreduce.ErrFrameTooLarge), errors.Is(err, allreduce.ErrCodecMismatch):
+	default:
+		return
+	}
+	if t.strikes == nil {
+		t.strikes = map[string]int{}
+	}
+	p := string(pe.Peer)
+	t.strikes[p]++
+	if n := t.strikes[p]; n >= t.cfg.ExcludeAfter {
+		delete(t.strikes, p)
+		t.c.Exclude(p, fmt.Sprintf("%d consecutive failed steps blamed on it, the last: %v", n, pe.Err))
+	}
+}
 
 // checkFinite returns an error wrapping errNonFinite when a parameter is
 // NaN or ±Inf: training on, or reporting a result, would only spread it.

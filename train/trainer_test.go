@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/data"
 	"github.com/p2ptrain/p2ptrain/gossip"
@@ -97,13 +100,24 @@ func startTrainer(t *testing.T, cfg config.Config, onProgress func(*trainPeer, P
 // startTrainerHook is startTrainer with a hook on every local gradient bucket.
 func startTrainerHook(t *testing.T, cfg config.Config, onProgress func(*trainPeer, Progress), gradHook func(uint64, int, []float32)) *trainPeer {
 	t.Helper()
+	return startTrainerWrapped(t, cfg, onProgress, gradHook, nil)
+}
+
+// startTrainerWrapped is startTrainerHook whose trainer sees the node
+// through wrap (nil: directly), for peers that misbehave.
+func startTrainerWrapped(t *testing.T, cfg config.Config, onProgress func(*trainPeer, Progress), gradHook func(uint64, int, []float32), wrap func(*node.Node) Cluster) *trainPeer {
+	t.Helper()
 	n, err := node.New(context.Background(), cfg, nodetest.Logger(t, cfg))
 	if err != nil {
 		t.Fatalf("start node: %v", err)
 	}
 	t.Cleanup(func() { n.Kill() })
 	p := &trainPeer{n: n, done: make(chan struct{})}
-	tr, err := New(p.n, cfg.Train, cfg.Allreduce, Options{
+	var c Cluster = n
+	if wrap != nil {
+		c = wrap(n)
+	}
+	tr, err := New(c, cfg.Train, cfg.Allreduce, Options{
 		Log: nodetest.Logger(t, cfg),
 		Progress: func(pr Progress) {
 			p.mu.Lock()
@@ -134,6 +148,24 @@ func startTrainerHook(t *testing.T, cfg config.Config, onProgress func(*trainPee
 		<-p.done
 	})
 	return p
+}
+
+// holdFirstStep returns a gradient hook that holds step 0 until the node
+// in first has adopted a ring epoch of at least size members (at most 20 s),
+// so that a run with a low train.min_peers still starts with everyone.
+func holdFirstStep(first *atomic.Pointer[node.Node], size int) func(uint64, int, []float32) {
+	return func(step uint64, bucket int, _ []float32) {
+		if step != 0 || bucket != 0 {
+			return
+		}
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(pollInterval) {
+			if n := first.Load(); n != nil {
+				if _, ep := n.View(); len(ep.Order) >= size {
+					return
+				}
+			}
+		}
+	}
 }
 
 // bootstrapTo returns the bootstrap address of the first started peer (none
@@ -215,6 +247,7 @@ func TestTrainSurvivesKilledPeer(t *testing.T) {
 	const steps = 40
 	var peers []*trainPeer
 	var killOnce sync.Once
+	var first atomic.Pointer[node.Node]
 	for i := 0; i < 3; i++ {
 		boot := bootstrapTo(peers)
 		var hook func(*trainPeer, Progress)
@@ -230,7 +263,11 @@ func TestTrainSurvivesKilledPeer(t *testing.T) {
 				}
 			}
 		}
-		peers = append(peers, startTrainer(t, trainConfig(steps, 3, boot...), hook))
+		// min_peers 2 lets the survivors go on; the first step waits for the
+		// ring of all three.
+		p := startTrainerHook(t, trainConfig(steps, 2, boot...), hook, holdFirstStep(&first, 3))
+		first.CompareAndSwap(nil, p.n)
+		peers = append(peers, p)
 	}
 	for _, p := range peers[:2] {
 		p.wait(t, 60*time.Second)
@@ -350,20 +387,22 @@ func TestTrainCheckpointRestart(t *testing.T) {
 }
 
 // TestTrainNonFiniteGradients: a peer whose local gradient holds NaN sends
-// zeros instead; an averaged gradient that overflows to Inf is skipped by
-// every peer alike. Replicas stay identical either way.
+// zeros instead; an averaged gradient that overflows to Inf is applied by
+// no peer and not counted: the step is retried, and replicas stay identical.
+// (Such a step was once counted, so a run could end having skipped steps.)
 func TestTrainNonFiniteGradients(t *testing.T) {
 	requireDataset(t)
 	const steps = 20
 	var peers []*trainPeer
+	attempts := make([]atomic.Int32, 2) // per peer: local gradients computed for step 9
 	for i := 0; i < 2; i++ {
 		boot := bootstrapTo(peers)
 		hook := func(step uint64, bucket int, g []float32) {
 			switch {
 			case step == 5 && i == 1:
 				g[0] = float32(math.NaN()) // local NaN on one peer
-			case step == 9 && bucket == 0:
-				g[0] = math.MaxFloat32 // both peers: the sum overflows to +Inf
+			case step == 9 && bucket == 0 && attempts[i].Add(1) == 1:
+				g[0] = math.MaxFloat32 // both peers, first attempt: the sum overflows to +Inf
 			}
 		}
 		peers = append(peers, startTrainerHook(t, trainConfig(steps, 2, boot...), nil, hook))
@@ -372,17 +411,39 @@ func TestTrainNonFiniteGradients(t *testing.T) {
 		p.wait(t, time.Minute)
 	}
 	sameResult(t, peers, steps)
-	for _, p := range peers {
+	for i, p := range peers {
 		p.mu.Lock()
-		var skipped []uint64
+		var tens int
 		for _, pr := range p.progress {
-			if pr.Skipped {
-				skipped = append(skipped, pr.Step)
+			if pr.Step == 10 {
+				tens++
 			}
 		}
 		p.mu.Unlock()
-		if len(skipped) != 1 || skipped[0] != 10 {
-			t.Fatalf("peer %s skipped steps %v, want only the step ending at 10", p.n.ID(), skipped)
+		if n := attempts[i].Load(); n != 2 || tens != 1 {
+			t.Fatalf("peer %s computed step 9 %d times and completed it %d times, want 2 and 1", p.n.ID(), n, tens)
+		}
+	}
+}
+
+// TestTrainStopsOnPersistentNonFiniteAverage: an average that is not
+// finite at every attempt of a step stops the run with an error that says
+// so, instead of training on (or skipping steps) forever.
+func TestTrainStopsOnPersistentNonFiniteAverage(t *testing.T) {
+	requireDataset(t)
+	var peers []*trainPeer
+	for range 2 {
+		hook := func(step uint64, bucket int, g []float32) {
+			if step == 3 && bucket == 0 {
+				g[0] = math.MaxFloat32
+			}
+		}
+		peers = append(peers, startTrainerHook(t, trainConfig(10, 2, bootstrapTo(peers)...), nil, hook))
+	}
+	for _, p := range peers {
+		p.wait(t, time.Minute)
+		if p.err == nil || !strings.Contains(p.err.Error(), "averaged gradient is not finite") || !strings.Contains(p.err.Error(), "3 times in a row") {
+			t.Fatalf("peer %s: %v, want the run stopped after 3 non-finite averages", p.n.ID(), p.err)
 		}
 	}
 }
@@ -458,7 +519,11 @@ func TestTrainDeviceFailureStops(t *testing.T) {
 			return []gpu.Device{&faultyGPU{CPU: gpu.NewCPU(0), failAt: 8}}, nil
 		})
 	})
-	healthy := startTrainer(t, trainConfig(steps, 2), nil)
+	// min_peers 1 lets the healthy peer finish alone; its first step waits
+	// for the ring of both.
+	var first atomic.Pointer[node.Node]
+	healthy := startTrainerHook(t, trainConfig(steps, 1), nil, holdFirstStep(&first, 2))
+	first.Store(healthy.n)
 	cfg := trainConfig(steps, 2, bootstrapTo([]*trainPeer{healthy})...)
 	cfg.Train.Devices = []string{"cuda:0"}
 	faulty := startTrainer(t, cfg, nil)
@@ -466,8 +531,8 @@ func TestTrainDeviceFailureStops(t *testing.T) {
 	faulty.wait(t, time.Minute)
 	var de *model.DeviceError
 	if !errors.As(faulty.err, &de) || de.Device != "cuda:0 (stand-in)" || !strings.Contains(faulty.err.Error(), "ILLEGAL_ADDRESS") ||
-		!strings.Contains(faulty.err.Error(), "training stopped at step 7") {
-		t.Fatalf("faulty peer: err = %v, want a *model.DeviceError naming the device, the fault and step 7", faulty.err)
+		!regexp.MustCompile(`training stopped at step \d+`).MatchString(faulty.err.Error()) {
+		t.Fatalf("faulty peer: err = %v, want a *model.DeviceError naming the device, the fault and the step", faulty.err)
 	}
 	faulty.n.Close() // as `p2ptrain join` does when training fails: leave the cluster
 	healthy.wait(t, time.Minute)
@@ -626,4 +691,57 @@ func TestTrainUnequalDevicesMatchEqualShards(t *testing.T) {
 		t.Fatalf("parameters differ by up to %g after %d steps", worst, steps)
 	}
 	t.Logf("largest parameter difference after %d steps: %g", steps, worst)
+}
+
+// silentCluster is a member that heartbeats and announces itself ready but
+// never sends an all-reduce frame.
+type silentCluster struct{ *node.Node }
+
+func (c silentCluster) OpenTransport(r allreduce.Ring) allreduce.EpochTransport {
+	return silentTransport{c.Node.OpenTransport(r)}
+}
+
+type silentTransport struct{ allreduce.EpochTransport }
+
+func (silentTransport) Send(context.Context, allreduce.PeerID, []byte) error { return nil }
+
+// TestTrainExcludesSilentMember: a member that heartbeats but never sends
+// frames is blamed by the frame timeouts, excluded after
+// train.exclude_after failed steps, and the others finish without it.
+// (Every step once timed out and was retried with it, forever.)
+func TestTrainExcludesSilentMember(t *testing.T) {
+	requireDataset(t)
+	const steps = 20
+	var peers []*trainPeer
+	for i := range 4 {
+		cfg := trainConfig(steps, 3, bootstrapTo(peers)...)
+		cfg.Allreduce.FrameTimeout = config.Duration(time.Second)
+		var wrap func(*node.Node) Cluster
+		if i == 0 { // the first: it is in every ring the others can form
+			wrap = func(n *node.Node) Cluster { return silentCluster{n} }
+		}
+		peers = append(peers, startTrainerWrapped(t, cfg, nil, nil, wrap))
+	}
+	silent, honest := peers[0], peers[1:]
+	for _, p := range honest {
+		p.wait(t, 2*time.Minute)
+	}
+	sameResult(t, honest, steps)
+	// The peers that blamed it exclude it (the coordinator of the last epoch
+	// among them); the others may simply follow that coordinator.
+	excluders := 0
+	for _, p := range honest {
+		members, ep := p.n.View()
+		if slices.Contains(ep.Order, silent.n.ID().String()) {
+			t.Fatalf("the silent member is still in ring epoch %d", ep.Number)
+		}
+		for _, m := range members {
+			if m.PeerID == silent.n.ID().String() && !m.ExcludedUntil.IsZero() {
+				excluders++
+			}
+		}
+	}
+	if excluders == 0 {
+		t.Fatal("no peer excludes the silent member")
+	}
 }

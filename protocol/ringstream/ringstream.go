@@ -262,6 +262,10 @@ type outLink struct {
 	buf []byte
 }
 
+// resetLinger is how long a reset transport's outgoing streams stay closed
+// for writing (their last frames readable) before they are reset.
+const resetLinger = 5 * time.Second
+
 type inLink struct {
 	ready chan struct{} // closed once s is set
 	s     network.Stream
@@ -502,14 +506,35 @@ func (t *Transport) Reset(reason error) {
 			streams = append(streams, l.s)
 		}
 	}
+	type out struct {
+		l *outLink
+		s network.Stream // l.s is written under t.mu too
+	}
+	outs := make([]out, 0, len(t.out))
 	for _, l := range t.out {
 		if l.s != nil {
-			streams = append(streams, l.s)
+			outs = append(outs, out{l, l.s})
 		}
 	}
 	t.mu.Unlock()
 	for _, s := range streams {
 		s.Reset()
+	}
+	// An outgoing stream with no write in progress is closed for writing
+	// rather than reset: a reset discards frames the peer has not read yet,
+	// among them the abort notice that names the culprit, and the peer would
+	// blame this one for the broken link. It is reset after resetLinger.
+	for _, o := range outs {
+		if !o.l.mu.TryLock() {
+			o.s.Reset() // a write is in progress (perhaps stuck): break it
+			continue
+		}
+		if o.s.CloseWrite() != nil {
+			o.s.Reset()
+		} else {
+			time.AfterFunc(resetLinger, func() { o.s.Reset() })
+		}
+		o.l.mu.Unlock()
 	}
 	t.rn.forget(t)
 }
