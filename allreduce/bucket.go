@@ -10,6 +10,13 @@ import (
 // scheduleFor resolves the schedule of a codec class.
 func (s *Session) scheduleFor(class compress.Class) Schedule {
 	sch := s.cfg.Schedule
+	if s.cfg.Robust.Enabled() && robustClass(class) {
+		// Clipping needs every member's contribution at the owner.
+		if sch == ScheduleProportional {
+			return sch
+		}
+		return ScheduleDirect
+	}
 	switch class {
 	case compress.ClassSparse:
 		return ScheduleAllGather
@@ -29,6 +36,12 @@ func (s *Session) scheduleFor(class compress.Class) Schedule {
 		}
 		return sch
 	}
+}
+
+// robustClass reports whether robust aggregation can combine a class: the
+// owner must be able to decode each member's contribution alone.
+func robustClass(c compress.Class) bool {
+	return c == compress.ClassLinear || c == compress.ClassQuantized || c == compress.ClassErrorFeedback
 }
 
 // ScheduleFor returns the schedule the session uses for a codec class.
@@ -76,13 +89,16 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 		return nil
 	}
 
+	if s.cfg.Robust.Enabled() && !robustClass(class) {
+		return o.failLocal(fmt.Errorf("%w: bucket %d: robust aggregation cannot combine codec %s (%v)", ErrConfig, b.ID, b.Codec.Spec(), class))
+	}
 	switch class {
 	case compress.ClassLinear, compress.ClassQuantized:
 		l := makeLayout(n, s.w, 1, chunk, shares)
 		if err := checkFrame(min(chunk, max(n, 1))); err != nil {
 			return err
 		}
-		ops := &codecOps{bucketCtx: bctx}
+		ops := &codecOps{bucketCtx: bctx, robust: s.robustFor(n)}
 		if lk := b.Links; lk != nil && sch == ScheduleRing && s.w > 1 {
 			if lk.Final != nil {
 				bctx.codec = lk.Final
@@ -103,7 +119,7 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 		if err := checkFrame(min(chunk, max(n, 1))); err != nil {
 			return err
 		}
-		ops := &codecOps{bucketCtx: bctx, feedback: true}
+		ops := &codecOps{bucketCtx: bctx, feedback: true, robust: s.robustFor(n)}
 		if sch == ScheduleAllGather {
 			return gatherAll(o, &l, ops)
 		}

@@ -96,6 +96,10 @@ type Config struct {
 	// not yet consumed (default DefaultMaxBufferedBytes, at least one
 	// frame): a peer that sends more fails the session and is named.
 	MaxBufferedBytes int
+	// Robust, when enabled, combines the members' contributions to
+	// linear, quantized and error-feedback buckets with centered clipping
+	// at each part's owner (the direct schedule) instead of their mean.
+	Robust *Robust
 	// Logger receives failure reasons (default zap.NewNop()).
 	Logger *zap.Logger
 }

@@ -61,6 +61,9 @@ type codecOps struct {
 	*bucketCtx
 	feedback     bool
 	sendC, recvC compress.Codec
+	// robust, when set, makes the owner combine contributions with
+	// centered clipping (direct schedule) instead of averaging them.
+	robust *robustOps
 }
 
 func (x *codecOps) maxLen(n int) int {
@@ -98,6 +101,11 @@ func (x *codecOps) combine(dst []byte, c chunk, recv []byte, hop int, last bool)
 	if err := x.recv().Decode(t, recv); err != nil {
 		return nil, corrupt(-1, err)
 	}
+	if hasNonFinite(t) {
+		// An honest peer never forwards a non-finite partial sum (it fails
+		// here instead), so the previous peer put it in.
+		return nil, corrupt(-1, errNonFiniteContribution)
+	}
 	d := x.data[c.off : c.off+c.n]
 	for i := range t {
 		t[i] += d[i]
@@ -111,6 +119,9 @@ func (x *codecOps) combine(dst []byte, c chunk, recv []byte, hop int, last bool)
 }
 
 func (x *codecOps) reduce(dst []byte, c chunk, contribs [][]byte) ([]byte, error) {
+	if x.robust != nil {
+		return x.reduceRobust(dst, c, contribs)
+	}
 	t := x.scratch(c.n)
 	clear(t)
 	d := x.data[c.off : c.off+c.n]
@@ -135,6 +146,13 @@ func (x *codecOps) reduce(dst []byte, c chunk, contribs [][]byte) ([]byte, error
 		if err := x.codec.DecodeAdd(t, own); err != nil {
 			return nil, fmt.Errorf("decode own encoding: %w", err)
 		}
+	}
+	if hasNonFinite(t) {
+		if j := x.nonFiniteMember(c, contribs); j >= 0 {
+			return nil, corrupt(j, errNonFiniteContribution)
+		}
+		// Finite contributions whose sum overflowed: the trainer sees a
+		// non-finite average and retries the step; nobody is to blame.
 	}
 	divide(t, x.w)
 	return x.codec.Encode(dst, t, x.pos(c, streamOwner, false))

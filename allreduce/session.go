@@ -105,6 +105,9 @@ func NewSession(ep Ring, t Transport, cfg Config) (*Session, error) {
 		return nil, fmt.Errorf("%w: nil transport", ErrConfig)
 	}
 	cfg = cfg.withDefaults()
+	if err := cfg.Robust.validate(); err != nil {
+		return nil, err
+	}
 	if cfg.Shares != nil {
 		if err := checkShares(cfg.Shares, len(ep.Peers)); err != nil {
 			return nil, err

@@ -6,6 +6,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"strings"
@@ -148,6 +149,37 @@ type Allreduce struct {
 	// FrameTimeout is the deadline for each awaited frame; "0s" derives it
 	// from the measured bandwidth and the bucket size.
 	FrameTimeout Duration `toml:"frame_timeout"`
+	// Robust is the robust aggregation: "off" (the plain mean) or
+	// "centered_clip" (each part's owner clips every member's contribution
+	// around a robust centre; the direct schedule).
+	Robust string `toml:"robust"`
+	// RobustTau is centered clipping's radius τ per fusion bucket.
+	RobustTau float64 `toml:"robust_tau"`
+	// RobustIters is centered clipping's iteration count.
+	RobustIters int `toml:"robust_iters"`
+}
+
+// Robust aggregation names (allreduce.robust).
+const (
+	RobustOff          = "off"
+	RobustCenteredClip = "centered_clip"
+)
+
+// robust returns the engine's robust aggregation (nil: off).
+func (a Allreduce) robust() *allreduce.Robust {
+	if a.Robust != RobustCenteredClip {
+		return nil
+	}
+	return &allreduce.Robust{Tau: a.RobustTau, Iters: a.RobustIters}
+}
+
+// RobustSpec returns the robust aggregation as one canonical string
+// ("off", or "centered_clip:tau=T,iters=L"), for the cluster's settings.
+func (a Allreduce) RobustSpec() string {
+	if r := a.robust(); r != nil {
+		return fmt.Sprintf("%s:tau=%g,iters=%d", RobustCenteredClip, r.Tau, r.Iters)
+	}
+	return RobustOff
 }
 
 // Session returns the allreduce configuration of these settings.
@@ -158,6 +190,7 @@ func (a Allreduce) Session(log *zap.Logger) allreduce.Config {
 		Schedule:     sch,
 		Concurrency:  a.Concurrency,
 		FrameTimeout: a.FrameTimeout.D(),
+		Robust:       a.robust(),
 		Logger:       log,
 	}
 }
@@ -236,6 +269,9 @@ func DefaultConfig() Config {
 			ChunkBytes:  allreduce.DefaultChunkBytes,
 			BucketBytes: allreduce.DefaultBucketBytes,
 			Concurrency: allreduce.DefaultConcurrency,
+			Robust:      RobustOff,
+			RobustTau:   1,
+			RobustIters: 3,
 		},
 		Train: Train{
 			Model:              "mlp",
@@ -355,6 +391,7 @@ func (c *Config) Validate() error {
 	if c.Allreduce.Concurrency < 1 || c.Allreduce.Concurrency > 64 {
 		bad("allreduce.concurrency", "%d is outside 1..64", c.Allreduce.Concurrency)
 	}
+	c.Allreduce.validateRobust(bad)
 	if ftm := c.Allreduce.FrameTimeout.D(); ftm != 0 {
 		checkDuration(bad, "allreduce.frame_timeout", ftm, 100*time.Millisecond, time.Hour)
 	}
@@ -406,6 +443,35 @@ func ParseBootstrapAddr(s string) (ma.Multiaddr, error) {
 		return nil, fmt.Errorf("%q does not end in /p2p/<peer-id> (copy an address that `p2ptrain join` printed)", s)
 	}
 	return a, nil
+}
+
+func (a *Allreduce) validateRobust(bad func(key, format string, args ...any)) {
+	switch a.Robust {
+	case RobustOff:
+		return
+	case RobustCenteredClip:
+	default:
+		bad("allreduce.robust", "%q is not one of %s, %s", a.Robust, RobustOff, RobustCenteredClip)
+		return
+	}
+	if !(a.RobustTau > 0) || math.IsInf(a.RobustTau, 0) {
+		bad("allreduce.robust_tau", "%g must be a positive number", a.RobustTau)
+	}
+	if a.RobustIters < 1 || a.RobustIters > 100 {
+		bad("allreduce.robust_iters", "%d is outside 1..100", a.RobustIters)
+	}
+	if c, err := compress.New(a.Codec, compress.Options{Layout: compress.Layout{Shapes: [][]int{{16, 16}}}}); err == nil {
+		switch c.Class() {
+		case compress.ClassLinear, compress.ClassQuantized, compress.ClassErrorFeedback:
+		default:
+			bad("allreduce.robust", "needs each member's contribution at its owner: codec %q (%v) does not give it; use a linear, quantized or error-feedback codec (none, fp16, int8, sint8, dyn8, qsgd, onebit, sign)", a.Codec, c.Class())
+		}
+	}
+	switch a.Schedule {
+	case "", "auto", string(allreduce.ScheduleDirect), string(allreduce.ScheduleProportional):
+	default:
+		bad("allreduce.schedule", "%q cannot carry allreduce.robust (it needs direct or proportional; auto picks direct)", a.Schedule)
+	}
 }
 
 func (t *Train) validate(bad func(key, format string, args ...any)) {

@@ -23,7 +23,7 @@ type Settings map[string]string
 // clusterOnly are the keys that must agree between peers but not between
 // a checkpoint and the run resuming it: extending a run (train.steps
 // higher) resumes it; codecs carry no state across a restart.
-var clusterOnly = []string{"train.steps", "allreduce.codec", "allreduce.bucket_bytes"}
+var clusterOnly = []string{"train.steps", "allreduce.codec", "allreduce.bucket_bytes", "allreduce.robust"}
 
 // localOnly are the keys that must agree between a checkpoint and the run
 // resuming it but may differ between peers: each peer's devices take
@@ -51,6 +51,7 @@ func settingsOf(cfg config.Train, ar config.Allreduce, m *model.Model, devices i
 		"train.devices":              strconv.Itoa(devices),
 		"allreduce.codec":            ar.Codec,
 		"allreduce.bucket_bytes":     strconv.Itoa(ar.BucketBytes),
+		"allreduce.robust":           ar.RobustSpec(),
 	}
 }
 
