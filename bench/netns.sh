@@ -7,7 +7,9 @@
 #                                   e.g. -- --cpuprofile /tmp/cpu-{host}.pprof)
 #   bench/netns.sh --smoke          CI: 3 hosts, 100mbit, 4MiB, 2 rounds, < 60 s
 #   bench/netns.sh --check [...]    build the network, measure each link, no daemons
-#   bench/netns.sh --cleanup        remove what an earlier (crashed, --keep) run left
+#   bench/netns.sh --cleanup        remove what an earlier (crashed, --keep, --up) run left
+#   bench/netns.sh --up [...]       build the network (--hosts, --rate(s), --loss, ...) and leave it
+#                                   up for another program (the chaos suite); --cleanup removes it
 #
 # Options (defaults in brackets):
 #   --hosts N          number of test hosts, 1..64 [4; or the length of --rates]
@@ -113,6 +115,7 @@ while [ $# -gt 0 ]; do
 	--timeout) need_arg "$@"; timeout_s=$2; shift 2 ;;
 	--logdir) need_arg "$@"; logdir=$2; shift 2 ;;
 	--check) mode=check; shift ;;
+	--up) mode=up; shift ;;
 	--cleanup) mode=cleanup; shift ;;
 	--keep) keep=1; shift ;;
 	--open) open=1; shift ;;
@@ -466,6 +469,11 @@ check_links() {
 	return "$fail"
 }
 
+if [ "$mode" = up ]; then
+	keep=1 status=0
+	say "network up: namespaces $(our_namespaces | tr '\n' ' ')"
+	exit 0
+fi
 if [ "$mode" = check ] || [ "$smoke" = 1 ]; then
 	check_links || die "link check failed"
 fi

@@ -322,12 +322,25 @@ func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
 	if e.Number > v.maxEpoch {
 		v.maxEpoch = e.Number
 	}
-	if !e.newer(v.epoch) || from != e.Coordinator {
+	if !e.newer(v.epoch) {
 		return nil
 	}
+	// A majority of e's members vouching for it in their own heartbeats
+	// overrides this view's exclusions and its idea of the coordinator: a
+	// peer whose exclusions differ from the others' would otherwise refuse
+	// the ring they all train in, for as long as its back-off lasts.
+	majority := v.followedByMajority(e)
+	if from != e.Coordinator && !majority {
+		return nil // a forwarded copy only tells the numbering
+	}
 	if err := v.checkProposer(e.Coordinator); err != nil {
-		v.reject(from, e, err)
-		return nil
+		if !majority || !errors.Is(err, errNotFollowed) {
+			v.reject(from, e, err)
+			return nil
+		}
+		if x := v.excluded[e.Coordinator]; x != nil {
+			x.until = v.now // the back-off ends; its count still doubles the next one
+		}
 	}
 	v.epoch = cloneEpoch(e)
 	out := cloneEpoch(e)
@@ -377,13 +390,42 @@ func (v *View) checkProposer(p string) error {
 			return fmt.Errorf("%w: coordinator %s is an observer", ErrEpochRejected, p)
 		}
 		if until, why := v.Excluded(p); !until.IsZero() {
-			return fmt.Errorf("%w: coordinator %s is excluded until %s (%s)", ErrEpochRejected, p, until.Format(time.RFC3339), why)
+			return fmt.Errorf("%w: %w: coordinator %s is excluded until %s (%s)", ErrEpochRejected, errNotFollowed, p, until.Format(time.RFC3339), why)
 		}
 	}
 	if c := v.Coordinator(); c != "" && p > c {
-		return fmt.Errorf("%w: proposed by %s, but this view's coordinator is %s", ErrEpochRejected, p, c)
+		return fmt.Errorf("%w: %w: proposed by %s, but this view's coordinator is %s", ErrEpochRejected, errNotFollowed, p, c)
 	}
 	return nil
+}
+
+// errNotFollowed: a proposer this view would not choose as coordinator
+// (excluded, or not the lowest live ID), which a majority may overrule.
+var errNotFollowed = errors.New("gossip: not this view's coordinator")
+
+// followedByMajority reports whether e is vouched for by a majority: more
+// than half of the current epoch's members and more than half of e's
+// members announce e itself (number and digest) in their latest
+// heartbeats, counting live members other than this peer. A member alone
+// cannot vouch for an epoch of its own making; with no current epoch
+// nothing is vouched for.
+func (v *View) followedByMajority(e Epoch) bool {
+	if v.epoch.Number == 0 {
+		return false
+	}
+	digest, n := e.Digest(), 0
+	seen := map[string]bool{}
+	for _, id := range slices.Concat(v.epoch.Order, e.Order) {
+		m := v.members[id]
+		if seen[id] || id == v.self || m == nil || !m.State.inRing() || m.Heartbeat.Epoch.Number != e.Number {
+			continue
+		}
+		seen[id] = true
+		if m.Heartbeat.Epoch.Digest() == digest {
+			n++
+		}
+	}
+	return 2*n > len(v.epoch.Order) && 2*n > len(e.Order)
 }
 
 // Exclude keeps peer out of the ring epochs this view proposes and out of

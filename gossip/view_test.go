@@ -640,3 +640,50 @@ func TestExcludedMemberSitsOutItsBackOff(t *testing.T) {
 		t.Fatalf("back-off grew to %s, want the cap %s", until.Sub(c.now), DefaultExcludeFor<<MaxExcludeDoublings)
 	}
 }
+
+// TestMajorityOverridesOneViewsExclusion: one peer that excluded the
+// coordinator the others follow (its blame differed from theirs) adopts
+// their epoch once a majority announces it in heartbeats, instead of
+// refusing their ring for its whole back-off (the chaos suite's flood case
+// once left a peer out of every ring for the rest of the run).
+func TestMajorityOverridesOneViewsExclusion(t *testing.T) {
+	c := newCluster("a", "b", "c", "d")
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b", "c", "d"})
+	d := c.views["d"]
+	d.Exclude("a", "frame timeouts", c.now)
+	before := d.Epoch()
+	next := Epoch{Number: before.Number + 1, Order: []string{"a", "b", "c", "d"}, Coordinator: "a"}
+	for _, id := range []string{"a", "b", "c", "d"} {
+		c.views[id].Offer(next, "a", c.now)
+	}
+	if d.Epoch().Number != before.Number {
+		t.Fatal("d adopted a proposal of the coordinator it excluded, before any majority")
+	}
+	c.round(time.Second) // a, b and c announce next in their heartbeats
+	c.agree(t, []string{"a", "b", "c", "d"})
+	if got := d.Epoch(); !got.Equal(next) {
+		t.Fatalf("d is in epoch %d, want the majority's %d", got.Number, next.Number)
+	}
+	if until, _ := d.Excluded("a"); !until.IsZero() {
+		t.Fatal("d's exclusion of the coordinator the majority follows still holds")
+	}
+}
+
+// TestLoneMemberCannotVouchForItsEpoch: an epoch that only its author
+// announces (its order naming itself alone) is not a majority's.
+func TestLoneMemberCannotVouchForItsEpoch(t *testing.T) {
+	c := newCluster("a", "b", "c", "z")
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b", "c", "z"})
+	b := c.views["b"]
+	before := b.Epoch()
+	forged := Epoch{Number: before.Number + 1, Order: []string{"z"}, Coordinator: "z"}
+	h := hb("z", c.seq+1)
+	h.Epoch = forged
+	b.Heartbeat(h, c.now)
+	b.Offer(forged, "z", c.now)
+	if b.Epoch().Number != before.Number {
+		t.Fatalf("b adopted z's epoch of one: %+v", b.Epoch())
+	}
+}

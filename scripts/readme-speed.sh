@@ -12,10 +12,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 README=$ROOT/README.md
-BEGIN='<!-- speed-table:begin (scripts/readme-speed.sh writes this table) -->'
-END='<!-- speed-table:end -->'
-
-grep -qF "$BEGIN" "$README" && grep -qF "$END" "$README" || {
+grep -q '^<!-- speed-table:begin' "$README" || {
 	echo "readme-speed: $README lacks the speed-table markers" >&2
 	exit 1
 }
@@ -29,9 +26,5 @@ args=("$@")
 		"$(date -u +%Y-%m-%d)" "$*" "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
 		"$(uname -m)" "$(nproc)"
 } >>"$table"
-awk -v begin="$BEGIN" -v end="$END" -v table="$table" '
-	$0 == begin { print; while ((getline line < table) > 0) print line; skip = 1; next }
-	$0 == end { skip = 0 }
-	!skip { print }' "$README" >"$README.tmp"
-mv "$README.tmp" "$README"
+"$ROOT/scripts/readme-section.sh" speed-table "$table"
 echo "readme-speed: table updated in $README"
