@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -74,6 +75,13 @@ type Probe struct {
 
 // Train is the [train] section: what the cluster trains and how.
 type Train struct {
+	// Trainer: "builtin" trains train.model itself; "external" all-reduces
+	// the gradients of a local training process (the PyTorch bridge) that
+	// connects to Socket.
+	Trainer string `toml:"trainer"`
+	// Socket is the Unix-domain socket an external trainer connects to
+	// ("": a per-user path named after node.api's port).
+	Socket string `toml:"socket"`
 	// Model: "mlp" or "cnn".
 	Model string `toml:"model"`
 	// Hidden widths of the mlp.
@@ -274,6 +282,7 @@ func DefaultConfig() Config {
 			RobustIters: 3,
 		},
 		Train: Train{
+			Trainer:            TrainerBuiltin,
 			Model:              "mlp",
 			Hidden:             []int{1024, 1024},
 			Steps:              0,
@@ -474,7 +483,21 @@ func (a *Allreduce) validateRobust(bad func(key, format string, args ...any)) {
 	}
 }
 
+// The trainers train.trainer names.
+const (
+	TrainerBuiltin  = "builtin"
+	TrainerExternal = "external"
+)
+
 func (t *Train) validate(bad func(key, format string, args ...any)) {
+	switch t.Trainer {
+	case TrainerBuiltin, TrainerExternal:
+	default:
+		bad("train.trainer", "%q is not builtin or external", t.Trainer)
+	}
+	if t.Socket != "" && (!filepath.IsAbs(t.Socket) || len(t.Socket) > 100) {
+		bad("train.socket", "%q must be an absolute path of at most 100 bytes (a Unix socket's limit)", t.Socket)
+	}
 	if !slices.Contains(model.Names(), t.Model) {
 		bad("train.model", "%q is not one of %s", t.Model, strings.Join(model.Names(), ", "))
 	}

@@ -1,8 +1,6 @@
 package train
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -30,29 +28,24 @@ var clusterOnly = []string{"train.steps", "allreduce.codec", "allreduce.bucket_b
 // their own share of the global batch.
 var localOnly = []string{"train.devices"}
 
-// settingsOf returns the settings of a trainer of model m on devices local devices.
-func settingsOf(cfg config.Train, ar config.Allreduce, m *model.Model, devices int) Settings {
-	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
-	sig := sha256.Sum256([]byte(m.Signature()))
-	return Settings{
-		"train.model":                cfg.Model + ":" + hex.EncodeToString(sig[:8]),
-		"train.optimizer":            cfg.Optimizer,
-		"train.lr":                   f(cfg.LR),
-		"train.momentum":             f(cfg.Momentum),
-		"train.weight_decay":         f(cfg.WeightDecay),
-		"train.clip_norm":            f(cfg.ClipNorm),
-		"train.dropout":              f(cfg.Dropout),
+// settingsOf returns the settings of a trainer of learner l: the
+// learner's and the trainer's own (the run's length, the codecs, the
+// shared seed).
+func settingsOf(cfg config.Train, ar config.Allreduce, l Learner) Settings {
+	s := Settings{
+		"train.trainer":              cfg.Trainer,
 		"train.warmup_steps":         strconv.Itoa(cfg.WarmupSteps),
 		"train.lowrank_warmup_steps": strconv.Itoa(cfg.LowRankWarmupSteps),
 		"train.seed":                 strconv.FormatUint(cfg.Seed, 10),
-		"train.batch_size":           strconv.Itoa(cfg.BatchSize),
-		"train.train_samples":        strconv.Itoa(cfg.TrainSamples),
 		"train.steps":                strconv.Itoa(cfg.Steps),
-		"train.devices":              strconv.Itoa(devices),
 		"allreduce.codec":            ar.Codec,
 		"allreduce.bucket_bytes":     strconv.Itoa(ar.BucketBytes),
 		"allreduce.robust":           ar.RobustSpec(),
 	}
+	for k, v := range l.Settings() {
+		s[k] = v
+	}
+	return s
 }
 
 // cluster returns the settings peers must agree on.
@@ -102,12 +95,12 @@ func (s Settings) diff(o Settings) []string {
 
 func (s Settings) equal(o Settings) bool { return len(s.diff(o)) == 0 }
 
-// errSettingsDiffer: this peer's settings are not the cluster's.
-var errSettingsDiffer = errors.New("train: this peer's training settings differ from the cluster's")
+// ErrSettingsDiffer: this peer's training settings are not the cluster's (its error names the keys).
+var ErrSettingsDiffer = errors.New("train: this peer's training settings differ from the cluster's")
 
 // checkSettings compares the settings every member of ep announced. The
 // settings most members hold win (ties: the coordinator's). A peer in the
-// minority gets an error wrapping errSettingsDiffer that names the keys; a
+// minority gets an error wrapping ErrSettingsDiffer that names the keys; a
 // peer in the majority gets a plain error and the peers that differ (it
 // excludes them: they run another job).
 func checkSettings(mine Settings, self string, members []gossip.Member, ep gossip.Epoch) (odd []string, err error) {
@@ -146,5 +139,5 @@ func checkSettings(mine Settings, self string, members []gossip.Member, ep gossi
 		}
 		return odd, fmt.Errorf("train: members %s announce other training settings; training without them", strings.Join(odd, ", "))
 	}
-	return nil, fmt.Errorf("%w (%d of %d members hold the others): %s", errSettingsDiffer, bestN, len(ep.Order), strings.Join(mine.diff(best), "; "))
+	return nil, fmt.Errorf("%w (%d of %d members hold the others): %s", ErrSettingsDiffer, bestN, len(ep.Order), strings.Join(mine.diff(best), "; "))
 }

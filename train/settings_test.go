@@ -24,7 +24,8 @@ func testSettings(t *testing.T, edit func(*config.Train, *config.Allreduce)) Set
 		t.Fatal(err)
 	}
 	t.Cleanup(m.Close)
-	return settingsOf(cfg.Train, cfg.Allreduce, m, len(cfg.Train.Devices))
+	l := &ModelLearner{cfg: cfg.Train, m: m, devs: make([]gpu.Device, len(cfg.Train.Devices))}
+	return settingsOf(cfg.Train, cfg.Allreduce, l)
 }
 
 // TestSettingsResumeHash: the checkpoint hash covers every key that
@@ -74,16 +75,16 @@ func TestCheckSettings(t *testing.T) {
 	ep := gossip.Epoch{Number: 4, Order: []string{"a", "b", "c"}, Coordinator: "a"}
 	members := settingsMembers(map[string]Settings{"a": odd, "b": good, "c": good})
 	_, err := checkSettings(odd, "a", members, ep)
-	if !errors.Is(err, errSettingsDiffer) || !strings.Contains(err.Error(), "train.momentum = 0.5 here, 0.9 there") {
+	if !errors.Is(err, ErrSettingsDiffer) || !strings.Contains(err.Error(), "train.momentum = 0.5 here, 0.9 there") {
 		t.Fatalf("minority (the coordinator): %v", err)
 	}
 	exclude, err := checkSettings(good, "b", members, ep)
-	if err == nil || errors.Is(err, errSettingsDiffer) || !slices.Equal(exclude, []string{"a"}) {
+	if err == nil || errors.Is(err, ErrSettingsDiffer) || !slices.Equal(exclude, []string{"a"}) {
 		t.Fatalf("majority: %v, %v; want an error and a to exclude", err, exclude)
 	}
 	// A tie goes to the coordinator's settings.
 	two := gossip.Epoch{Number: 5, Order: []string{"a", "b"}, Coordinator: "a"}
-	if _, err := checkSettings(good, "b", settingsMembers(map[string]Settings{"a": odd, "b": good}), two); !errors.Is(err, errSettingsDiffer) {
+	if _, err := checkSettings(good, "b", settingsMembers(map[string]Settings{"a": odd, "b": good}), two); !errors.Is(err, ErrSettingsDiffer) {
 		t.Fatalf("tie, not the coordinator: %v", err)
 	}
 	if odd, err := checkSettings(good, "b", settingsMembers(map[string]Settings{"a": good, "b": good, "c": good}), ep); err != nil || odd != nil {
@@ -91,7 +92,7 @@ func TestCheckSettings(t *testing.T) {
 	}
 	// Steps differ between peers: they would follow different learning-rate schedules.
 	long := testSettings(t, func(c *config.Train, _ *config.Allreduce) { c.Steps = 99 }).cluster()
-	if _, err := checkSettings(long, "b", settingsMembers(map[string]Settings{"a": good, "b": long}), two); !errors.Is(err, errSettingsDiffer) {
+	if _, err := checkSettings(long, "b", settingsMembers(map[string]Settings{"a": good, "b": long}), two); !errors.Is(err, ErrSettingsDiffer) {
 		t.Fatalf("train.steps differs: %v", err)
 	}
 }

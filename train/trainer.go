@@ -25,7 +25,6 @@ import (
 	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/data"
 	"github.com/p2ptrain/p2ptrain/gossip"
-	"github.com/p2ptrain/p2ptrain/gpu"
 	"github.com/p2ptrain/p2ptrain/internal/ctxutil"
 	"github.com/p2ptrain/p2ptrain/model"
 	"github.com/p2ptrain/p2ptrain/plan"
@@ -72,25 +71,22 @@ type Trainer struct {
 	report   func(Status)
 	linger   time.Duration
 
-	devs    []gpu.Device
-	m       *model.Model
-	opt     *model.Optimizer
-	train   *data.Dataset
-	test    *data.Dataset
-	sampler *data.Sampler
-	codecs  []compress.Codec
+	l      Learner
+	codecs []compress.Codec
 	// plain are fp32 codecs used instead of low-rank ones for the first
 	// max(warmup_steps, lowrank_warmup_steps) steps (as PyTorch's PowerSGD
 	// hook does): the first steps move the weights most, and a rank-r
 	// factorisation started from a random Q loses too much of them; ACP-SGD,
 	// which projects onto a basis one step old, needs the longer start.
 	plain    []compress.Codec
-	batches  []model.Batch
-	idx      []int
 	settings Settings
 	cfgHash  [32]byte
 	// shard is this peer's part of the global batch in the current epoch.
-	shard shard
+	shard Shard
+	// loss is the training loss of the last step; hash the parameter hash
+	// after the last change of the parameters ("" when not known).
+	loss float64
+	hash string
 	// mismatches counts parameter hashes that differed from the
 	// coordinator's; syncs counts states adopted from another peer.
 	mismatches, syncs int
@@ -142,94 +138,108 @@ type Options struct {
 	GradHook func(step uint64, bucket int, g []float32)
 }
 
-// New builds the model, optimizer, data and codecs for the [train] and
-// [allreduce] settings, resuming from the latest checkpoint if one exists.
+// New builds the built-in model, optimizer and data of the [train]
+// settings (NewModelLearner) and a Trainer for them.
 func New(c Cluster, cfg config.Train, ar config.Allreduce, o Options) (*Trainer, error) {
+	l, err := NewModelLearner(cfg, ar.BucketBytes, o.Train, o.Test)
+	if err != nil {
+		return nil, err
+	}
+	t, err := NewWithLearner(c, l, cfg, ar, o)
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	return t, nil
+}
+
+// NewWithLearner returns a Trainer of learner l for the [train] and
+// [allreduce] settings, resuming from the latest checkpoint in
+// train.checkpoint_dir if one exists. The Trainer owns l: Close closes it.
+func NewWithLearner(c Cluster, l Learner, cfg config.Train, ar config.Allreduce, o Options) (*Trainer, error) {
 	if o.Log == nil {
 		o.Log = zap.NewNop()
 	}
-	t := &Trainer{c: c, self: c.Self(), cfg: cfg, arCfg: ar, log: o.Log.Named("train"), progress: o.Progress,
-		report: o.Status, linger: o.Linger, gradHook: o.GradHook, lastEval: -1}
-	var err error
-	if t.devs, err = gpu.OpenAll(cfg.Devices); err != nil {
-		return nil, fmt.Errorf("train: train.devices: %w", err)
-	}
-	t.train, t.test = o.Train, o.Test
-	if t.train == nil || t.test == nil {
-		if t.train, t.test, err = data.LoadFashionMNIST(cfg.DataDir); err != nil {
-			t.Close()
-			if errors.Is(err, data.ErrNoDataset) {
-				return nil, fmt.Errorf("%w\n  install it with `apt-get install dataset-fashion-mnist` (scripts/setup.sh does), or set train.data_dir", err)
-			}
-			return nil, err
-		}
-	}
-	if cfg.TrainSamples > 0 && cfg.TrainSamples < t.train.Len() {
-		t.train = t.train.Subset(cfg.TrainSamples)
-	}
-	if cfg.EvalSamples > 0 && cfg.EvalSamples < t.test.Len() {
-		t.test = t.test.Subset(cfg.EvalSamples)
-	}
-	mcfg := model.Config{Hidden: cfg.Hidden, BucketBytes: t.arCfg.BucketBytes, MaxBatch: cfg.BatchSize, Dropout: float32(cfg.Dropout)}
-	if t.m, err = model.New(cfg.Model, mcfg, t.devs, cfg.Seed); err != nil {
-		t.Close()
-		return nil, err
-	}
-	t.opt, err = model.NewOptimizer(model.OptimConfig{
-		Name: cfg.Optimizer, LR: cfg.LR, Momentum: cfg.Momentum, WeightDecay: cfg.WeightDecay,
-		WarmupSteps: int64(cfg.WarmupSteps), TotalSteps: int64(cfg.Steps), ClipNorm: cfg.ClipNorm,
-	}, t.m)
-	if err != nil {
-		t.Close()
-		return nil, err
-	}
-	t.sampler = data.NewSampler(cfg.Seed, t.train.Len())
-	t.batches = make([]model.Batch, len(t.devs))
-	for b := range t.m.Buckets() {
+	t := &Trainer{c: c, self: c.Self(), l: l, step: l.Step(), cfg: cfg, arCfg: ar, log: o.Log.Named("train"), progress: o.Progress,
+		report: o.Status, linger: o.Linger, gradHook: o.GradHook, lastEval: -1, loss: -1}
+	for b := range l.Buckets() {
 		c, err := t.newCodec(t.arCfg.Codec, b)
 		if err != nil {
-			t.Close()
 			return nil, fmt.Errorf("train: allreduce.codec: %w", err)
 		}
 		t.codecs = append(t.codecs, c)
 		if c.Class() == compress.ClassLowRank {
 			p, err := t.newCodec("none", b)
 			if err != nil {
-				t.Close()
 				return nil, err
 			}
 			t.plain = append(t.plain, p)
 		}
 	}
-	t.settings = settingsOf(cfg, ar, t.m, len(t.devs))
+	if len(t.codecs) == 0 {
+		return nil, errors.New("train: the model has no parameters")
+	}
+	t.settings = settingsOf(cfg, ar, l)
 	t.cfgHash = t.settings.resumeHash()
-	if cfg.CheckpointDir != "" {
-		c, err := model.LoadLatestCheckpoint(cfg.CheckpointDir, &t.cfgHash)
-		switch {
-		case errors.Is(err, model.ErrNoCheckpoint):
-		case err != nil:
-			t.Close()
-			return nil, fmt.Errorf("train: resume from %s: %w", cfg.CheckpointDir, err)
-		default:
-			if err := t.m.Restore(c, t.opt); err != nil {
-				t.Close()
-				return nil, err
-			}
-			t.step = uint64(c.Step)
-			t.log.Info("resumed from checkpoint", zap.Int64("step", c.Step), zap.String("param_hash", t.m.ParamHash()))
-		}
-	}
-	for _, d := range t.devs {
-		t.payload.Devices = append(t.payload.Devices, d.Name())
-	}
+	t.payload.Devices = l.Devices()
 	t.payload.Settings = t.settings.cluster()
-	t.status = Status{Active: true, Step: t.step, Steps: uint64(cfg.Steps), Codec: t.codecs[0].Spec(), Loss: -1, Accuracy: -1, ParamHash: t.m.ParamHash()}
-	t.publish()
-	c.ServeState(t.serveState)
-	t.log.Info("training", zap.String("model", cfg.Model), zap.Int("params", t.m.NumParams()),
+	t.status = Status{Active: true, Step: t.step, Steps: uint64(cfg.Steps), Codec: t.codecs[0].Spec(), Loss: -1, Accuracy: -1}
+	t.log.Info("training", zap.String("model", t.settings["train.model"]), zap.Int("params", l.NumParams()),
 		zap.Int("buckets", len(t.codecs)), zap.String("codec", t.codecs[0].Spec()),
-		zap.Strings("devices", cfg.Devices), zap.Int("steps", cfg.Steps))
+		zap.Strings("devices", l.Devices()), zap.Int("steps", cfg.Steps))
 	return t, nil
+}
+
+// resume restores the latest checkpoint of train.checkpoint_dir, if any.
+func (t *Trainer) resume(ctx context.Context) error {
+	if t.cfg.CheckpointDir == "" {
+		return nil
+	}
+	c, err := model.LoadLatestCheckpoint(t.cfg.CheckpointDir, &t.cfgHash)
+	switch {
+	case errors.Is(err, model.ErrNoCheckpoint):
+		return nil
+	case err != nil:
+		return fmt.Errorf("train: resume from %s: %w", t.cfg.CheckpointDir, err)
+	}
+	if err := t.restore(ctx, c); err != nil {
+		return fmt.Errorf("train: resume from %s: %w", t.cfg.CheckpointDir, err)
+	}
+	t.log.Info("resumed from checkpoint", zap.Int64("step", c.Step), zap.String("param_hash", t.hash))
+	return nil
+}
+
+// restore replaces the learner's state with c and records its step and
+// parameter hash.
+func (t *Trainer) restore(ctx context.Context, c *model.Checkpoint) error {
+	if want := 4 * uint64(t.l.NumParams()); uint64(len(c.Params)) != want {
+		return fmt.Errorf("train: a state of %d parameter bytes, the model has %d", len(c.Params), want)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.l.Restore(ctx, c); err != nil {
+		return err
+	}
+	t.step = uint64(c.Step)
+	t.hash = ""
+	t.status.Step = t.step
+	_, err := t.paramHash(ctx)
+	return err
+}
+
+// paramHash returns the parameter hash, asking the learner only when the
+// parameters changed since it was last computed.
+func (t *Trainer) paramHash(ctx context.Context) (string, error) {
+	if t.hash != "" {
+		return t.hash, nil
+	}
+	p, err := t.l.Params(ctx)
+	if err != nil {
+		return "", err
+	}
+	t.hash = model.HashFloats(p)
+	t.status.ParamHash = t.hash
+	return t.hash, nil
 }
 
 // publish sends the payload and reports the status.
@@ -240,16 +250,12 @@ func (t *Trainer) publish() {
 	}
 }
 
-// Close frees the model and devices and stops serving state.
+// Close stops serving state and closes the learner.
 func (t *Trainer) Close() {
 	t.c.ServeState(nil)
-	if t.m != nil {
-		t.m.Close()
+	if err := t.l.Close(); err != nil {
+		t.log.Warn("closing the learner", zap.Error(err))
 	}
-	if err := gpu.CloseAll(t.devs); err != nil {
-		t.log.Warn("closing devices", zap.Error(err))
-	}
-	t.devs = nil
 }
 
 // serveState snapshots the state after step completed steps for peer
@@ -264,14 +270,29 @@ func (t *Trainer) serveState(from string, step uint64) ([]byte, error) {
 		t.mu.Unlock()
 		return nil, fmt.Errorf("%w: at step %d", statesync.ErrUnavailable, t.step)
 	}
-	c := t.m.Checkpoint(t.opt, int64(step), t.cfgHash)
+	c, err := t.l.State(step)
 	t.mu.Unlock()
+	if err != nil {
+		if errors.Is(err, ErrStateUnavailable) {
+			err = fmt.Errorf("%w: %w", statesync.ErrUnavailable, err)
+		}
+		return nil, err
+	}
+	c.ConfigHash = t.cfgHash
 	return c.Marshal(), nil
 }
 
 // Run trains until train.steps, then evaluates and returns the result. It
 // returns early with ctx's error.
 func (t *Trainer) Run(ctx context.Context) (Result, error) {
+	if err := t.resume(ctx); err != nil {
+		return Result{}, err
+	}
+	if _, err := t.paramHash(ctx); err != nil {
+		return Result{}, err
+	}
+	t.publish()
+	t.c.ServeState(t.serveState)
 	for t.step < uint64(t.cfg.Steps) {
 		ep, err := t.waitEpoch(ctx)
 		if err != nil {
@@ -281,7 +302,7 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			if errors.Is(err, errEpochChanged) {
 				continue
 			}
-			if errors.Is(err, errSettingsDiffer) {
+			if errors.Is(err, ErrSettingsDiffer) {
 				return Result{}, err
 			}
 			if ctx.Err() != nil {
@@ -324,7 +345,11 @@ func (t *Trainer) waitEpoch(ctx context.Context) (gossip.Epoch, error) {
 // enter announces this peer ready in ep, waits for every member, and brings
 // this peer's state up to the most advanced member's.
 func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
-	t.payload.Ready = &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: t.step, Hash: t.m.ParamHash()}
+	hash, err := t.paramHash(ctx)
+	if err != nil {
+		return err
+	}
+	t.payload.Ready = &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: t.step, Hash: hash}
 	t.publish()
 	var target uint64
 	var ready map[string]uint64
@@ -357,7 +382,7 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 			if err != nil {
 				return err
 			}
-			devices := map[string]int{t.self: len(t.devs)}
+			devices := map[string]int{t.self: len(t.payload.Devices)}
 			for _, m := range members {
 				if m.PeerID != t.self {
 					devices[m.PeerID] = len(payloadOf(m).Devices)
@@ -448,45 +473,35 @@ func chooseState(order []string, steps map[string]uint64, hashes map[string]stri
 // parameters.
 func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64, want string) error {
 	t.log.Info("fetching training state", zap.String("from", src), zap.Uint64("step", step))
-	b, err := t.c.FetchState(ctx, src, step, t.maxStateBytes())
+	b, err := t.c.FetchState(ctx, src, step, t.l.MaxStateBytes())
 	if err != nil {
+		if ctx.Err() == nil {
+			// A member that announces a state and never serves it would
+			// otherwise hold the others back for good.
+			t.strike(src, fmt.Errorf("its training state could not be fetched: %w", err))
+		}
 		return err
 	}
-	c, err := model.UnmarshalCheckpoint(b)
+	c, got, err := t.checkState(src, step, want, b)
 	if err != nil {
-		return fmt.Errorf("train: state from %s: %w", src, err)
+		// An honest member serves the state it announced: one that serves
+		// another is left out at once.
+		t.c.Exclude(src, "served an invalid training state: "+err.Error())
+		return err
 	}
-	if c.ConfigHash != t.cfgHash || uint64(c.Step) != step {
-		return fmt.Errorf("train: state from %s is for another configuration or step (%d)", src, c.Step)
+	if err := t.restore(ctx, c); err != nil {
+		return fmt.Errorf("train: restoring the state from %s: %w", src, err)
 	}
-	// The source gossips its parameter hash every check_every steps: when it
-	// announced one for this step, the parameters received must match it.
-	sum := sha256.Sum256(c.Params) // ParamHash: SHA-256 of the little-endian fp32 bytes
-	got := hex.EncodeToString(sum[:])
-	if want != "" && got != want {
-		return fmt.Errorf("train: state from %s has parameter hash %s, but the members at step %d announced %s", src, got, step, want)
-	}
-	if i := firstNonFinite(c.Params); i >= 0 {
-		return fmt.Errorf("train: state from %s holds a non-finite parameter (index %d): refused", src, i)
-	}
-	members, _ := t.c.View()
-	for _, m := range members {
-		if c := payloadOf(m).Check; m.PeerID == src && c != nil && c.Step == step && c.Hash != got {
-			return fmt.Errorf("train: state from %s has parameter hash %s, but it announced %s for step %d", src, got, c.Hash, step)
-		}
+	if t.hash != got {
+		return fmt.Errorf("train: after restoring the state from %s the parameters hash to %s, not %s", src, t.hash, got)
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if err := t.m.Restore(c, t.opt); err != nil {
-		return err
-	}
-	t.step = step
 	t.syncs++
 	t.forceSync = false
+	t.mu.Unlock()
 	clear(t.checks)            // hashes of the replaced state mean nothing now
 	plan.ResetCodecs(t.codecs) // a peer that takes over someone's state starts with zero residuals
-	hash := t.m.ParamHash()
-	t.status.ParamHash, t.status.Step = hash, step
+	hash := t.hash
 	if t.payload.Ready != nil {
 		t.payload.Ready.Step, t.payload.Ready.Hash = step, hash
 	}
@@ -495,16 +510,46 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64, want st
 	return nil
 }
 
+// checkState decodes and checks a state downloaded from src: the same
+// configuration and step, parameter hash want (when not empty) and the
+// hash src announced for the step, finite parameters. It returns the
+// state and its parameter hash.
+func (t *Trainer) checkState(src string, step uint64, want string, b []byte) (*model.Checkpoint, string, error) {
+	c, err := model.UnmarshalCheckpoint(b)
+	if err != nil {
+		return nil, "", fmt.Errorf("train: state from %s: %w", src, err)
+	}
+	if c.ConfigHash != t.cfgHash || uint64(c.Step) != step {
+		return nil, "", fmt.Errorf("train: state from %s is for another configuration or step (%d)", src, c.Step)
+	}
+	sum := sha256.Sum256(c.Params) // the parameter hash: SHA-256 of the little-endian fp32 bytes
+	got := hex.EncodeToString(sum[:])
+	if want != "" && got != want {
+		return nil, "", fmt.Errorf("train: state from %s has parameter hash %s, but the members at step %d announced %s", src, got, step, want)
+	}
+	if i := firstNonFinite(c.Params); i >= 0 {
+		return nil, "", fmt.Errorf("train: state from %s holds a non-finite parameter (index %d): refused", src, i)
+	}
+	// The source gossips its parameter hash every check_every steps: when it
+	// announced one for this step, the parameters received must match it.
+	members, _ := t.c.View()
+	for _, m := range members {
+		if ck := payloadOf(m).Check; m.PeerID == src && ck != nil && ck.Step == step && ck.Hash != got {
+			return nil, "", fmt.Errorf("train: state from %s has parameter hash %s, but it announced %s for step %d", src, got, ck.Hash, step)
+		}
+	}
+	return c, got, nil
+}
+
 // newCodec returns a codec of spec for bucket b: its layout, this peer's
 // seed for random rounding and the cluster's seed for shared factors.
 func (t *Trainer) newCodec(spec string, b int) (compress.Codec, error) {
-	bk := t.m.Buckets()[b]
 	peerSeed := fnv.New64a()
 	peerSeed.Write([]byte(t.self))
 	return compress.New(spec, compress.Options{
-		Layout:     compress.Layout{Shapes: bk.Shapes()},
-		Seed:       peerSeed.Sum64() ^ uint64(bk.Index)<<32,
-		SharedSeed: t.cfg.Seed ^ uint64(bk.Index+1)*0x9e3779b97f4a7c15,
+		Layout:     t.l.Buckets()[b],
+		Seed:       peerSeed.Sum64() ^ uint64(b)<<32,
+		SharedSeed: t.cfg.Seed ^ uint64(b+1)*0x9e3779b97f4a7c15,
 	})
 }
 
@@ -576,7 +621,7 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 				failed = true
 				break
 			}
-			if de := (*model.DeviceError)(nil); errors.As(err, &de) || errors.Is(err, errNonFinite) {
+			if de := (*model.DeviceError)(nil); errors.As(err, &de) || errors.Is(err, errNonFinite) || errors.Is(err, ErrLearner) {
 				// Retrying on a device that failed would only fail again.
 				fatal = fmt.Errorf("train: training stopped at step %d: %w", t.step, err)
 				failed = true
@@ -627,21 +672,13 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allreduce.EpochTransport, links []*allreduce.LinkCodecs, world int, epoch uint64) error {
 	start := time.Now()
 	step := t.step
-	per := t.cfg.BatchSize
-	var err error
 	sh := t.shard
-	t.idx, err = t.sampler.Range(t.idx, int64(step), sh.offset, sh.size, sh.global)
-	if err != nil {
-		return err
-	}
-	for d := range t.devs {
-		t.batches[d] = t.train.Gather(t.batches[d], t.idx[d*per:(d+1)*per])
-	}
 	sentBefore := tr.Sent()
 	round := sess.NewRound(ctx, step)
 	var addErr error
-	stats, cerr := t.m.ComputeGradients(t.batches, model.NoiseSeed(t.cfg.Seed, int64(step), sh.firstDevice), func(b int) {
-		g := t.m.BucketGrads(b)
+	grads := make([][]float32, 0, len(t.codecs))
+	loss, cerr := t.l.Compute(ctx, step, sh, func(b int, g []float32) {
+		grads = append(grads, g)
 		if t.gradHook != nil {
 			t.gradHook(step, b, g)
 		}
@@ -649,9 +686,9 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 			t.log.Error("non-finite local gradient: contributing zeros for this bucket", zap.Uint64("step", step), zap.Int("bucket", b))
 			clear(g)
 		}
-		if sh.weight != 1 { // members with more devices weigh more in the ring's plain average
+		if sh.Weight != 1 { // members with more devices weigh more in the ring's plain average
 			for i := range g {
-				g[i] *= sh.weight
+				g[i] *= sh.Weight
 			}
 		}
 		codec := t.codecs[b]
@@ -670,28 +707,32 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 	if err := errors.Join(cerr, addErr, werr); err != nil {
 		return err
 	}
-	if model.HasNonFinite(t.m.Grads()) {
+	if slices.ContainsFunc(grads, model.HasNonFinite) {
 		// Every peer holds the same average: none applies it, and the step
 		// is retried (the codecs' residuals are reset).
 		return fmt.Errorf("%w at step %d", errNonFiniteAverage, step)
 	}
 	t.mu.Lock()
-	t.m.ApplyGradients(t.opt, int64(step))
-	t.step++
+	err := t.l.Apply(ctx, step)
+	if err == nil {
+		t.step++
+		t.hash = ""
+	}
 	t.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	elapsed := time.Since(start).Seconds()
 	sent := float64(tr.Sent() - sentBefore)
-	samples := float64(sh.global)
-	t.status.Step, t.status.Loss, t.status.SamplesPerS, t.status.BytesPerStep = t.step, stats.Loss, samples/elapsed, sent
-	t.afterStep()
-	if t.cfg.CheckEvery > 0 && t.step%uint64(t.cfg.CheckEvery) == 0 {
-		if err := t.checkFinite(); err != nil {
-			return err
-		}
+	samples := float64(sh.Global)
+	t.loss = loss
+	t.status.Step, t.status.Loss, t.status.SamplesPerS, t.status.BytesPerStep = t.step, loss, samples/elapsed, sent
+	if err := t.afterStep(ctx); err != nil {
+		return err
 	}
 	t.publish()
 	if t.progress != nil {
-		t.progress(Progress{Step: t.step, Steps: uint64(t.cfg.Steps), Loss: stats.Loss, Accuracy: t.lastEval,
+		t.progress(Progress{Step: t.step, Steps: uint64(t.cfg.Steps), Loss: loss, Accuracy: t.lastEval,
 			SamplesPerS: samples / elapsed, BytesPerStep: sent, Peers: world, Epoch: epoch})
 	}
 	return nil
@@ -723,49 +764,68 @@ func (t *Trainer) blame(err error, ep gossip.Epoch) {
 	default:
 		return
 	}
+	t.strike(string(pe.Peer), pe.Err)
+}
+
+// strike counts one more consecutive failure against member p;
+// train.exclude_after of them exclude it.
+func (t *Trainer) strike(p string, why error) {
 	if t.strikes == nil {
 		t.strikes = map[string]int{}
 	}
-	p := string(pe.Peer)
 	t.strikes[p]++
 	if n := t.strikes[p]; n >= t.cfg.ExcludeAfter {
 		delete(t.strikes, p)
-		t.c.Exclude(p, fmt.Sprintf("%d consecutive failed steps blamed on it, the last: %v", n, pe.Err))
+		t.c.Exclude(p, fmt.Sprintf("%d consecutive failures blamed on it, the last: %v", n, why))
 	}
 }
 
 // checkFinite returns an error wrapping errNonFinite when a parameter is
 // NaN or ±Inf: training on, or reporting a result, would only spread it.
-func (t *Trainer) checkFinite() error {
-	if model.HasNonFinite(t.m.Params()) {
+// It also records the parameter hash.
+func (t *Trainer) checkFinite(ctx context.Context) error {
+	p, err := t.l.Params(ctx)
+	if err != nil {
+		return err
+	}
+	if model.HasNonFinite(p) {
 		return fmt.Errorf("%w after step %d: stopping (lower train.lr, or set train.clip_norm)", errNonFinite, t.step)
 	}
+	t.hash = model.HashFloats(p)
+	t.status.ParamHash = t.hash
 	return nil
 }
 
-// afterStep runs the periodic work: evaluation, parameter hash, checkpoint.
-func (t *Trainer) afterStep() {
+// afterStep runs the periodic work: evaluation, the parameter hash and
+// finiteness check, checkpoints.
+func (t *Trainer) afterStep(ctx context.Context) error {
 	s := int(t.step)
 	if t.cfg.EvalEvery > 0 && s%t.cfg.EvalEvery == 0 && s < t.cfg.Steps {
 		_, _ = t.evaluate() // logged; a device error also fails the next step
 	}
 	if t.cfg.CheckEvery > 0 && s%t.cfg.CheckEvery == 0 {
-		h := t.m.ParamHash()
+		if err := t.checkFinite(ctx); err != nil {
+			return err
+		}
 		if t.checks == nil {
 			t.checks = map[uint64]string{}
 		}
-		t.checks[t.step] = h
+		t.checks[t.step] = t.hash
 		delete(t.checks, t.step-uint64(16*t.cfg.CheckEvery))
-		t.status.ParamHash = h
-		t.payload.Check = &ParamCheck{Step: t.step, Hash: h} // published after the step: the others compare promptly
+		t.payload.Check = &ParamCheck{Step: t.step, Hash: t.hash} // published after the step: the others compare promptly
 	}
 	if t.cfg.CheckpointDir != "" && t.cfg.CheckpointEvery > 0 && s%t.cfg.CheckpointEvery == 0 {
 		t.checkpoint()
 	}
+	return nil
 }
 
+// evaluate measures the model on held-out data, if the learner has any.
 func (t *Trainer) evaluate() (model.Stats, error) {
-	st, err := t.m.Evaluate(t.test)
+	st, err := t.l.Evaluate()
+	if errors.Is(err, ErrNoEvaluation) {
+		return model.Stats{Loss: t.loss}, err
+	}
 	if err != nil {
 		t.log.Error("evaluation failed", zap.Error(err))
 		return st, err
@@ -778,8 +838,13 @@ func (t *Trainer) evaluate() (model.Stats, error) {
 
 func (t *Trainer) checkpoint() {
 	t.mu.Lock()
-	c := t.m.Checkpoint(t.opt, int64(t.step), t.cfgHash)
+	c, err := t.l.State(t.step)
 	t.mu.Unlock()
+	if err != nil {
+		t.log.Error("checkpoint failed", zap.Error(err))
+		return
+	}
+	c.ConfigHash = t.cfgHash
 	path, err := model.WriteCheckpoint(t.cfg.CheckpointDir, c, 0)
 	if err != nil {
 		t.log.Error("checkpoint failed", zap.Error(err))
@@ -826,7 +891,7 @@ func (t *Trainer) checkParams(ep gossip.Epoch) bool {
 // finish evaluates, writes the final checkpoint, and keeps serving state for a
 // while so a peer whose last round failed can still catch up.
 func (t *Trainer) finish(ctx context.Context) (Result, error) {
-	if err := t.checkFinite(); err != nil {
+	if err := t.checkFinite(ctx); err != nil {
 		return Result{}, err
 	}
 	st, err := t.evaluate()
@@ -836,7 +901,10 @@ func (t *Trainer) finish(ctx context.Context) (Result, error) {
 	if t.cfg.CheckpointDir != "" {
 		t.checkpoint()
 	}
-	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.m.ParamHash()}
+	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.hash}
+	if errors.Is(err, ErrNoEvaluation) {
+		res.Accuracy = -1 // the learner evaluates itself; Loss is the last training loss
+	}
 	t.status.ParamHash = res.ParamHash
 	t.publish()
 	deadline := time.Now().Add(t.linger)
@@ -863,6 +931,9 @@ func (t *Trainer) finish(ctx context.Context) (Result, error) {
 
 // String formats a result as the final line of a run.
 func (r Result) String() string {
+	if r.Accuracy < 0 {
+		return fmt.Sprintf("done step=%d train_loss=%.4f param_hash=%s", r.Step, r.Loss, r.ParamHash)
+	}
 	return fmt.Sprintf("done step=%d loss=%.4f accuracy=%.4f param_hash=%s", r.Step, r.Loss, r.Accuracy, r.ParamHash)
 }
 
@@ -881,10 +952,4 @@ func firstNonFinite(b []byte) int {
 		}
 	}
 	return -1
-}
-
-// maxStateBytes bounds a downloaded state: the parameters and up to three
-// optimizer buffers of the same size, plus headers.
-func (t *Trainer) maxStateBytes() uint64 {
-	return uint64(t.m.NumParams())*4*4 + 1<<20
 }

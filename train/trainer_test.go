@@ -2,6 +2,7 @@ package train
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -462,7 +463,7 @@ func TestTrainParamHashMismatchResyncs(t *testing.T) {
 			var p *trainPeer
 			hook = func(step uint64, bucket int, _ []float32) {
 				if step == 12 && bucket == 0 {
-					p.tr.m.Params()[0] += 1 // a silent divergence
+					p.tr.l.(*ModelLearner).Model().Params()[0] += 1 // a silent divergence
 				}
 			}
 			peers = append(peers, startTrainerHook(t, trainConfig(steps, 2, boot...), nil, hook))
@@ -642,7 +643,7 @@ func TestTrainRefusesDifferentSettings(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("neither peer refused the other's settings")
 	}
-	if !errors.Is(loser.err, errSettingsDiffer) || !strings.Contains(loser.err.Error(), "train.momentum") {
+	if !errors.Is(loser.err, ErrSettingsDiffer) || !strings.Contains(loser.err.Error(), "train.momentum") {
 		t.Fatalf("err = %v, want one naming train.momentum", loser.err)
 	}
 	other.cancel()
@@ -677,7 +678,7 @@ func TestTrainUnequalDevicesMatchEqualShards(t *testing.T) {
 			p.wait(t, time.Minute)
 		}
 		sameResult(t, peers, steps)
-		return slices.Clone(peers[0].tr.m.Params())
+		return slices.Clone(peers[0].tr.l.(*ModelLearner).Model().Params())
 	}
 	one := []string{"cpu:0"}
 	mixed := run([][]string{{"cpu:0", "cpu:1"}, one, one})
@@ -743,5 +744,70 @@ func TestTrainExcludesSilentMember(t *testing.T) {
 	}
 	if excluders == 0 {
 		t.Fatal("no peer excludes the silent member")
+	}
+}
+
+// poisonCluster claims to be 5 steps ahead of the state it holds, with a
+// made-up parameter hash, and serves parameters full of NaN.
+type poisonCluster struct{ *node.Node }
+
+func (c poisonCluster) Announce(payload []byte, step uint64) {
+	if pl, err := DecodePayload(payload); err == nil && pl.Ready != nil {
+		pl.Ready.Step += 5
+		pl.Ready.Hash = strings.Repeat("0", 64)
+		payload = pl.Encode()
+	}
+	c.Node.Announce(payload, step+5)
+}
+
+func (c poisonCluster) ServeState(src func(from string, step uint64) ([]byte, error)) {
+	if src == nil {
+		c.Node.ServeState(nil)
+		return
+	}
+	c.Node.ServeState(func(from string, step uint64) ([]byte, error) {
+		b, err := src(from, step-5) // the state it really holds
+		if err != nil {
+			return nil, err
+		}
+		ck, err := model.UnmarshalCheckpoint(b)
+		if err != nil {
+			return nil, err
+		}
+		nan := math.Float32bits(float32(math.NaN()))
+		for i := 0; i+4 <= len(ck.Params); i += 4 {
+			binary.LittleEndian.PutUint32(ck.Params[i:], nan)
+		}
+		ck.Step = int64(step)
+		return ck.Marshal(), nil
+	})
+}
+
+// TestTrainExcludesPoisonedStateServer: a member that claims the most
+// advanced state and serves NaN is refused and, having served an invalid
+// state, excluded at once, so the others train on from their own state.
+// (Its state was once refused and asked for again, forever.)
+func TestTrainExcludesPoisonedStateServer(t *testing.T) {
+	requireDataset(t)
+	const steps = 20
+	var peers []*trainPeer
+	for i := range 4 {
+		var wrap func(*node.Node) Cluster
+		if i == 0 {
+			wrap = func(n *node.Node) Cluster { return poisonCluster{n} }
+		}
+		peers = append(peers, startTrainerWrapped(t, trainConfig(steps, 3, bootstrapTo(peers)...), nil, nil, wrap))
+	}
+	honest := peers[1:]
+	for _, p := range honest {
+		p.wait(t, 2*time.Minute)
+	}
+	sameResult(t, honest, steps)
+	for _, p := range honest {
+		for _, m := range func() []gossip.Member { ms, _ := p.n.View(); return ms }() {
+			if m.PeerID == peers[0].n.ID().String() && m.ExcludedUntil.IsZero() {
+				t.Errorf("%s does not exclude the member that served NaN", p.n.ID())
+			}
+		}
 	}
 }

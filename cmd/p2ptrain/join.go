@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/exp/zapslog"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/p2ptrain/p2ptrain/bridge"
 	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/node"
 	"github.com/p2ptrain/p2ptrain/train"
@@ -36,6 +37,8 @@ type peerFlags struct {
 	codec     string
 	steps     int
 	minPeers  int
+	trainer   string
+	socket    string
 }
 
 func addPeerFlags(fs *flag.FlagSet) *peerFlags {
@@ -57,6 +60,8 @@ func addPeerFlags(fs *flag.FlagSet) *peerFlags {
 	fs.StringVar(&p.codec, "codec", "", "gradient codec `SPEC` (e.g. none, sint8, qsgd:bits=4)")
 	fs.IntVar(&p.steps, "steps", 0, "training steps (0: join without training)")
 	fs.IntVar(&p.minPeers, "min-peers", 0, "peers to wait for before the first step")
+	fs.StringVar(&p.trainer, "trainer", "", "`KIND` builtin, or external: all-reduce for a local PyTorch process (docs/pytorch.md)")
+	fs.StringVar(&p.socket, "socket", "", "Unix socket `PATH` the external training process connects to")
 	return p
 }
 
@@ -88,6 +93,8 @@ func (p *peerFlags) resolve() (config.Config, error) {
 		"codec":      func() { cfg.Allreduce.Codec = p.codec },
 		"steps":      func() { cfg.Train.Steps = p.steps },
 		"min-peers":  func() { cfg.Train.MinPeers = p.minPeers },
+		"trainer":    func() { cfg.Train.Trainer = p.trainer },
+		"socket":     func() { cfg.Train.Socket = p.socket },
 	} {
 		if set[name] {
 			apply()
@@ -146,17 +153,18 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		<-ctx.Done()
 		return nil
 	}
-	tr, err := train.New(n, cfg.Train, cfg.Allreduce, train.Options{
+	opts := train.Options{
 		Log:      log,
 		Progress: progressPrinter(stderr, log),
 		Status:   func(s train.Status) { n.SetTraining(trainingStatus(s)) },
 		Linger:   2 * cfg.Gossip.FailureTimeout.D(),
-	})
-	if err != nil {
-		return err
 	}
-	defer tr.Close()
-	res, err := tr.Run(ctx)
+	var res train.Result
+	if cfg.Train.Trainer == config.TrainerExternal {
+		res, err = runExternal(ctx, n, cfg, opts, stdout)
+	} else {
+		res, err = runBuiltin(ctx, n, cfg, opts)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // interrupted: leave cleanly
@@ -166,6 +174,47 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	clearProgress(stderr)
 	fmt.Fprintln(stdout, res)
 	return nil
+}
+
+// runBuiltin trains train.model.
+func runBuiltin(ctx context.Context, n *node.Node, cfg config.Config, opts train.Options) (train.Result, error) {
+	tr, err := train.New(n, cfg.Train, cfg.Allreduce, opts)
+	if err != nil {
+		return train.Result{}, err
+	}
+	defer tr.Close()
+	return tr.Run(ctx)
+}
+
+// runExternal waits for the local training process on the bridge's socket
+// and all-reduces its gradients.
+func runExternal(ctx context.Context, n *node.Node, cfg config.Config, opts train.Options, stdout io.Writer) (train.Result, error) {
+	path := cfg.Train.Socket
+	if path == "" {
+		path = bridge.DefaultSocket(n.APIAddr())
+	}
+	srv, err := bridge.Listen(path, bridge.Options{Peer: n.ID().String(), Steps: uint64(cfg.Train.Steps),
+		CheckEvery: cfg.Train.CheckEvery, Log: opts.Log})
+	if err != nil {
+		return train.Result{}, err
+	}
+	defer srv.Close()
+	fmt.Fprintf(stdout, "waiting for the training process on %s (P2PTRAIN_SOCKET)\n", path)
+	opts.Log.Info("waiting for the training process", zap.String("socket", path))
+	l, err := srv.Accept(ctx)
+	if err != nil {
+		return train.Result{}, err
+	}
+	tr, err := train.NewWithLearner(n, l, cfg.Train, cfg.Allreduce, opts)
+	if err != nil {
+		l.Finish(err)
+		l.Close()
+		return train.Result{}, err
+	}
+	defer tr.Close()
+	res, err := tr.Run(ctx)
+	l.Finish(err)
+	return res, err
 }
 
 // announcePeer prints the peer's ID and the addresses to dial it at (scripts

@@ -1,0 +1,352 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/p2ptrain/p2ptrain/model"
+	"github.com/p2ptrain/p2ptrain/train"
+)
+
+// proc is a fake training process speaking the protocol from the
+// process's side.
+type proc struct {
+	t        *testing.T
+	main, cb net.Conn
+	reply    helloReply
+	mem      []byte
+	grads    []float32
+	params   []float32
+	n        int
+}
+
+// testLayout: three tensors in two buckets (bucket 0 holds tensor 2).
+var testLayout = hello{Op: "hello", Version: Version, Role: "main", PID: 7,
+	Params: []param{
+		{Name: "w1", Shape: []int{2, 3}, DType: "float32"},
+		{Name: "b1", Shape: []int{3}, DType: "float32"},
+		{Name: "w2", Shape: []int{3, 2}, DType: "float32"},
+	},
+	Buckets:  [][]int{{2}, {0, 1}},
+	Settings: map[string]string{"lr": "0.1"},
+	Hash:     strings.Repeat("ab", 32),
+}
+
+func listen(t *testing.T, steps uint64) *Server {
+	t.Helper()
+	s, err := Listen(filepath.Join(t.TempDir(), "d.sock"), Options{Peer: "peer1", Steps: steps, CheckEvery: 2, Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func dial(t *testing.T, s *Server) net.Conn {
+	t.Helper()
+	c, err := net.Dial("unix", s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// hello sends h on a new connection and returns the answer.
+func hello1(t *testing.T, s *Server, h hello) (net.Conn, helloReply) {
+	t.Helper()
+	c := dial(t, s)
+	if err := writeMsg(c, h); err != nil {
+		t.Fatal(err)
+	}
+	var r helloReply
+	recv(t, c, &r)
+	return c, r
+}
+
+func recv(t *testing.T, c net.Conn, v any) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	body, err := readMsg(c)
+	if err != nil {
+		t.Fatalf("reading: %v", err)
+	}
+	if err := decode(body, v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// register connects a fake process with testLayout and returns it with the
+// daemon's session.
+func register(t *testing.T, s *Server) (*proc, *Learner) {
+	t.Helper()
+	main, r := hello1(t, s, testLayout)
+	if !r.OK {
+		t.Fatalf("hello refused: %+v", r)
+	}
+	p := &proc{t: t, main: main, reply: r, n: 15}
+	f, err := os.OpenFile(r.SHM, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if p.mem, err = syscall.Mmap(int(f.Fd()), 0, int(r.SHMBytes), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Munmap(p.mem) })
+	all := unsafe.Slice((*float32)(unsafe.Pointer(&p.mem[0])), 2*p.n)
+	p.grads, p.params = all[:p.n], all[p.n:]
+	var cr helloReply
+	p.cb, cr = hello1(t, s, hello{Op: "hello", Version: Version, Role: "callback", Session: r.Session})
+	if !cr.OK {
+		t.Fatalf("callback refused: %+v", cr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := s.Accept(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return p, l
+}
+
+func (p *proc) send(v any) {
+	p.t.Helper()
+	if err := writeMsg(p.main, v); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// sendStep writes gradient value base+i at flat index i and sends both
+// buckets and the wait for step.
+func (p *proc) sendStep(step uint64, base float32) {
+	for i := range p.grads {
+		p.grads[i] = base + float32(i)
+	}
+	loss := 0.5
+	for _, b := range []int{0, 1} {
+		p.send(stepMsg{Op: "grad", Step: step, Bucket: &b})
+	}
+	p.send(stepMsg{Op: "wait", Step: step, Loss: &loss})
+}
+
+func TestHelloRefusals(t *testing.T) {
+	s := listen(t, 10)
+	edit := func(f func(h *hello)) hello {
+		h := testLayout
+		h.Params = slices.Clone(testLayout.Params)
+		h.Buckets = slices.Clone(testLayout.Buckets)
+		f(&h)
+		return h
+	}
+	for _, tc := range []struct {
+		name, kind, want string
+		h                hello
+	}{
+		{"version", "version", "protocol version 2", edit(func(h *hello) { h.Version = 2 })},
+		{"float16", "layout", `parameter "b1" has dtype "float16"`, edit(func(h *hello) { h.Params[1].DType = "float16" })},
+		{"duplicate name", "layout", `"w1" appears twice`, edit(func(h *hello) { h.Params[1].Name = "w1" })},
+		{"unbucketed", "layout", `"b1" is in no bucket`, edit(func(h *hello) { h.Buckets = [][]int{{2}, {0}} })},
+		{"twice bucketed", "layout", "in another bucket", edit(func(h *hello) { h.Buckets = [][]int{{2, 0}, {0, 1}} })},
+		{"zero dimension", "layout", "shape [0 3]", edit(func(h *hello) { h.Params[0].Shape = []int{0, 3} })},
+		{"bad hash", "layout", "not 64 lowercase hex", edit(func(h *hello) { h.Hash = "xyz" })},
+		{"bad setting", "layout", `setting "l r"`, edit(func(h *hello) { h.Settings = map[string]string{"l r": "1"} })},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, r := hello1(t, s, tc.h)
+			if r.OK || r.Kind != tc.kind || !strings.Contains(r.Error, tc.want) {
+				t.Fatalf("reply %+v, want kind %q naming %q", r, tc.kind, tc.want)
+			}
+		})
+	}
+	register(t, s)
+	if _, r := hello1(t, s, testLayout); r.OK || r.Kind != "busy" {
+		t.Fatalf("a second process was not refused as busy: %+v", r)
+	}
+}
+
+func TestSocketModes(t *testing.T) {
+	s := listen(t, 10)
+	st, err := os.Stat(s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v, want 0600", st.Mode().Perm())
+	}
+	_, l := register(t, s)
+	if st, err := os.Stat(l.mem.path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("shared memory: %v, mode %v", err, st.Mode().Perm())
+	}
+	if _, err := Listen(s.Path(), Options{}); err == nil || !strings.Contains(err.Error(), "another daemon") {
+		t.Fatalf("a second daemon on a live socket: %v", err)
+	}
+}
+
+// TestStepRoundTrip: Compute hands over the process's buckets in order, a
+// retry hands the same gradients again, Apply writes the averages to
+// shared memory, and the process's hash comes with the step a check needs.
+func TestStepRoundTrip(t *testing.T) {
+	s := listen(t, 10)
+	p, l := register(t, s)
+	ctx := context.Background()
+	if l.NumParams() != 15 || len(l.Buckets()) != 2 || l.Settings()["external.lr"] != "0.1" {
+		t.Fatalf("layout: %d params, %d buckets, settings %v", l.NumParams(), len(l.Buckets()), l.Settings())
+	}
+	p.sendStep(0, 1)
+	var order []int
+	var got [][]float32
+	for range 2 { // the second Compute is a retry of the same step
+		order, got = nil, nil
+		loss, err := l.Compute(ctx, 0, train.Shard{}, func(b int, g []float32) {
+			order = append(order, b)
+			got = append(got, slices.Clone(g))
+			for i := range g {
+				g[i] *= 2 // the "average"
+			}
+		})
+		if err != nil || loss != 0.5 {
+			t.Fatalf("Compute: loss %v, %v", loss, err)
+		}
+	}
+	// Bucket 0 is tensor w2 (flat 0..5), bucket 1 is w1 and b1 (flat 6..14).
+	if !slices.Equal(order, []int{0, 1}) || got[0][0] != 1 || got[1][0] != 7 || len(got[1]) != 9 {
+		t.Fatalf("buckets %v: %v", order, got)
+	}
+	done := make(chan error, 1)
+	go func() { done <- l.Apply(ctx, 0) }()
+	var w waitReply
+	recv(t, p.main, &w)
+	if w.Status != "averaged" || w.Step != 0 || w.WantHash {
+		t.Fatalf("answer %+v", w)
+	}
+	if p.grads[0] != 2 || p.grads[14] != 30 {
+		t.Fatalf("averages in shared memory: %v", p.grads)
+	}
+	p.send(stepMsg{Op: "applied", Step: 0})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// Step 1 completes a check (check_every 2): the process sends its hash
+	// and its parameters are in the parameter region.
+	p.sendStep(1, 3)
+	if _, err := l.Compute(ctx, 1, train.Shard{}, func(int, []float32) {}); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- l.Apply(ctx, 1) }()
+	recv(t, p.main, &w)
+	if !w.WantHash {
+		t.Fatalf("step 1 answer %+v, want a hash request", w)
+	}
+	for i := range p.params {
+		p.params[i] = float32(i)
+	}
+	p.send(stepMsg{Op: "applied", Step: 1, Hash: model.HashFloats(p.params)})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	params, err := l.Params(ctx)
+	if err != nil || params[5] != 5 {
+		t.Fatalf("Params: %v, %v", params, err)
+	}
+	// A process whose hash does not match its parameters is an error.
+	p.params[5] = 99
+	if _, err := l.Params(ctx); err == nil || !errors.Is(err, train.ErrLearner) {
+		t.Fatalf("Params with a wrong hash: %v", err)
+	}
+}
+
+// TestRestoreAndState: a state reaches the process at its next wait, and
+// the process's state comes back through the callback connection.
+func TestRestoreAndState(t *testing.T) {
+	s := listen(t, 10)
+	p, l := register(t, s)
+	ctx := context.Background()
+	ck := &model.Checkpoint{Step: 4, Params: make([]byte, 4*15), Optimizer: []byte("opt")}
+	ck.Params[0] = 1
+	done := make(chan error, 1)
+	go func() { done <- l.Restore(ctx, ck) }()
+	p.sendStep(0, 1) // its gradients of step 0 are dropped
+	var w waitReply
+	recv(t, p.main, &w)
+	if w.Status != "restore" || w.Step != 4 || w.ParamsBytes != 60 || w.ExtraBytes != 3 {
+		t.Fatalf("answer %+v", w)
+	}
+	b, err := os.ReadFile(w.Path)
+	if err != nil || b[0] != 1 || string(b[60:]) != "opt" {
+		t.Fatalf("state file: %v %v", b, err)
+	}
+	clear(p.params)
+	p.params[0] = float32FromBits(1)
+	p.send(stepMsg{Op: "restored", Step: 4, Hash: model.HashFloats(p.params)})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Compute(ctx, 0, train.Shard{}, nil); err == nil {
+		t.Fatal("Compute of step 0 after a restore to step 4 succeeded")
+	}
+	// The process serves its state on the callback connection.
+	go func() {
+		var req callbackReq
+		recv(t, p.cb, &req)
+		if req.Op != "state" || req.Step != 4 {
+			t.Errorf("request %+v", req)
+		}
+		os.WriteFile(req.Path, append(make([]byte, 60), "xy"...), 0o600)
+		writeMsg(p.cb, callbackReply{OK: true, Step: 4, ParamsBytes: 60, ExtraBytes: 2})
+	}()
+	st, err := l.State(4)
+	if err != nil || len(st.Params) != 60 || string(st.Optimizer) != "xy" || st.Step != 4 {
+		t.Fatalf("State: %+v, %v", st, err)
+	}
+	go func() {
+		var req callbackReq
+		recv(t, p.cb, &req)
+		writeMsg(p.cb, callbackReply{OK: false, Step: 5, Error: "at step 5"})
+	}()
+	if _, err := l.State(4); !errors.Is(err, train.ErrStateUnavailable) {
+		t.Fatalf("State of a process at another step: %v", err)
+	}
+}
+
+// TestProcessExitFailsTheRun: a process that disconnects makes Compute fail
+// with train.ErrLearner (the trainer stops rather than retrying forever).
+func TestProcessExitFailsTheRun(t *testing.T) {
+	s := listen(t, 10)
+	p, l := register(t, s)
+	b := 0
+	p.send(stepMsg{Op: "grad", Step: 0, Bucket: &b})
+	p.main.Close()
+	_, err := l.Compute(context.Background(), 0, train.Shard{}, func(int, []float32) {})
+	if !errors.Is(err, train.ErrLearner) || !errors.Is(err, errClosed) {
+		t.Fatalf("Compute after the process left: %v", err)
+	}
+}
+
+// TestFinishAnswersWaits: once the run is over every wait is answered,
+// "stopped" with the kind of the failure.
+func TestFinishAnswersWaits(t *testing.T) {
+	s := listen(t, 10)
+	p, l := register(t, s)
+	l.Finish(train.ErrSettingsDiffer)
+	p.sendStep(0, 1)
+	var w waitReply
+	recv(t, p.main, &w)
+	if w.Status != "stopped" || w.Kind != "settings" {
+		t.Fatalf("answer %+v", w)
+	}
+}
+
+func float32FromBits(b uint32) float32 { return *(*float32)(unsafe.Pointer(&b)) }

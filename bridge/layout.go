@@ -1,0 +1,132 @@
+package bridge
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/train"
+)
+
+// Limits on what a process may register.
+const (
+	maxParams      = 1 << 20 // tensors
+	maxValues      = 1 << 30 // float32 values in all (4 GiB of gradients)
+	maxSettings    = 256
+	maxSettingLen  = 1024
+	maxNameLen     = 512
+	settingsPrefix = "external."
+)
+
+// ErrLayout: a registered layout or settings the daemon refuses.
+var ErrLayout = errors.New("bridge: layout refused")
+
+var (
+	settingKey = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,128}$`)
+	hexHash    = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+// layout is a process's registered parameters, grouped into buckets.
+type layout struct {
+	buckets []compress.Layout // each bucket's tensor shapes, for the codecs
+	offsets []int             // each bucket's first value in the flat order
+	sizes   []int             // each bucket's number of values
+	n       int               // values in all
+	digest  [32]byte          // of the names, shapes and buckets
+	tensors int
+}
+
+// parseLayout checks a hello's params and buckets: float32 tensors with
+// at least one value, unique names, every tensor in exactly one bucket.
+func parseLayout(params []param, buckets [][]int) (*layout, error) {
+	if len(params) == 0 || len(params) > maxParams {
+		return nil, fmt.Errorf("%w: %d parameters (1 to %d)", ErrLayout, len(params), maxParams)
+	}
+	if len(buckets) == 0 {
+		return nil, fmt.Errorf("%w: no buckets", ErrLayout)
+	}
+	names := make(map[string]bool, len(params))
+	numel := make([]int, len(params))
+	for i, p := range params {
+		switch {
+		case p.Name == "" || len(p.Name) > maxNameLen:
+			return nil, fmt.Errorf("%w: parameter %d has no name or one longer than %d bytes", ErrLayout, i, maxNameLen)
+		case names[p.Name]:
+			return nil, fmt.Errorf("%w: parameter name %q appears twice", ErrLayout, p.Name)
+		case p.DType != "float32":
+			return nil, fmt.Errorf("%w: parameter %q has dtype %q; the bridge all-reduces float32 parameters only", ErrLayout, p.Name, p.DType)
+		}
+		names[p.Name] = true
+		n := 1
+		for _, d := range p.Shape {
+			if d < 1 || d > maxValues || n > maxValues/d {
+				return nil, fmt.Errorf("%w: parameter %q has shape %v (every dimension ≥ 1, at most %d values)", ErrLayout, p.Name, p.Shape, maxValues)
+			}
+			n *= d
+		}
+		numel[i] = n
+	}
+	l := &layout{tensors: len(params)}
+	seen := make([]bool, len(params))
+	h := sha256.New()
+	for bi, b := range buckets {
+		if len(b) == 0 {
+			return nil, fmt.Errorf("%w: bucket %d is empty", ErrLayout, bi)
+		}
+		var shapes [][]int
+		size := 0
+		for _, i := range b {
+			if i < 0 || i >= len(params) || seen[i] {
+				return nil, fmt.Errorf("%w: bucket %d lists parameter %d, which is out of range or in another bucket", ErrLayout, bi, i)
+			}
+			seen[i] = true
+			shape := params[i].Shape
+			if len(shape) == 0 {
+				shape = []int{1} // a scalar
+			}
+			shapes = append(shapes, shape)
+			size += numel[i]
+			if l.n+size > maxValues {
+				return nil, fmt.Errorf("%w: more than %d values", ErrLayout, maxValues)
+			}
+			h.Write([]byte(params[i].Name))
+			h.Write([]byte{0})
+			for _, d := range shape {
+				h.Write(binary.LittleEndian.AppendUint64(nil, uint64(d)))
+			}
+		}
+		h.Write([]byte{1}) // bucket boundary
+		l.buckets = append(l.buckets, compress.Layout{Shapes: shapes})
+		l.offsets = append(l.offsets, l.n)
+		l.sizes = append(l.sizes, size)
+		l.n += size
+	}
+	for i, ok := range seen {
+		if !ok {
+			return nil, fmt.Errorf("%w: parameter %q is in no bucket", ErrLayout, params[i].Name)
+		}
+	}
+	h.Sum(l.digest[:0])
+	return l, nil
+}
+
+// settingsOf returns the cluster settings of a process: its layout's
+// summary and its own settings, prefixed with "external.".
+func settingsOf(l *layout, own map[string]string) (train.Settings, error) {
+	if len(own) > maxSettings {
+		return nil, fmt.Errorf("%w: %d settings (at most %d)", ErrLayout, len(own), maxSettings)
+	}
+	s := train.Settings{
+		settingsPrefix + "layout": fmt.Sprintf("%d tensors, %d values, %d buckets, sha256 %x", l.tensors, l.n, len(l.buckets), l.digest[:8]),
+	}
+	for k, v := range own {
+		if !settingKey.MatchString(k) || len(v) > maxSettingLen {
+			return nil, fmt.Errorf("%w: setting %q: keys are 1-128 of [A-Za-z0-9_.-], values at most %d bytes", ErrLayout, k, maxSettingLen)
+		}
+		s[settingsPrefix+k] = v
+	}
+	return s, nil
+}

@@ -1,0 +1,176 @@
+package train
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/config"
+	"github.com/p2ptrain/p2ptrain/data"
+	"github.com/p2ptrain/p2ptrain/gpu"
+	"github.com/p2ptrain/p2ptrain/model"
+)
+
+// ModelLearner is the Learner of the built-in models (train.model): a
+// model.Model on the local devices, its optimizer, and Fashion-MNIST.
+type ModelLearner struct {
+	cfg     config.Train
+	devs    []gpu.Device
+	m       *model.Model
+	opt     *model.Optimizer
+	train   *data.Dataset
+	test    *data.Dataset
+	sampler *data.Sampler
+	batches []model.Batch
+	idx     []int
+	layouts []compress.Layout
+}
+
+var _ Learner = (*ModelLearner)(nil)
+
+// NewModelLearner opens train.devices, loads the data (train and test, when
+// not nil, are used instead of loading Fashion-MNIST from train.data_dir)
+// and builds the model and optimizer of cfg with fusion buckets of
+// bucketBytes.
+func NewModelLearner(cfg config.Train, bucketBytes int, train, test *data.Dataset) (*ModelLearner, error) {
+	l := &ModelLearner{cfg: cfg, train: train, test: test}
+	var err error
+	if l.devs, err = gpu.OpenAll(cfg.Devices); err != nil {
+		return nil, fmt.Errorf("train: train.devices: %w", err)
+	}
+	if l.train == nil || l.test == nil {
+		if l.train, l.test, err = data.LoadFashionMNIST(cfg.DataDir); err != nil {
+			l.Close()
+			if errors.Is(err, data.ErrNoDataset) {
+				return nil, fmt.Errorf("%w\n  install it with `apt-get install dataset-fashion-mnist` (scripts/setup.sh does), or set train.data_dir", err)
+			}
+			return nil, err
+		}
+	}
+	if cfg.TrainSamples > 0 && cfg.TrainSamples < l.train.Len() {
+		l.train = l.train.Subset(cfg.TrainSamples)
+	}
+	if cfg.EvalSamples > 0 && cfg.EvalSamples < l.test.Len() {
+		l.test = l.test.Subset(cfg.EvalSamples)
+	}
+	mcfg := model.Config{Hidden: cfg.Hidden, BucketBytes: bucketBytes, MaxBatch: cfg.BatchSize, Dropout: float32(cfg.Dropout)}
+	if l.m, err = model.New(cfg.Model, mcfg, l.devs, cfg.Seed); err != nil {
+		l.Close()
+		return nil, err
+	}
+	l.opt, err = model.NewOptimizer(model.OptimConfig{
+		Name: cfg.Optimizer, LR: cfg.LR, Momentum: cfg.Momentum, WeightDecay: cfg.WeightDecay,
+		WarmupSteps: int64(cfg.WarmupSteps), TotalSteps: int64(cfg.Steps), ClipNorm: cfg.ClipNorm,
+	}, l.m)
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	l.sampler = data.NewSampler(cfg.Seed, l.train.Len())
+	l.batches = make([]model.Batch, len(l.devs))
+	for _, b := range l.m.Buckets() {
+		l.layouts = append(l.layouts, compress.Layout{Shapes: b.Shapes()})
+	}
+	return l, nil
+}
+
+// Model returns the model (tests read its parameters).
+func (l *ModelLearner) Model() *model.Model { return l.m }
+
+// Buckets implements Learner.
+func (l *ModelLearner) Buckets() []compress.Layout { return l.layouts }
+
+// NumParams implements Learner.
+func (l *ModelLearner) NumParams() int { return l.m.NumParams() }
+
+// Devices implements Learner.
+func (l *ModelLearner) Devices() []string {
+	names := make([]string, len(l.devs))
+	for i, d := range l.devs {
+		names[i] = d.Name()
+	}
+	return names
+}
+
+// Settings implements Learner: the model and its layout, the optimizer and
+// its schedule, the data and the seed.
+func (l *ModelLearner) Settings() Settings {
+	cfg := l.cfg
+	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	sig := sha256.Sum256([]byte(l.m.Signature()))
+	return Settings{
+		"train.model":         cfg.Model + ":" + hex.EncodeToString(sig[:8]),
+		"train.optimizer":     cfg.Optimizer,
+		"train.lr":            f(cfg.LR),
+		"train.momentum":      f(cfg.Momentum),
+		"train.weight_decay":  f(cfg.WeightDecay),
+		"train.clip_norm":     f(cfg.ClipNorm),
+		"train.dropout":       f(cfg.Dropout),
+		"train.batch_size":    strconv.Itoa(cfg.BatchSize),
+		"train.train_samples": strconv.Itoa(cfg.TrainSamples),
+		"train.devices":       strconv.Itoa(len(l.devs)),
+	}
+}
+
+// Step implements Learner: a new model has completed no step (the Trainer
+// resumes checkpoints itself).
+func (l *ModelLearner) Step() uint64 { return 0 }
+
+// MaxStateBytes implements Learner: the parameters and up to three
+// optimizer buffers of the same size, plus headers.
+func (l *ModelLearner) MaxStateBytes() uint64 {
+	return uint64(l.m.NumParams())*4*4 + 1<<20
+}
+
+// Compute implements Learner.
+func (l *ModelLearner) Compute(_ context.Context, step uint64, sh Shard, ready func(b int, g []float32)) (float64, error) {
+	per := l.cfg.BatchSize
+	var err error
+	if l.idx, err = l.sampler.Range(l.idx, int64(step), sh.Offset, sh.Size, sh.Global); err != nil {
+		return 0, err
+	}
+	for d := range l.devs {
+		l.batches[d] = l.train.Gather(l.batches[d], l.idx[d*per:(d+1)*per])
+	}
+	stats, err := l.m.ComputeGradients(l.batches, model.NoiseSeed(l.cfg.Seed, int64(step), sh.FirstDevice), func(b int) {
+		ready(b, l.m.BucketGrads(b))
+	})
+	return stats.Loss, err
+}
+
+// Apply implements Learner.
+func (l *ModelLearner) Apply(_ context.Context, step uint64) error {
+	l.m.ApplyGradients(l.opt, int64(step))
+	return nil
+}
+
+// Params implements Learner.
+func (l *ModelLearner) Params(context.Context) ([]float32, error) { return l.m.Params(), nil }
+
+// State implements Learner. The Trainer calls it under its lock, so the
+// copy it takes is consistent.
+func (l *ModelLearner) State(step uint64) (*model.Checkpoint, error) {
+	return l.m.Checkpoint(l.opt, int64(step), [32]byte{}), nil
+}
+
+// Restore implements Learner.
+func (l *ModelLearner) Restore(_ context.Context, c *model.Checkpoint) error {
+	return l.m.Restore(c, l.opt)
+}
+
+// Evaluate implements Learner: the test set (train.eval_samples of it).
+func (l *ModelLearner) Evaluate() (model.Stats, error) { return l.m.Evaluate(l.test) }
+
+// Close implements Learner: it frees the model and closes the devices.
+func (l *ModelLearner) Close() error {
+	if l.m != nil && l.devs != nil {
+		l.m.Close() // its host-side parameters stay readable
+	}
+	err := gpu.CloseAll(l.devs)
+	l.devs = nil
+	return err
+}
