@@ -340,8 +340,8 @@ func TestProcessExitFailsTheRun(t *testing.T) {
 func TestFinishAnswersWaits(t *testing.T) {
 	s := listen(t, 10)
 	p, l := register(t, s)
-	l.Finish(train.ErrSettingsDiffer)
 	p.sendStep(0, 1)
+	l.Finish(train.ErrSettingsDiffer, 10*time.Second)
 	var w waitReply
 	recv(t, p.main, &w)
 	if w.Status != "stopped" || w.Kind != "settings" {

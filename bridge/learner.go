@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"os"
 	"slices"
@@ -48,7 +47,9 @@ type Learner struct {
 
 	// mu guards final and orders it with the reader's pushes to msgs.
 	mu    sync.Mutex
-	final *waitReply // the answer to every wait once the run is over
+	final *waitReply    // the answer to every wait once the run is over
+	told  chan struct{} // closed once the process got the final answer
+	tell  sync.Once
 	msgs  chan stepMsg
 	// readErr is set before readDone closes.
 	readErr  error
@@ -73,7 +74,7 @@ var _ train.Learner = (*Learner)(nil)
 func newLearner(log *zap.Logger, main net.Conn, mem *shm, lay *layout, settings train.Settings, h *hello, o Options, dir, prefix string) *Learner {
 	l := &Learner{log: log, main: main, mem: mem, lay: lay, settings: settings, step0: h.Step, cur: h.Step,
 		steps: o.Steps, check: o.CheckEvery, dir: dir, prefix: prefix,
-		msgs: make(chan stepMsg, len(lay.sizes)+8), readDone: make(chan struct{}),
+		msgs: make(chan stepMsg, len(lay.sizes)+8), readDone: make(chan struct{}), told: make(chan struct{}),
 		have: make([]uint64, len(lay.sizes)), paramsAt: int64(h.Step), paramHash: h.Hash}
 	for _, n := range lay.sizes {
 		l.bufs = append(l.bufs, make([]float32, n))
@@ -124,6 +125,7 @@ func (l *Learner) readLoop() error {
 			if err := l.reply(r); err != nil {
 				return err
 			}
+			l.tell.Do(func() { close(l.told) })
 			continue
 		}
 		select {
@@ -240,7 +242,7 @@ func (l *Learner) Compute(ctx context.Context, step uint64, _ train.Shard, ready
 	if l.waiting.Step != step {
 		return 0, fmt.Errorf("%w: the training process waits for step %d, the trainer is at %d", train.ErrLearner, l.waiting.Step, step)
 	}
-	loss := math.NaN()
+	loss := -1.0 // unknown: the process sent none (or not a finite one)
 	if l.waiting.Loss != nil {
 		loss = *l.waiting.Loss
 	}
@@ -263,7 +265,10 @@ func (l *Learner) Apply(ctx context.Context, step uint64) error {
 		return err
 	}
 	l.waiting = nil
-	m, err := l.answer(ctx, "applied", step)
+	// Once the averages are out the process applies them whatever happens
+	// to the trainer's step: wait for its answer regardless of ctx, or
+	// this learner would count one step fewer than the process.
+	m, err := l.answer(context.WithoutCancel(ctx), "applied", step)
 	if err != nil {
 		return err
 	}
@@ -403,7 +408,7 @@ func (l *Learner) Restore(ctx context.Context, c *model.Checkpoint) error {
 	}
 	l.waiting = nil
 	clear(l.have)
-	m, err := l.answer(ctx, "restored", step)
+	m, err := l.answer(context.WithoutCancel(ctx), "restored", step)
 	if err != nil {
 		return err
 	}
@@ -417,8 +422,10 @@ func (l *Learner) Evaluate() (model.Stats, error) { return model.Stats{}, train.
 
 // Finish answers the process's pending and future waits: "finished" when
 // err is nil, else "stopped" with err (kind "settings" when the cluster
-// trains with other settings).
-func (l *Learner) Finish(err error) {
+// trains with other settings). It returns once the process has the answer,
+// has gone, or linger has passed, so that a daemon exiting right after
+// does not cut the answer off.
+func (l *Learner) Finish(err error, linger time.Duration) {
 	r := waitReply{Status: "finished", Step: l.cur}
 	if err != nil {
 		r = waitReply{Status: "stopped", Step: l.cur, Kind: "error", Error: err.Error()}
@@ -429,22 +436,27 @@ func (l *Learner) Finish(err error) {
 	l.mu.Lock()
 	l.final = &r
 	l.mu.Unlock()
-	for {
+	for drained := false; !drained; {
 		select {
 		case m := <-l.msgs:
 			if m.Op == "wait" {
 				l.waiting = &m
 			}
-			continue
 		default:
+			drained = true
 		}
-		break
 	}
 	if l.waiting != nil {
 		l.waiting = nil
 		if err := l.reply(r); err != nil {
 			l.log.Debug("telling the training process the run is over", zap.Error(err))
 		}
+		l.tell.Do(func() { close(l.told) })
+	}
+	select {
+	case <-l.told:
+	case <-l.readDone:
+	case <-time.After(linger):
 	}
 }
 

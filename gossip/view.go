@@ -8,9 +8,11 @@ import (
 )
 
 // Bounds on epoch numbers, so that no message can make the numbering wrap
-// or run out: an epoch above MaxEpochNumber is refused, and once a view has
-// seen an epoch, one numbered more than MaxEpochJump above the highest it
-// has seen is refused too.
+// or run out: an epoch above MaxEpochNumber is refused, and so is one
+// numbered more than MaxEpochJump above the highest the view has seen (0 at
+// start: epochs are numbered one above the last, so no honest cluster gets
+// near 2^20, and a forged hint at a peer's start cannot lift its numbering
+// out of its ring's reach).
 const (
 	MaxEpochNumber uint64 = 1 << 62
 	MaxEpochJump   uint64 = 1 << 20
@@ -364,13 +366,13 @@ func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
 }
 
 // checkNumber refuses an epoch number that would let the numbering wrap or
-// run out: above MaxEpochNumber, or (once any epoch was seen) more than
-// MaxEpochJump above the highest seen.
+// run out: above MaxEpochNumber, or more than MaxEpochJump above the
+// highest seen (0 before any).
 func (v *View) checkNumber(n uint64) error {
 	if n > MaxEpochNumber {
 		return fmt.Errorf("%w: number %d is above the limit %d", ErrEpochRejected, n, MaxEpochNumber)
 	}
-	if base := max(v.epoch.Number, v.maxEpoch); base != 0 && n > base && n-base > MaxEpochJump {
+	if base := max(v.epoch.Number, v.maxEpoch); n > base && n-base > MaxEpochJump {
 		return fmt.Errorf("%w: number %d jumps %d past the highest seen, %d (limit %d)", ErrEpochRejected, n, n-base, base, MaxEpochJump)
 	}
 	return nil

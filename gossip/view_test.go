@@ -463,10 +463,29 @@ func TestOfferRefusesEpochNumbersThatWouldWrap(t *testing.T) {
 	}
 	// A view that has seen the limit proposes nothing rather than wrap.
 	v := NewView(hb("z", 0), testTiming, t0)
-	v.Offer(Epoch{Number: MaxEpochNumber, Order: []string{"z"}, Coordinator: "z"}, "z", t0)
+	v.epoch = Epoch{Number: MaxEpochNumber, Order: []string{"z"}, Coordinator: "z"}
+	v.maxEpoch = MaxEpochNumber
 	v.members["z"].WantEpoch = MaxEpochNumber
 	if e, ok := v.Proposal(0); ok {
 		t.Fatalf("proposed %+v past the limit", e)
+	}
+}
+
+// TestForgedHintAtStartDoesNotLiftNumbering: a peer that has seen no epoch
+// yet refuses a forged number far above 0 in another member's heartbeat,
+// so its first proposal stays within reach of the ring's (the chaos
+// suite's forged-epoch case once stalled a cluster whose coordinator heard
+// 2^40 first and proposed 2^40+1, which every other peer refused).
+func TestForgedHintAtStartDoesNotLiftNumbering(t *testing.T) {
+	v := NewView(hb("a", 0), testTiming, t0)
+	h := hb("z", 1)
+	h.Epoch = Epoch{Number: 1 << 40, Order: []string{"z"}, Coordinator: "z"}
+	v.Heartbeat(h, t0)
+	if n, _ := v.Rejections(); n != 1 {
+		t.Fatalf("%d rejections, want the forged hint refused", n)
+	}
+	if e, ok := v.Proposal(0); !ok || e.Number != 1 {
+		t.Fatalf("first proposal %+v (ok %v), want epoch 1", e, ok)
 	}
 }
 

@@ -29,6 +29,9 @@ go test -race -count=1 -timeout 20m $(go list ./... | grep -v /e2e)
 stage "pure-Go twins of the assembly kernels"
 go test -count=1 -tags purego ./compress/... ./gpu/sgemm/...
 
+stage "PyTorch bridge: the Python package's unit tests (Debian's python3 with python3-torch)"
+/usr/bin/python3 -m unittest discover -s python/tests -t python
+
 stage "multi-process suite (slow: runs the built binary as several peers)"
 go test -count=1 -timeout 10m -v ./e2e 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'
 test "${PIPESTATUS[0]}" -eq 0
@@ -36,6 +39,10 @@ test "${PIPESTATUS[0]}" -eq 0
 stage "network-namespace smoke benchmark (3 shaped hosts; skipped unless root)"
 go build -o bin/p2ptrain ./cmd/p2ptrain
 bench/netns.sh --smoke --binary bin/p2ptrain
+
+stage "chaos suite (slow: 5 processes per case on network-namespace hosts; skipped unless root)"
+go test -count=1 -timeout 30m -v ./e2e/chaos 2>&1 | grep -E '^(=== RUN|\s*--- |PASS|FAIL|ok|panic)|chaos_test.go:[0-9]+: [a-z|]|^\s+\|'
+test "${PIPESTATUS[0]}" -eq 0
 
 stage "fuzzing (${FUZZTIME:=10s} per target)"
 FUZZTIME="$FUZZTIME" scripts/fuzz.sh

@@ -302,7 +302,7 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			if errors.Is(err, errEpochChanged) {
 				continue
 			}
-			if errors.Is(err, ErrSettingsDiffer) {
+			if errors.Is(err, ErrSettingsDiffer) || errors.Is(err, ErrLearner) {
 				return Result{}, err
 			}
 			if ctx.Err() != nil {
@@ -410,6 +410,12 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 		}
 	}
 	target, want := chooseState(ep.Order, ready, hashes, uint64(t.cfg.Steps))
+	if target == 0 && hashes[ep.Coordinator] != "" {
+		// Nobody has trained yet: start from the coordinator's parameters
+		// (an external learner's process may not have seeded its model
+		// like the others; the built-in models all start alike).
+		want = hashes[ep.Coordinator]
+	}
 	t.mu.Lock()
 	behind, force := t.step != target || (want != "" && hashes[t.self] != want), t.forceSync
 	t.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/libp2p/go-libp2p/gologshim"
 	"go.uber.org/zap"
@@ -207,15 +208,19 @@ func runExternal(ctx context.Context, n *node.Node, cfg config.Config, opts trai
 	}
 	tr, err := train.NewWithLearner(n, l, cfg.Train, cfg.Allreduce, opts)
 	if err != nil {
-		l.Finish(err)
+		l.Finish(err, finishLinger)
 		l.Close()
 		return train.Result{}, err
 	}
 	defer tr.Close()
 	res, err := tr.Run(ctx)
-	l.Finish(err)
+	l.Finish(err, finishLinger)
 	return res, err
 }
+
+// finishLinger bounds the wait for the training process to hear that the
+// run is over before the daemon exits.
+const finishLinger = 10 * time.Second
 
 // announcePeer prints the peer's ID and the addresses to dial it at (scripts
 // parse the lines after "dial this peer at:").

@@ -1,0 +1,275 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// python is Debian's interpreter, the one that imports python3-torch (a
+// python3 earlier on PATH may not see Debian's modules).
+const python = "/usr/bin/python3"
+
+// requireTorch fails the test when torch cannot be imported: the bridge's
+// tests are part of the suite, and scripts/setup.sh installs it.
+func requireTorch(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("multi-process suite: skipped with -short")
+	}
+	if out, err := exec.Command(python, "-c", "import torch").CombinedOutput(); err != nil {
+		t.Fatalf("%s cannot import torch (run scripts/setup.sh: it installs python3-torch): %v\n%s", python, err, out)
+	}
+}
+
+// torchPeer is a daemon with --trainer external and the example training
+// script (python/examples/fashion_mnist.py) beside it.
+type torchPeer struct {
+	d      *proc
+	cmd    *exec.Cmd
+	done   chan struct{}
+	stderr strings.Builder
+
+	mu    sync.Mutex
+	steps int    // the last "step N" line the script printed
+	final string // its "done ..." line
+}
+
+var stepLine = regexp.MustCompile(`^step (\d+) `)
+
+// torchRun is what a torchPeer runs.
+type torchRun struct {
+	steps, minPeers int
+	codec           string   // allreduce.codec ("": none)
+	boot            string   // a peer to bootstrap through ("": none)
+	script          []string // extra arguments of the script
+}
+
+// startTorchPeer starts a daemon with --trainer external and its script.
+func startTorchPeer(t *testing.T, r torchRun) *torchPeer {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	flags := []string{"--trainer", "external", "--socket", sock, "--steps", fmt.Sprint(r.steps), "--min-peers", fmt.Sprint(r.minPeers)}
+	if r.boot != "" {
+		flags = append(flags, "--bootstrap", r.boot)
+	}
+	if r.codec != "" {
+		flags = append(flags, "--codec", r.codec)
+	}
+	d := startPeerConfig(t, "[train]\ncheck_every = 10\n[allreduce]\nframe_timeout = \"5s\"\n", flags...)
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := []string{filepath.Join(root, "python/examples/fashion_mnist.py"), "--socket", sock,
+		"--hidden", "64", "--train-samples", "4096", "--eval-samples", "500"}
+	cmd := exec.Command(python, append(script, r.script...)...)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(root, "python"))
+	p := &torchPeer{d: d, cmd: cmd, done: make(chan struct{})}
+	cmd.Stderr = &p.stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			l := sc.Text()
+			p.mu.Lock()
+			if m := stepLine.FindStringSubmatch(l); m != nil {
+				fmt.Sscan(m[1], &p.steps)
+			}
+			if strings.HasPrefix(l, "done ") {
+				p.final = l
+			}
+			p.mu.Unlock()
+		}
+		cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("training script beside %s:\n%s", d.addr, p.stderr.String())
+		}
+	})
+	return p
+}
+
+// kill ends the daemon and its script with SIGKILL.
+func (p *torchPeer) kill() {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.d.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+	<-p.d.done
+}
+
+// step returns the last step the script reported.
+func (p *torchPeer) step() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.steps
+}
+
+var hashOf = regexp.MustCompile(`param_hash=([0-9a-f]{64})`)
+
+// finish waits for the daemon and its script and returns the parameter
+// hash both printed (they must agree).
+func (p *torchPeer) finish(t *testing.T, steps int) string {
+	t.Helper()
+	for _, done := range []chan struct{}{p.d.done, p.done} {
+		select {
+		case <-done:
+		case <-time.After(3 * time.Minute):
+			t.Fatalf("%s: no result within 3 minutes", p.d.addr)
+		}
+	}
+	if p.d.err != nil || p.cmd.ProcessState.ExitCode() != 0 {
+		t.Fatalf("%s: daemon exit %v, script exit %d", p.d.addr, p.d.err, p.cmd.ProcessState.ExitCode())
+	}
+	p.d.mu.Lock()
+	daemon := p.d.doneLine
+	p.d.mu.Unlock()
+	p.mu.Lock()
+	script := p.final
+	p.mu.Unlock()
+	want := fmt.Sprintf("done step=%d ", steps)
+	dh, sh := hashOf.FindStringSubmatch(daemon), hashOf.FindStringSubmatch(script)
+	if !strings.HasPrefix(daemon, want) || !strings.HasPrefix(script, want) || dh == nil || sh == nil || dh[1] != sh[1] {
+		t.Fatalf("%s: daemon %q, script %q: want step %d and one hash", p.d.addr, daemon, script, steps)
+	}
+	return dh[1]
+}
+
+func sameHashes(t *testing.T, peers []*torchPeer, steps int) {
+	t.Helper()
+	first := ""
+	for _, p := range peers {
+		h := p.finish(t, steps)
+		if first == "" {
+			first = h
+		} else if h != first {
+			t.Fatalf("replicas differ: %s vs %s", first, h)
+		}
+	}
+	t.Logf("%d replicas at step %d, parameter hash %s", len(peers), steps, first[:16])
+}
+
+// TestTorchBridgeReplicasAgree: PyTorch processes behind 2 and 4 daemons
+// end bit-identical, the script's hash equal to its daemon's.
+func TestTorchBridgeReplicasAgree(t *testing.T) {
+	requireTorch(t)
+	for _, tc := range []struct {
+		peers int
+		codec string
+	}{{2, "none"}, {4, "sint8"}} {
+		t.Run(fmt.Sprintf("%d peers %s", tc.peers, tc.codec), func(t *testing.T) {
+			const steps = 40
+			peers := startTorchCluster(t, tc.peers, torchRun{steps: steps, minPeers: tc.peers, codec: tc.codec})
+			sameHashes(t, peers, steps)
+		})
+	}
+}
+
+// startTorchCluster starts n torch peers with r, all bootstrapping through
+// the first.
+func startTorchCluster(t *testing.T, n int, r torchRun) []*torchPeer {
+	t.Helper()
+	var peers []*torchPeer
+	for i := range n {
+		if i > 0 {
+			r.boot = peers[0].d.addr
+		}
+		peers = append(peers, startTorchPeer(t, r))
+	}
+	return peers
+}
+
+// waitScriptStep waits until p's script reported step n.
+func waitScriptStep(t *testing.T, p *torchPeer, n int) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for p.step() < n {
+		select {
+		case <-p.done:
+			t.Fatalf("the script exited at step %d before step %d:\n%s", p.step(), n, p.stderr.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the script did not reach step %d within 2 minutes (at %d)", n, p.step())
+		}
+	}
+}
+
+// TestTorchBridgeKilledPeer: a peer (daemon and script) killed mid-run
+// fails the step in flight on the others, who retry it without the dead
+// peer and finish identical.
+func TestTorchBridgeKilledPeer(t *testing.T) {
+	requireTorch(t)
+	const steps = 300
+	peers := startTorchCluster(t, 3, torchRun{steps: steps, minPeers: 2})
+	waitScriptStep(t, peers[2], 50)
+	peers[2].kill()
+	sameHashes(t, peers[:2], steps)
+	retried := false
+	for _, p := range peers[:2] {
+		retried = retried || strings.Contains(p.d.stder.String(), "retrying it")
+	}
+	if !retried {
+		t.Fatal("no survivor logged a retried step")
+	}
+}
+
+// TestTorchBridgeLateJoiner: a peer that joins a running cluster gets the
+// state (parameters, optimizer, step) from a live peer's script through
+// the daemons, and ends identical to the others.
+func TestTorchBridgeLateJoiner(t *testing.T) {
+	requireTorch(t)
+	const steps = 250
+	peers := startTorchCluster(t, 2, torchRun{steps: steps, minPeers: 2})
+	waitScriptStep(t, peers[0], 50)
+	peers = append(peers, startTorchPeer(t, torchRun{steps: steps, minPeers: 2, boot: peers[0].d.addr}))
+	sameHashes(t, peers, steps)
+	if !strings.Contains(peers[2].d.stder.String(), "training state synchronised") {
+		t.Fatal("the joiner did not adopt a peer's state")
+	}
+}
+
+// TestTorchBridgeRefusesOtherSettings: scripts with different settings do
+// not train together; the one in the minority stops with an error naming
+// the key, in its daemon and as a LayoutMismatch in the script.
+func TestTorchBridgeRefusesOtherSettings(t *testing.T) {
+	requireTorch(t)
+	a := startTorchPeer(t, torchRun{steps: 20, minPeers: 2})
+	b := startTorchPeer(t, torchRun{steps: 20, minPeers: 2, boot: a.d.addr, script: []string{"--lr", "0.1"}})
+	var loser *torchPeer
+	for loser == nil {
+		select {
+		case <-a.d.done:
+			loser = a
+		case <-b.d.done:
+			loser = b
+		case <-time.After(2 * time.Minute):
+			t.Fatal("neither daemon refused the other's settings")
+		}
+	}
+	<-loser.done
+	if d := loser.d.stder.String(); loser.d.err == nil || !strings.Contains(d, "external.lr") {
+		t.Fatalf("the refused daemon exited with %v and did not name external.lr:\n%s", loser.d.err, d)
+	}
+	if s := loser.stderr.String(); !strings.Contains(s, "LayoutMismatch") || !strings.Contains(s, "external.lr") {
+		t.Fatalf("the refused script did not raise LayoutMismatch naming external.lr:\n%s", s)
+	}
+}

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Train an MLP on Fashion-MNIST with PyTorch, all-reducing through a p2ptrain daemon.
+
+Start a daemon with ``p2ptrain join --trainer external --steps N ...`` on every machine, then this
+script beside each one::
+
+    PYTHONPATH=python python3 python/examples/fashion_mnist.py --socket /path/to/daemon.sock
+
+The changes from a single-process PyTorch script are the three lines marked ``p2ptrain``. With
+``--ddp RANK:WORLD:HOST:PORT`` the same model, data and batch train under PyTorch
+DistributedDataParallel (gloo) instead: the baseline that ``scripts/torch-bench.sh`` compares with.
+
+The last line printed is ``done step=S loss=L accuracy=A param_hash=H`` (H: the SHA-256 of the
+float32 parameters in the daemon's flat order, the same hash the daemon prints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import os
+import struct
+import sys
+import time
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+
+DATA_DIRS = ("/usr/share/datasets/fashion-mnist", "/usr/local/share/datasets/fashion-mnist")
+
+
+def load_idx(path: str) -> torch.Tensor:
+    """Reads a gzipped IDX file (images or labels) into a uint8 tensor."""
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    magic, = struct.unpack(">I", raw[:4])
+    ndim = magic & 0xFF
+    dims = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
+    return torch.frombuffer(bytearray(raw[4 + 4 * ndim:]), dtype=torch.uint8).reshape(dims)
+
+
+def load_fashion_mnist(split: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Returns (images as float32 in [0, 1], shape N×784; labels as int64) of "train" or "t10k"."""
+    for d in [os.environ.get("P2PTRAIN_DATA", "")] + list(DATA_DIRS):
+        img = os.path.join(d, f"{split}-images-idx3-ubyte.gz")
+        if d and os.path.exists(img):
+            x = load_idx(img).reshape(-1, 784).float() / 255.0
+            y = load_idx(os.path.join(d, f"{split}-labels-idx1-ubyte.gz")).long()
+            return x, y
+    sys.exit("fashion_mnist.py: Fashion-MNIST not found; install it with `apt-get install dataset-fashion-mnist` "
+             "(scripts/setup.sh does) or set P2PTRAIN_DATA")
+
+
+def make_model(hidden: int) -> torch.nn.Module:
+    """The 784-hidden-hidden-10 MLP."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(784, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 10))
+
+
+def flat_hash(model: torch.nn.Module, order: list) -> str:
+    """SHA-256 of the parameters as float32, in the given order of parameter names."""
+    params = dict(model.named_parameters())
+    h = hashlib.sha256()
+    for name in order:
+        h.update(params[name].detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Tuple[float, float]:
+    """Mean cross-entropy and accuracy on (x, y)."""
+    with torch.no_grad():
+        logits = model(x)
+        return F.cross_entropy(logits, y).item(), (logits.argmax(1) == y).float().mean().item()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--socket", help="the daemon's socket (default: $P2PTRAIN_SOCKET or the daemon's default)")
+    ap.add_argument("--steps", type=int, default=0, help="with --ddp: steps to train (the daemon's train.steps otherwise)")
+    ap.add_argument("--batch", type=int, default=64, help="samples per process per step")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--train-samples", type=int, default=0, help="use the first N training samples (0: all)")
+    ap.add_argument("--eval-samples", type=int, default=2000)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--ddp", help="RANK:WORLD:HOST:PORT: train with DistributedDataParallel (gloo) instead")
+    ap.add_argument("--ddp-fp16", action="store_true", help="with --ddp: fp16 compression hook")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    x, y = load_fashion_mnist("train")
+    if args.train_samples:
+        x, y = x[:args.train_samples], y[:args.train_samples]
+    tx, ty = load_fashion_mnist("t10k")
+    tx, ty = tx[:args.eval_samples], ty[:args.eval_samples]
+
+    torch.manual_seed(args.seed)  # every replica starts from the same parameters
+    model = make_model(args.hidden)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    settings = {"model": f"mlp-{args.hidden}", "lr": args.lr, "batch": args.batch, "seed": args.seed,
+                "train_samples": args.train_samples}
+
+    if args.ddp:
+        run_ddp(args, model, opt, x, y, tx, ty)
+        return
+
+    import p2ptrain.torch as p2p                                                       # p2ptrain
+    col = p2p.Collective(model, opt, settings=settings, socket=args.socket)           # p2ptrain
+    col.connect()
+    # Each process draws its own batches: the peer ID seeds them.
+    rng = torch.Generator().manual_seed(args.seed ^ int(hashlib.sha256(col.peer.encode()).hexdigest()[:8], 16))
+    start, loss = time.monotonic(), float("nan")
+    while not col.finished:
+        idx = torch.randint(len(x), (args.batch,), generator=rng)
+        opt.zero_grad()
+        out = F.cross_entropy(model(x[idx]), y[idx])
+        out.backward()
+        if col.step(out.item()):                                                      # p2ptrain (was opt.step())
+            loss = out.item()
+            s = col.completed_steps
+            if s % 50 == 0:
+                print(f"step {s} loss {loss:.4f} {(time.monotonic() - start) / s * 1000:.1f} ms/step", flush=True)
+    order = [n for bucket in col.buckets for n in bucket]
+    test_loss, acc = evaluate(model, tx, ty)
+    steps = col.completed_steps
+    col.close()
+    print(f"done step={steps} loss={test_loss:.4f} accuracy={acc:.4f} param_hash={flat_hash(model, order)}", flush=True)
+
+
+def run_ddp(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer,
+            x: torch.Tensor, y: torch.Tensor, tx: torch.Tensor, ty: torch.Tensor) -> None:
+    """The DistributedDataParallel baseline: the same model, batch and optimizer over gloo."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    rank, world, host, port = args.ddp.split(":")
+    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=int(rank), world_size=int(world))
+    ddp = DDP(model)
+    if args.ddp_fp16:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    rng = torch.Generator().manual_seed(args.seed * 1000 + int(rank))
+    start = time.monotonic()
+    for s in range(1, args.steps + 1):
+        idx = torch.randint(len(x), (args.batch,), generator=rng)
+        opt.zero_grad()
+        out = F.cross_entropy(ddp(x[idx]), y[idx])
+        out.backward()
+        opt.step()
+        if s % 50 == 0:
+            print(f"step {s} loss {out.item():.4f} {(time.monotonic() - start) / s * 1000:.1f} ms/step", flush=True)
+    test_loss, acc = evaluate(model, tx, ty)
+    dist.destroy_process_group()
+    print(f"done step={args.steps} loss={test_loss:.4f} accuracy={acc:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
