@@ -135,6 +135,11 @@ func (s *Server) Close() error {
 	}
 	s.pending = nil
 	s.mu.Unlock()
+	select {
+	case l := <-s.accepted: // registered, but nobody took it
+		l.Close()
+	default:
+	}
 	return err
 }
 

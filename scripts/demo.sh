@@ -5,7 +5,14 @@
 # It shows progress while they train, then every peer's final accuracy and
 # parameter hash, which agree bit for bit.
 #
-#   PEERS=4 STEPS=500 CODEC=sint8 MODEL=mlp [BINARY=path] [IDENTITIES=dir] scripts/demo.sh
+#   PEERS=4 STEPS=500 CODEC=sint8 MODEL=mlp [BINARY=path] [IDENTITIES=dir] [CONFIG=file] [LOGDIR=dir] scripts/demo.sh
+#
+# CONFIG is a config file every peer reads (the flags above override it);
+# LOGDIR keeps every peer's stdout (I.out) and JSON log (I.log) there.
+#
+# TRAINER=external runs the PyTorch bridge instead: every daemon all-reduces
+# for a PyTorch process beside it (python/examples/fashion_mnist.py, an MLP
+# of the same shape, in Debian's python3), and both print the same hash.
 #
 # IDENTITIES names a folder of peer identity files 0.key, 1.key, … (p2ptrain
 # keygen --identity); peer I runs with I.key, so repeated runs get the same peer
@@ -17,6 +24,7 @@ peers="${PEERS:-4}"
 steps="${STEPS:-500}"
 codec="${CODEC:-sint8}"
 model="${MODEL:-mlp}"
+trainer="${TRAINER:-builtin}"
 
 scripts/setup.sh
 if [ -n "${BINARY:-}" ]; then
@@ -28,12 +36,14 @@ else
   bin=bin/p2ptrain
 fi
 
-work="$(mktemp -d)"
+work="${LOGDIR:-$(mktemp -d)}"
+mkdir -p "$work"
 pids=()
+scripts=()
 cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}" "${scripts[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$work"
+  [ -n "${LOGDIR:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT INT TERM
 
@@ -41,21 +51,36 @@ trap cleanup EXIT INT TERM
 start_peer() {
   local i="$1"; shift
   [ -z "${IDENTITIES:-}" ] || set -- --identity "$IDENTITIES/$i.key" "$@"
+  [ -z "${CONFIG:-}" ] || set -- --config "$CONFIG" "$@"
+  [ "$trainer" = builtin ] || set -- --trainer external --socket "$work/$i.sock" "$@"
   "$bin" join --name "peer$i" --cluster demo --listen /ip4/127.0.0.1/tcp/0 \
     --api 127.0.0.1:0 --mdns=false --log-format json \
     --model "$model" --codec "$codec" --steps "$steps" --min-peers "$peers" \
     "$@" >"$work/$i.out" 2>"$work/$i.log" &
   pids+=("$!")
   for _ in $(seq 100); do
-    grep -q '^local API' "$work/$i.out" 2>/dev/null && return
+    if grep -q '^local API' "$work/$i.out" 2>/dev/null; then
+      [ "$trainer" = builtin ] || start_script "$i"
+      return
+    fi
     kill -0 "${pids[-1]}" 2>/dev/null || break
     sleep 0.1
   done
   echo "peer$i did not start:" >&2; cat "$work/$i.log" >&2; exit 1
 }
+# start_script I: the PyTorch process beside daemon I (TRAINER=external).
+start_script() {
+  PYTHONPATH=python /usr/bin/python3 python/examples/fashion_mnist.py --socket "$work/$1.sock" \
+    >"$work/$1.py.out" 2>"$work/$1.py.log" &
+  scripts+=("$!")
+}
 api_of() { sed -n 's|^local API: http://\(.*\)/status|\1|p' "$work/$1.out"; }
 
-echo "== starting $peers peers on loopback: $model, codec $codec, $steps steps"
+if [ "$trainer" = builtin ]; then
+  echo "== starting $peers peers on loopback: $model, codec $codec, $steps steps"
+else
+  echo "== starting $peers daemons on loopback, each with a PyTorch process (python/examples/fashion_mnist.py): codec $codec, $steps steps"
+fi
 start_peer 0
 boot="$(grep -m1 '/p2p/' "$work/0.out" | tr -d ' ')"
 echo "bootstrap address: $boot"
@@ -81,13 +106,15 @@ done
 $tty && printf '\r\033[K'
 
 status=0
-for i in "${!pids[@]}"; do wait "${pids[$i]}" || status=$?; done
+for pid in "${pids[@]}" "${scripts[@]}"; do wait "$pid" || status=$?; done
 echo "== results"
 for i in $(seq 0 $((peers - 1))); do
   printf 'peer%d: %s\n' "$i" "$(grep '^done' "$work/$i.out" || echo "no result; log: $(tail -3 "$work/$i.log")")"
+  [ "$trainer" = builtin ] || printf '  its PyTorch process: %s\n' "$(grep '^done' "$work/$i.py.out" || echo "no result: $(tail -3 "$work/$i.py.log")")"
 done
-hashes="$(grep -h '^done' "$work"/*.out | sed 's/.*param_hash=//' | sort -u | wc -l)"
-if [ "$status" -ne 0 ] || [ "$hashes" -ne 1 ] || [ "$(grep -l '^done' "$work"/*.out | wc -l)" -ne "$peers" ]; then
+hashes="$(grep -h '^done' "$work"/*.out | sed 's/.*param_hash=//' | sort -u | wc -l)" # daemons and scripts alike
+want=$peers; [ "$trainer" = builtin ] || want=$((2 * peers))
+if [ "$status" -ne 0 ] || [ "$hashes" -ne 1 ] || [ "$(grep -l '^done' "$work"/*.out | wc -l)" -ne "$want" ]; then
   echo "demo: the peers did not all finish with one parameter hash" >&2
   exit 1
 fi
