@@ -44,7 +44,7 @@ stage "chaos suite (slow: 5 processes per case on network-namespace hosts; skipp
 go test -count=1 -timeout 30m -v ./e2e/chaos 2>&1 | grep -E '^(=== RUN|\s*--- |PASS|FAIL|ok|panic)|chaos_test.go:[0-9]+: [a-z|]|^\s+\|'
 test "${PIPESTATUS[0]}" -eq 0
 
-stage "fuzzing (${FUZZTIME:=10s} per target)"
+stage "fuzzing (${FUZZTIME:=5s} per target)"
 FUZZTIME="$FUZZTIME" scripts/fuzz.sh
 
 stage ""
