@@ -89,13 +89,9 @@ size="64MiB" codec="fp32" schedule="ring" rounds=5
 binary="" out="" timeout_s="" logdir="" mode="bench" keep=0 smoke=0 open=0
 extra=()
 
-say() { printf 'netns: %s\n' "$*" >&2; }
-die() { printf 'netns: error: %s\n' "$*" >&2; exit 1; }
-usage_err() { printf 'netns: %s (see --help)\n' "$*" >&2; exit 2; }
-help() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
-
-need_arg() { if [ $# -lt 2 ] || [ -z "$2" ]; then usage_err "$1 needs a value"; fi; }
-int_in() { [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -ge "$2" ] && [ "$1" -le "$3" ]; } # value lo hi
+PROG=netns
+# shellcheck source=bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--hosts) need_arg "$@"; hosts=$2; shift 2 ;;

@@ -8,7 +8,8 @@ script beside each one::
 
 The changes from a single-process PyTorch script are the three lines marked ``p2ptrain``. With
 ``--ddp RANK:WORLD:HOST:PORT`` the same model, data and batch train under PyTorch
-DistributedDataParallel (gloo) instead: the baseline that ``scripts/torch-bench.sh`` compares with.
+DistributedDataParallel (gloo) instead: the baseline that ``bench/torch-bridge.sh`` compares with;
+with ``--local`` alone, with a plain ``opt.step()``.
 
 The last line printed is ``done step=S loss=L accuracy=A param_hash=H`` (H: the SHA-256 of the
 float32 parameters in the daemon's flat order, the same hash the daemon prints).
@@ -90,6 +91,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--ddp", help="RANK:WORLD:HOST:PORT: train with DistributedDataParallel (gloo) instead")
     ap.add_argument("--ddp-fp16", action="store_true", help="with --ddp: fp16 compression hook")
+    ap.add_argument("--local", action="store_true", help="train alone with a plain opt.step() for --steps steps "
+                    "(the compute the bridge adds to: scripts/bridge-overhead.sh)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -105,8 +108,8 @@ def main() -> None:
     settings = {"model": f"mlp-{args.hidden}", "lr": args.lr, "batch": args.batch, "seed": args.seed,
                 "train_samples": args.train_samples}
 
-    if args.ddp:
-        run_ddp(args, model, opt, x, y, tx, ty)
+    if args.ddp or args.local:
+        run_baseline(args, model, opt, x, y, tx, ty)
         return
 
     import p2ptrain.torch as p2p                                                       # p2ptrain
@@ -132,17 +135,20 @@ def main() -> None:
     print(f"done step={steps} loss={test_loss:.4f} accuracy={acc:.4f} param_hash={flat_hash(model, order)}", flush=True)
 
 
-def run_ddp(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer,
-            x: torch.Tensor, y: torch.Tensor, tx: torch.Tensor, ty: torch.Tensor) -> None:
-    """The DistributedDataParallel baseline: the same model, batch and optimizer over gloo."""
+def run_baseline(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                 x: torch.Tensor, y: torch.Tensor, tx: torch.Tensor, ty: torch.Tensor) -> None:
+    """The baselines: the same model, batch and optimizer under DistributedDataParallel (gloo), or
+    alone (--local)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    rank, world, host, port = args.ddp.split(":")
-    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=int(rank), world_size=int(world))
-    ddp = DDP(model)
-    if args.ddp_fp16:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    ddp, rank = model, "0"
+    if args.ddp:
+        rank, world, host, port = args.ddp.split(":")
+        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=int(rank), world_size=int(world))
+        ddp = DDP(model)
+        if args.ddp_fp16:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     rng = torch.Generator().manual_seed(args.seed * 1000 + int(rank))
     start = time.monotonic()
     for s in range(1, args.steps + 1):
@@ -154,7 +160,8 @@ def run_ddp(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.O
         if s % 50 == 0:
             print(f"step {s} loss {out.item():.4f} {(time.monotonic() - start) / s * 1000:.1f} ms/step", flush=True)
     test_loss, acc = evaluate(model, tx, ty)
-    dist.destroy_process_group()
+    if args.ddp:
+        dist.destroy_process_group()
     print(f"done step={args.steps} loss={test_loss:.4f} accuracy={acc:.4f}", flush=True)
 
 

@@ -1,0 +1,581 @@
+#!/usr/bin/env bash
+# bench/torch-bridge.sh — the PyTorch bridge (docs/pytorch.md) against PyTorch
+# DistributedDataParallel and against p2ptrain's own trainer, on N test hosts
+# built from Linux network namespaces (bench/netns.sh --up) with tc-shaped links.
+#
+# Usage:
+#   bench/torch-bridge.sh [options]
+#
+# Options (defaults in brackets):
+#   --hosts N          test hosts, 2..16 [4]
+#   --rate R           every host's link rate, tc units: 100mbit, 1gbit [100mbit]
+#   --steps N          training steps of every run, at least 100 [300]
+#   --batch B          samples per host per step [64]
+#   --hidden H         the MLP's two hidden widths (784-H-H-10) [256]
+#   --codecs LIST      p2ptrain codecs, comma-separated; a ',' inside one codec's
+#                      parameters is written ';' (qsgd:bits=4;block=512)
+#                      [none,sint8,qsgd:bits=4]
+#   --parts LIST       which runs, comma-separated (see below): alone, ddp, bridge, go
+#                      [alone,ddp,bridge,go]; alone runs only with one of the others
+#   --markdown FILE    also write the table to FILE
+#   --timeout S        seconds one run (all its processes) may take before it is
+#                      killed and the benchmark fails [estimated from the fp32 step
+#                      time at --rate: 240 + steps × (4 × that + 0.2)]
+#   --wait S           when the p2pt-* namespaces exist (another run uses them), poll
+#                      every 20 s for up to S seconds until they are gone [0: fail at once]
+#   --logdir DIR       keep every process's stdout/stderr there (default: a temporary
+#                      directory, removed after a successful run, kept after a failure)
+#   -h, --help         this text
+#
+# Runs, one after the other, on the same hosts (bench/netns.sh --up --hosts N --rate R):
+#   alone        the floor no codec can go below: on every host at once, the script as a
+#                DDP world of its own (--ddp 0:1:<its address>:PORT, no all-reduce) and,
+#                separately, the Go trainer as a cluster of its own (--min-peers 1): the
+#                compute of N processes sharing this machine's CPUs
+#   bridge C     on every host i: `p2ptrain join --trainer external --socket S --steps N
+#                --codec C --min-peers N` and beside it python/examples/fashion_mnist.py
+#                --socket S --batch B --hidden H --threads 1 (PYTHONPATH=python), one run
+#                per codec of --codecs
+#   Go C         on every host: `p2ptrain join --model mlp --steps N --codec C --min-peers N`
+#                with [train] hidden = [H, H], batch_size = B, lr = 0.05, eval_every = 0,
+#                eval_samples = 2000, check_every = 50 (the same MLP, batch and steps; its
+#                lr has the built-in trainer's 50-step warm-up and cosine decay, the
+#                script's is constant)
+#   DDP fp32     on every host: fashion_mnist.py --ddp (i-1):N:10.77.0.11:PORT --steps N
+#                (PyTorch DistributedDataParallel over gloo, eth0 of the host)
+#   DDP fp16     the same with --ddp-fp16 (DDP's fp16_compress_hook)
+# Every daemon: a shared swarm key, a persistent identity (host 1's multiaddr
+# /ip4/10.77.0.11/tcp/4001/p2p/<id> is known before it starts), --listen
+# /ip4/10.77.0.(10+i)/tcp/4001, --mdns=false, --api 127.0.0.1:7420 (the host's
+# own loopback), --log-format json and allreduce.link_codecs = "off" (the codec
+# on every link, so the bytes sent are the codec's). All traffic stays inside
+# the namespaces; torch gets 1 intra-op thread per process (--threads 1,
+# OMP_NUM_THREADS=1).
+#
+# The figures:
+#   ms/step      the time of one step, measured after start-up: every run prints
+#                (or logs) its progress at step 50 and at later steps, and ms/step is
+#                (t(last) − t(50)) / (last − 50), "last" the highest multiple of 50 up to
+#                --steps. The script's "step S ... X ms/step" lines give t(S) = S·X
+#                (X is the mean since its first step); the Go trainer's JSON "progress"
+#                lines give t(S) from their timestamps (ms). So connecting, waiting for
+#                the peers, the first ring epoch and the warm-up of the first 50 steps are
+#                left out. The figure is the median over the hosts.
+#   × vs DDP fp32  ms/step of DDP fp32 / ms/step of the row: the speed-up over DDP.
+#   ideal ×      for the bridge rows: the codec's compression ratio vs fp32, the
+#                speed-up a purely network-bound step would get. Measured as the
+#                daemons' bytes sent per step (their "progress" logs' bytes_per_step,
+#                mean over steps 50..N and hosts) of codec none over that of the codec
+#                when none is among --codecs; else nominal (none 1, fp16/bf16 2,
+#                int8/sint8/dyn8 4, qsgd:bits=b 32/b). In brackets: how much of it
+#                the row reached (× vs DDP fp32 / ideal ×); "faster than DDP fp32 by the
+#                codec's ratio within 15 %" means at least 85 %. DDP fp16's is 2.
+#   accuracy     on the first 2000 test images after the run (every host must agree:
+#                for the bridge and the Go trainer the parameter hashes of all hosts,
+#                and of each script with its daemon, must be equal, or the benchmark
+#                fails; DDP's ranks are only compared, with a warning).
+#   bridge overhead vs Go trainer   ms/step of the bridge / ms/step of the Go trainer
+#                with the same codec, as a percentage more time per step. It contains
+#                PyTorch's own compute, which is not the bridge's: compare the two
+#                "alone" rows (the bridge itself, one host alone, adds a few ms per step
+#                to the script's step).
+# On a small machine every host's processes share the same few cores: N PyTorch
+# processes computing at once take longer than one alone, and that time is in every
+# row that runs the script, so a codec's speed-up over DDP fp32 is bounded by
+# ms/step(DDP fp32) / ms/step(PyTorch alone) whatever its ratio.
+# On stderr, per run and host: ms/step, the daemon's own ms/step (from its progress
+# timestamps) and bytes sent per step.
+#
+# Needs root, iproute2, Go, Debian's /usr/bin/python3 with torch (not the pyenv one)
+# and Fashion-MNIST (/usr/share/datasets/fashion-mnist). Exits 1 on any failure, 2 on
+# bad usage. A trap on EXIT/INT/TERM kills every process it started and removes the
+# namespaces (bench/netns.sh --cleanup), but only when this script made them: when
+# p2pt-* namespaces exist at the start (another run's), it waits (--wait) or fails,
+# and never touches them.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PREFIX=p2pt
+SUBNET=10.77.0
+PORT=4001
+DDP_PORT=29500
+PY=/usr/bin/python3
+SCRIPT=$ROOT/python/examples/fashion_mnist.py
+
+hosts=4 rate=100mbit steps=300 batch=64 hidden=256 codecs="none,sint8,qsgd:bits=4"
+parts="alone,ddp,bridge,go" markdown="" timeout_s="" wait_s=0 logdir=""
+
+PROG=torch-bridge
+# shellcheck source=bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--hosts) need_arg "$@"; hosts=$2; shift 2 ;;
+	--rate) need_arg "$@"; rate=$2; shift 2 ;;
+	--steps) need_arg "$@"; steps=$2; shift 2 ;;
+	--batch) need_arg "$@"; batch=$2; shift 2 ;;
+	--hidden) need_arg "$@"; hidden=$2; shift 2 ;;
+	--codecs) need_arg "$@"; codecs=$2; shift 2 ;;
+	--parts) need_arg "$@"; parts=$2; shift 2 ;;
+	--markdown) need_arg "$@"; markdown=$2; shift 2 ;;
+	--timeout) need_arg "$@"; timeout_s=$2; shift 2 ;;
+	--wait) need_arg "$@"; wait_s=$2; shift 2 ;;
+	--logdir) need_arg "$@"; logdir=$2; shift 2 ;;
+	-h | --help) help; exit 0 ;;
+	*) usage_err "unknown argument $1" ;;
+	esac
+done
+
+int_in "$hosts" 2 16 || usage_err "--hosts must be 2..16"
+int_in "$steps" 100 1000000 || usage_err "--steps must be at least 100 (ms/step is measured from step 50 on)"
+int_in "$batch" 1 65536 || usage_err "--batch must be a positive integer"
+int_in "$hidden" 1 65536 || usage_err "--hidden must be a positive integer"
+[ -z "$timeout_s" ] || int_in "$timeout_s" 10 100000 || usage_err "--timeout wants whole seconds (at least 10)"
+int_in "$wait_s" 0 100000 || usage_err "--wait wants whole seconds"
+rate_bps=$(awk -v r="$rate" 'BEGIN {
+	if (!match(r, /^[0-9]+(\.[0-9]+)?/)) exit 1
+	v = substr(r, 1, RLENGTH) + 0; u = tolower(substr(r, RLENGTH + 1))
+	m["bit"] = 1; m[""] = 1; m["kbit"] = 1e3; m["mbit"] = 1e6; m["gbit"] = 1e9
+	if (!(u in m) || v <= 0) exit 1
+	printf "%.0f\n", v * m[u] }') || usage_err "bad --rate '$rate' (want e.g. 100mbit, 1gbit)"
+IFS=, read -r -a codec_list <<<"$codecs"
+[ "${#codec_list[@]}" -gt 0 ] || usage_err "--codecs is empty"
+for ((k = 0; k < ${#codec_list[@]}; k++)); do
+	codec_list[k]=${codec_list[k]//;/,}
+	[[ "${codec_list[k]}" =~ ^[a-z0-9]+(:[a-z0-9_.=,]+)?$ ]] || usage_err "bad codec '${codec_list[k]}'"
+done
+do_bridge=0 do_go=0 do_ddp=0 do_alone=0
+IFS=, read -r -a part_list <<<"$parts"
+for p in "${part_list[@]}"; do
+	case "$p" in
+	bridge) do_bridge=1 ;; go) do_go=1 ;; ddp) do_ddp=1 ;; alone) do_alone=1 ;;
+	*) usage_err "unknown part '$p' in --parts (bridge, go, ddp, alone)" ;;
+	esac
+done
+
+# The MLP's parameters, the fp32 ring's time per step at the link rate (TCP
+# payload is 0.956 of the shaped rate at MTU 1500), and from it the timeout.
+params=$((784 * hidden + hidden + hidden * hidden + hidden + 10 * hidden + 10))
+ring_s=$(awk -v n="$hosts" -v p="$params" -v b="$rate_bps" 'BEGIN { printf "%.4f\n", 2 * (n - 1) / n * 4 * p * 8 / (0.956 * b) }')
+if [ -z "$timeout_s" ]; then
+	timeout_s=$(awk -v s="$steps" -v t="$ring_s" 'BEGIN { printf "%d\n", 240 + s * (4 * t + 0.2) }')
+fi
+# ms/step is measured between the step-50 line and the last multiple of 50.
+last_step=$((steps / 50 * 50))
+
+[ "$(id -u)" = 0 ] || die "needs root (network namespaces, tc)"
+command -v ip >/dev/null 2>&1 || die "ip (iproute2) is not on PATH"
+command -v go >/dev/null 2>&1 || die "go is not on PATH"
+[ -x "$PY" ] || die "$PY not found (Debian's python3 with python3-torch)"
+[ "$do_bridge$do_ddp" = 00 ] || "$PY" -c 'import torch' 2>/dev/null ||
+	die "$PY cannot import torch (scripts/setup.sh installs python3-torch)"
+
+# --- work directory, cleanup -----------------------------------------------------
+
+host_ns() { echo "$PREFIX-h$1"; }
+host_ip() { echo "$SUBNET.$((10 + $1))"; }
+our_namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$PREFIX-(h[0-9]+|br|probe)\$" || true; }
+
+start_s=$SECONDS
+status=1
+built=0
+pids=()
+if [ -n "$logdir" ]; then
+	mkdir -p "$logdir"
+	work=$(cd "$logdir" && pwd)
+	keep_work=1
+else
+	work=$(mktemp -d /tmp/p2pt-torch-bridge.XXXXXX)
+	keep_work=0
+fi
+
+kill_ours() {
+	local p
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	pids=()
+}
+
+on_exit() {
+	local rc=$?
+	trap - EXIT INT TERM
+	[ "$status" = 0 ] || [ "$rc" = 0 ] || status=$rc
+	kill_ours
+	if [ "$built" = 1 ]; then
+		"$ROOT/bench/netns.sh" --cleanup >/dev/null 2>&1 || say "bench/netns.sh --cleanup failed; run it by hand"
+	fi
+	if { [ "$status" = 0 ] && [ "$keep_work" = 0 ]; } || [ -z "$(ls -A "$work")" ]; then
+		[ "$keep_work" = 1 ] || rm -rf "$work"
+	else
+		say "logs in $work"
+	fi
+	exit "$status"
+}
+trap on_exit EXIT
+trap 'say "interrupted"; status=130; exit 130' INT
+trap 'say "terminated"; status=143; exit 143' TERM
+
+# --- build, network ----------------------------------------------------------------
+
+left=$(our_namespaces | paste -sd ' ')
+if [ -n "$left" ]; then
+	[ "$wait_s" -gt 0 ] || die "namespaces $left exist (another run uses them; bench/netns.sh --cleanup removes leftovers); --wait S waits for them"
+	say "namespaces $left exist: waiting up to ${wait_s}s for them to go"
+	deadline=$((SECONDS + wait_s))
+	while [ -n "$(our_namespaces)" ]; do
+		[ "$SECONDS" -lt "$deadline" ] || die "namespaces $(our_namespaces | paste -sd ' ') still exist after ${wait_s}s"
+		sleep 20
+	done
+fi
+say "building bin/p2ptrain"
+(cd "$ROOT" && timeout 600 go build -o bin/p2ptrain ./cmd/p2ptrain) || die "go build ./cmd/p2ptrain failed"
+BIN=$ROOT/bin/p2ptrain
+
+built=1
+"$ROOT/bench/netns.sh" --up --hosts "$hosts" --rate "$rate" 2>"$work/netns.err" ||
+	{ cat "$work/netns.err" >&2; die "bench/netns.sh --up failed"; }
+say "$hosts hosts at $rate, MLP 784-$hidden-$hidden-10 ($params parameters, fp32 ring ≈ $(awk -v t="$ring_s" 'BEGIN { printf "%.0f", t * 1000 }') ms/step at the link rate), batch $batch, $steps steps, timeout ${timeout_s}s per run; logs in $work"
+
+"$BIN" keygen --swarm-key "$work/swarm.key" >/dev/null 2>&1 || die "p2ptrain keygen --swarm-key failed"
+ids=()
+for ((i = 1; i <= hosts; i++)); do
+	ids+=("$("$BIN" keygen --identity "$work/h$i.identity")") || die "p2ptrain keygen --identity failed"
+done
+boot="/ip4/$(host_ip 1)/tcp/$PORT/p2p/${ids[0]}"
+
+# --- running one configuration on every host ---------------------------------------
+
+# bg NAME HOST CMD...: runs CMD in host's namespace, bounded by the run's timeout,
+# stdout/stderr to $work/NAME.out/.err; its pid is appended to pids.
+bg() {
+	local name=$1 i=$2
+	shift 2
+	echo "ip netns exec $(host_ns "$i") $*" >"$work/$name.cmd"
+	timeout -k 5 "$timeout_s" ip netns exec "$(host_ns "$i")" "$@" >"$work/$name.out" 2>"$work/$name.err" </dev/null &
+	pids+=($!)
+}
+
+show_tail() { # name
+	say "--- $1 stderr, last lines:"
+	tail -n 12 "$work/$1.err" >&2 || true
+	say "--- $1 stdout, last lines:"
+	tail -n 5 "$work/$1.out" >&2 || true
+}
+
+# wait_all NAME...: waits for every process in pids (their log names in order);
+# when one fails, the others are stopped and the run fails.
+wait_all() {
+	local names=("$@") n=${#pids[@]} k code failed="" done_n=0
+	local -A rc=()
+	while [ "$done_n" -lt "$n" ]; do
+		for ((k = 0; k < n; k++)); do
+			[ -z "${rc[$k]:-}" ] || continue
+			kill -0 "${pids[k]}" 2>/dev/null && continue
+			code=0
+			wait "${pids[k]}" || code=$?
+			rc[$k]=$code
+			done_n=$((done_n + 1))
+			[ "$code" = 0 ] || [ -n "$failed" ] || failed=$k
+		done
+		[ -z "$failed" ] || break
+		sleep 0.3
+	done
+	if [ -n "$failed" ]; then
+		code=${rc[$failed]}
+		show_tail "${names[failed]}"
+		kill_ours
+		if [ "$code" = 124 ] || [ "$code" = 137 ]; then
+			die "${names[failed]} still running after ${timeout_s}s (timeout)"
+		fi
+		die "${names[failed]} failed: exit status $code"
+	fi
+	pids=()
+}
+
+# quiesce: nothing of the previous run may still run on a host (a daemon
+# lingering for its peers would take CPU from the next run).
+quiesce() {
+	local i t p
+	for ((t = 0; t < 50; t++)); do
+		p=""
+		for ((i = 1; i <= hosts; i++)); do p+=$(ip netns pids "$(host_ns "$i")" 2>/dev/null || true); done
+		[ -n "$p" ] || return 0
+		sleep 0.3
+	done
+	for ((i = 1; i <= hosts; i++)); do
+		p=$(ip netns pids "$(host_ns "$i")" 2>/dev/null || true)
+		# shellcheck disable=SC2086 # one pid per word; only this script starts processes there
+		[ -z "$p" ] || kill -KILL $p 2>/dev/null || true
+	done
+}
+
+# start_daemons RUN CONFIG FLAGS...: a daemon on every host, host 1 first (the
+# others once it listens); log names RUN-hI-d; {host} in FLAGS becomes hI.
+start_daemons() {
+	local run=$1 cfg=$2 i t args
+	shift 2
+	for ((i = 1; i <= hosts; i++)); do
+		args=(join --config "$cfg" --listen "/ip4/$(host_ip "$i")/tcp/$PORT" --swarm-key "$work/swarm.key"
+			--identity "$work/h$i.identity" --name "h$i" --cluster "torch-bench-$run" --mdns=false
+			--api 127.0.0.1:7420 --log-format json --steps "$steps" --min-peers "$hosts" "${@//\{host\}/h$i}")
+		[ "$i" = 1 ] || args+=(--bootstrap "$boot")
+		bg "$run-h$i-d" "$i" "$BIN" "${args[@]}"
+		if [ "$i" = 1 ]; then
+			for ((t = 0; t < 150; t++)); do
+				ip netns exec "$(host_ns 1)" ss -Hltn "sport = :$PORT" 2>/dev/null | grep -q . && break
+				kill -0 "${pids[0]}" 2>/dev/null || { show_tail "$run-h1-d"; die "$run: the daemon on h1 exited at start"; }
+				sleep 0.2
+			done
+		fi
+	done
+}
+
+# script_ms FILE: ms/step over steps 50..last from the script's "step S loss L X ms/step"
+# lines (X: mean since its start, so t(S) = S·X).
+script_ms() {
+	awk -v a=50 -v b="$last_step" '$1 == "step" && $NF == "ms/step" {
+		if ($2 == a) ta = $2 * $(NF - 1); if ($2 == b) tb = $2 * $(NF - 1) }
+		END { if (ta == "" || tb == "") exit 1; printf "%.2f\n", (tb - ta) / (b - a) }' "$1"
+}
+
+# progress_ts FILE STEP: the "ts" of the first JSON progress line of STEP.
+progress_ts() {
+	awk -v s="\"step\":$2," 'index($0, "\"msg\":\"progress\"") && index($0, s) {
+		if (match($0, /"ts":"[^"]+"/)) print substr($0, RSTART + 6, RLENGTH - 7); exit }' "$1"
+}
+
+# progress_ms FILE: the same from a daemon's JSON progress lines (their "ts").
+progress_ms() {
+	local ta tb
+	ta=$(progress_ts "$1" 50)
+	tb=$(progress_ts "$1" "$last_step")
+	[ -n "$ta" ] && [ -n "$tb" ] || return 1
+	ta=$(date -d "$ta" +%s.%N) && tb=$(date -d "$tb" +%s.%N) || return 1
+	awk -v x="$ta" -v y="$tb" -v n=$((last_step - 50)) 'BEGIN { printf "%.2f\n", (y - x) * 1000 / n }'
+}
+
+# progress_bytes FILE: mean bytes_per_step of the progress lines from step 50 on.
+progress_bytes() {
+	grep '"msg":"progress"' "$1" | sed -nE 's/.*"step":([0-9]+),.*"bytes_per_step":([0-9.eE+-]+).*/\1 \2/p' |
+		awk '$1 >= 50 { s += $2; n++ } END { if (!n) exit 1; printf "%.0f\n", s / n }'
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { if (!NR) exit 1; m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f\n", m }'; }
+field() { sed -nE "s/.*[[:space:]]$1=([^[:space:]]+).*/\1/p" <<<"$2"; } # name line
+
+declare -A r_ms=() r_acc=() r_bytes=() r_label=()
+rows=()
+
+write_config() { # file kind
+	if [ "$2" = bridge ]; then
+		printf '[train]\ntrainer = "external"\ncheck_every = 50\n[allreduce]\nlink_codecs = "off"\n' >"$1"
+	else
+		printf '[train]\nmodel = "mlp"\nhidden = [%d, %d]\nbatch_size = %d\nlr = 0.05\ntrain_samples = 0\neval_every = 0\neval_samples = 2000\ncheck_every = 50\n[allreduce]\nlink_codecs = "off"\n' \
+			"$hidden" "$hidden" "$batch" >"$1"
+	fi
+}
+
+# run_p2p KIND CODEC: the bridge (KIND bridge: a daemon and the script on every
+# host) or the Go trainer (KIND go: a daemon training the MLP itself) with CODEC;
+# KIND go-alone: the Go trainer on every host at once, each a cluster of its own.
+run_p2p() {
+	local kind=$1 codec=$2 run i t names=() ms dms bytes line dline hash acc first_hash="" s0 sock
+	local host_ms=() host_bytes=() accs=()
+	run="$kind-${codec//[^a-z0-9]/_}"
+	[ "$kind" != go-alone ] || run=go-alone
+	s0=$SECONDS
+	quiesce
+	write_config "$work/$run.toml" "$kind"
+	say "$run: starting"
+	if [ "$kind" = go-alone ]; then
+		for ((i = 1; i <= hosts; i++)); do
+			bg "$run-h$i-d" "$i" "$BIN" join --config "$work/$run.toml" --listen "/ip4/$(host_ip "$i")/tcp/$PORT" \
+				--swarm-key "$work/swarm.key" --identity "$work/h$i.identity" --name "h$i" --cluster "torch-bench-$run-h$i" \
+				--mdns=false --api 127.0.0.1:7420 --log-format json --steps "$steps" --min-peers 1 --codec "$codec"
+		done
+	elif [ "$kind" = bridge ]; then
+		start_daemons "$run" "$work/$run.toml" --codec "$codec" --socket "$work/$run-{host}.sock"
+	else
+		start_daemons "$run" "$work/$run.toml" --codec "$codec"
+	fi
+	for ((i = 1; i <= hosts; i++)); do names+=("$run-h$i-d"); done
+	if [ "$kind" = bridge ]; then
+		for ((i = 1; i <= hosts; i++)); do
+			sock=$work/$run-h$i.sock
+			for ((t = 0; t < 300; t++)); do
+				[ -S "$sock" ] && break
+				kill -0 "${pids[i - 1]}" 2>/dev/null || break
+				sleep 0.2
+			done
+			[ -S "$sock" ] || { show_tail "$run-h$i-d"; kill_ours; die "$run: the daemon on h$i made no socket $sock"; }
+			bg "$run-h$i-py" "$i" env PYTHONPATH="$ROOT/python" OMP_NUM_THREADS=1 "$PY" "$SCRIPT" \
+				--socket "$sock" --batch "$batch" --hidden "$hidden" --threads 1
+			names+=("$run-h$i-py")
+		done
+	fi
+	wait_all "${names[@]}"
+	for ((i = 1; i <= hosts; i++)); do
+		dline=$(grep -E '^done step=' "$work/$run-h$i-d.out" | tail -n 1 || true)
+		[ -n "$dline" ] || { show_tail "$run-h$i-d"; die "$run: the daemon on h$i printed no done line"; }
+		[ "$(field step "$dline")" = "$steps" ] || die "$run: h$i's daemon ended at step $(field step "$dline"), not $steps: $dline"
+		hash=$(field param_hash "$dline")
+		dms=$(progress_ms "$work/$run-h$i-d.err") || { show_tail "$run-h$i-d"; die "$run: no progress lines for steps 50 and $last_step in h$i's daemon log"; }
+		bytes=$(progress_bytes "$work/$run-h$i-d.err") || die "$run: no bytes_per_step in h$i's daemon log"
+		if [ "$kind" = bridge ]; then
+			line=$(grep -E '^done step=' "$work/$run-h$i-py.out" | tail -n 1 || true)
+			[ -n "$line" ] || { show_tail "$run-h$i-py"; die "$run: the script on h$i printed no done line"; }
+			[ "$(field param_hash "$line")" = "$hash" ] || die "$run: h$i's script and daemon disagree: '$line' vs '$dline'"
+			ms=$(script_ms "$work/$run-h$i-py.out") || { show_tail "$run-h$i-py"; die "$run: h$i's script printed no step lines for steps 50 and $last_step"; }
+		else
+			line=$dline
+			ms=$dms
+		fi
+		acc=$(field accuracy "$line")
+		[ -n "$acc" ] || die "$run: no accuracy in h$i's line '$line'"
+		if [ -z "$first_hash" ]; then first_hash=$hash; elif [ "$hash" != "$first_hash" ] && [ "$kind" != go-alone ]; then
+			die "$run: the hosts' parameters differ: h1 $first_hash, h$i $hash"
+		fi
+		host_ms+=("$ms")
+		host_bytes+=("$bytes")
+		accs+=("$acc")
+		say "$run: h$i: $ms ms/step (its daemon's progress: $dms ms/step), $bytes bytes sent/step, accuracy $acc"
+	done
+	r_ms[$run]=$(printf '%s\n' "${host_ms[@]}" | median)
+	r_bytes[$run]=$(printf '%s\n' "${host_bytes[@]}" | awk '{ s += $1 } END { printf "%.0f\n", s / NR }')
+	r_acc[$run]=${accs[0]}
+	case "$kind" in
+	bridge) r_label[$run]="bridge, $codec" ;;
+	go) r_label[$run]="Go trainer, $codec" ;;
+	go-alone) r_label[$run]="Go trainer alone on each host (no all-reduce)" ;;
+	esac
+	rows+=("$run")
+	say "$run: median ${r_ms[$run]} ms/step, accuracy ${accs[0]}, param_hash ${first_hash:0:16} on every host ($((SECONDS - s0)) s)"
+}
+
+# run_ddp fp32|fp16|alone: the script under DistributedDataParallel (gloo) on
+# every host; "alone": every host a world of its own (no all-reduce), all at once.
+run_ddp() {
+	local prec=$1 run="ddp-$1" i names=() ms line acc host_ms=() accs=() s0 spec
+	local extra=()
+	s0=$SECONDS
+	quiesce
+	say "$run: starting"
+	[ "$prec" != fp16 ] || extra+=(--ddp-fp16)
+	for ((i = 1; i <= hosts; i++)); do
+		case "$prec" in
+		fp32) spec="$((i - 1)):$hosts:$(host_ip 1):$DDP_PORT" ;;
+		fp16) spec="$((i - 1)):$hosts:$(host_ip 1):$((DDP_PORT + 1))" ;;
+		alone) spec="0:1:$(host_ip "$i"):$((DDP_PORT + 2))" ;;
+		esac
+		bg "$run-h$i-py" "$i" env PYTHONPATH="$ROOT/python" OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=eth0 "$PY" "$SCRIPT" \
+			--ddp "$spec" --steps "$steps" --batch "$batch" --hidden "$hidden" --threads 1 "${extra[@]}"
+		names+=("$run-h$i-py")
+	done
+	wait_all "${names[@]}"
+	for ((i = 1; i <= hosts; i++)); do
+		line=$(grep -E '^done step=' "$work/$run-h$i-py.out" | tail -n 1 || true)
+		[ -n "$line" ] || { show_tail "$run-h$i-py"; die "$run: rank $((i - 1)) printed no done line"; }
+		ms=$(script_ms "$work/$run-h$i-py.out") || die "$run: rank $((i - 1)) printed no step lines for steps 50 and $last_step"
+		acc=$(field accuracy "$line")
+		host_ms+=("$ms")
+		accs+=("$acc")
+		say "$run: h$i (rank $((i - 1))): $ms ms/step, accuracy $acc"
+	done
+	for acc in "${accs[@]}"; do
+		[ "$acc" = "${accs[0]}" ] || say "warning: $run: the ranks' accuracies differ (${accs[*]})"
+	done
+	r_ms[$run]=$(printf '%s\n' "${host_ms[@]}" | median)
+	r_acc[$run]=${accs[0]}
+	case "$prec" in
+	fp32) r_label[$run]="DDP (gloo), fp32" ;;
+	fp16) r_label[$run]="DDP (gloo), fp16 hook" ;;
+	alone) r_label[$run]="PyTorch alone on each host (no all-reduce)" ;;
+	esac
+	rows+=("$run")
+	say "$run: median ${r_ms[$run]} ms/step, accuracy ${accs[0]} ($((SECONDS - s0)) s)"
+}
+
+if [ "$do_alone" = 1 ]; then
+	[ "$do_bridge$do_ddp" = 00 ] || run_ddp alone
+	[ "$do_go" = 0 ] || run_p2p go-alone none
+fi
+if [ "$do_ddp" = 1 ]; then
+	run_ddp fp32
+	run_ddp fp16
+fi
+for c in "${codec_list[@]}"; do
+	[ "$do_bridge" = 0 ] || run_p2p bridge "$c"
+	[ "$do_go" = 0 ] || run_p2p go "$c"
+done
+
+# --- the table -----------------------------------------------------------------------
+
+# nominal_ratio CODEC: fp32 bits over the codec's bits per value ("" when unknown).
+nominal_ratio() {
+	local c=$1 bits
+	case "$c" in
+	none | fp32) echo 1 ;;
+	fp16 | bf16) echo 2 ;;
+	int8 | sint8 | dyn8) echo 4 ;;
+	qsgd*)
+		bits=$(sed -nE 's/.*bits=([0-9]+).*/\1/p' <<<"$c")
+		awk -v b="${bits:-8}" 'BEGIN { printf "%.2f\n", 32 / b }' ;;
+	*) echo "" ;;
+	esac
+}
+
+fmt_x() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "—"; else printf "%.2f×\n", a / b }'; }
+
+none_bytes=""
+for run in "${rows[@]}"; do
+	if [ "$run" = bridge-none ] || { [ -z "$none_bytes" ] && [ "$run" = go-none ]; }; then none_bytes=${r_bytes[$run]}; fi
+done
+ddp32=${r_ms[ddp-fp32]:-}
+
+table=$work/table.md
+{
+	echo "| setup | ms/step | × vs DDP fp32 | ideal × (codec ratio; share reached) | accuracy | bridge overhead vs Go trainer |"
+	echo "|---|---:|---:|---:|---:|---:|"
+	for run in "${rows[@]}"; do
+		ms=${r_ms[$run]}
+		x=$(fmt_x "$ddp32" "$ms")
+		ideal="" over="—" codec=""
+		case "$run" in
+		bridge-*)
+			codec=${r_label[$run]#bridge, }
+			if [ -n "$none_bytes" ] && [ -n "${r_bytes[$run]:-}" ]; then
+				ideal=$(awk -v a="$none_bytes" -v b="${r_bytes[$run]}" 'BEGIN { printf "%.2f\n", a / b }')
+			else
+				ideal=$(nominal_ratio "$codec")
+			fi
+			go=go-${run#bridge-}
+			if [ -n "${r_ms[$go]:-}" ]; then
+				over=$(awk -v a="$ms" -v b="${r_ms[$go]}" 'BEGIN { printf "%+.0f %% (%.2f×)\n", (a / b - 1) * 100, a / b }')
+			fi
+			;;
+		ddp-fp16) ideal=2 ;;
+		esac
+		if [ -n "$ideal" ] && [ -n "$ddp32" ]; then
+			ideal=$(awk -v i="$ideal" -v d="$ddp32" -v m="$ms" 'BEGIN { printf "%.2f× (%.0f %%)\n", i, d / m / i * 100 }')
+		elif [ -n "$ideal" ]; then
+			ideal=$(awk -v i="$ideal" 'BEGIN { printf "%.2f×\n", i }')
+		else
+			ideal="—"
+		fi
+		printf '| %s | %.1f | %s | %s | %s | %s |\n' "${r_label[$run]}" "$ms" "$x" "$ideal" "${r_acc[$run]}" "$over"
+	done
+} >"$table"
+
+echo
+echo "$hosts hosts at $rate, MLP 784-$hidden-$hidden-10, batch $batch per host, $steps steps; ms/step over steps 50..$last_step, median over hosts ($(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - start_s)) s)"
+echo
+cat "$table"
+if [ -n "$markdown" ]; then
+	{
+		echo "$hosts hosts at $rate, MLP 784-$hidden-$hidden-10, batch $batch per host, $steps steps; ms/step over steps 50..$last_step, median over hosts"
+		echo
+		cat "$table"
+	} >"$markdown"
+fi
+status=0
