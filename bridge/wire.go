@@ -123,7 +123,7 @@ type waitReply struct {
 // callbackReq is what the daemon asks on the callback connection.
 type callbackReq struct {
 	Op   string `json:"op"`
-	Step uint64 `json:"step,omitempty"`
+	Step uint64 `json:"step"` // 0 too: a state at step 0 is asked for`
 	Path string `json:"path,omitempty"`
 }
 

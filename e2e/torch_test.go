@@ -123,6 +123,9 @@ func (p *torchPeer) step() int {
 	return p.steps
 }
 
+// torchWithin bounds one torch peer's run.
+const torchWithin = 2 * time.Minute
+
 var hashOf = regexp.MustCompile(`param_hash=([0-9a-f]{64})`)
 
 // finish waits for the daemon and its script and returns the parameter
@@ -132,8 +135,8 @@ func (p *torchPeer) finish(t *testing.T, steps int) string {
 	for _, done := range []chan struct{}{p.d.done, p.done} {
 		select {
 		case <-done:
-		case <-time.After(3 * time.Minute):
-			t.Fatalf("%s: no result within 3 minutes", p.d.addr)
+		case <-time.After(torchWithin):
+			t.Fatalf("%s: no result within %s", p.d.addr, torchWithin)
 		}
 	}
 	if p.d.err != nil || p.cmd.ProcessState.ExitCode() != 0 {
@@ -211,6 +214,17 @@ func waitScriptStep(t *testing.T, p *torchPeer, n int) {
 			t.Fatalf("the script did not reach step %d within 2 minutes (at %d)", n, p.step())
 		}
 	}
+}
+
+// TestTorchBridgeStartsFromOneState: scripts whose models were
+// initialised differently (another seed) still train one model: at step 0
+// every peer takes the coordinator's parameters.
+func TestTorchBridgeStartsFromOneState(t *testing.T) {
+	requireTorch(t)
+	const steps = 30
+	a := startTorchPeer(t, torchRun{steps: steps, minPeers: 2})
+	b := startTorchPeer(t, torchRun{steps: steps, minPeers: 2, boot: a.d.addr, script: []string{"--init-seed", "7"}})
+	sameHashes(t, []*torchPeer{a, b}, steps)
 }
 
 // TestTorchBridgeKilledPeer: a peer (daemon and script) killed mid-run

@@ -3,7 +3,8 @@
 # a 4-peer loopback cluster (scripts/demo.sh) trains the mlp with each
 # setting below, side by side in one run, REPEATS times each; the figure is
 # the median over runs of the time per step from step 50 to the last (from
-# peer0's progress log lines: start-up and warm-up excluded).
+# peer0's progress log lines: start-up and warm-up excluded), and the test
+# accuracy at the end (1000 test samples) of the honest run.
 #
 #   [PEERS=4] [STEPS=300] [REPEATS=3] [CODEC=none] scripts/defence-cost.sh
 #
@@ -53,21 +54,22 @@ pts = [p for p in pts if p[0] >= 50]
 print(f"{(t1 - t0) / (s1 - s0) * 1000:.2f}")
 PY
 }
-declare -A results
+declare -A results accuracy
 for r in $(seq "$repeats"); do
 	for name in "${order[@]}"; do
 		setting "$name" >"$tmp/$name.toml"
 		LOGDIR="$tmp/$name-$r" CONFIG="$tmp/$name.toml" scripts/demo.sh >"$tmp/$name-$r.txt" 2>&1 ||
 			{ echo "defence-cost: $name run $r failed:" >&2; tail -20 "$tmp/$name-$r.txt" >&2; exit 1; }
 		results[$name]+="$(ms_per_step "$tmp/$name-$r/0.log") "
+		accuracy[$name]+="$(sed -n 's/^done .*accuracy=\([0-9.]*\).*/\1/p' "$tmp/$name-$r/0.out") "
 		echo "run $r $name: $(ms_per_step "$tmp/$name-$r/0.log") ms/step" >&2
 	done
 done
 median() { printf '%s\n' $1 | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 base=$(median "${results[baseline]}")
-echo "| setting | ms/step (median of $repeats) | × baseline |"
-echo "|---|---:|---:|"
+echo "| setting | ms/step (median of $repeats) | × baseline | test accuracy (median) |"
+echo "|---|---:|---:|---:|"
 for name in "${order[@]}"; do
 	m=$(median "${results[$name]}")
-	printf '| %s | %s | %.2f |\n' "$name" "$m" "$(echo "$m / $base" | bc -l)"
+	printf '| %s | %s | %.2f | %s |\n' "$name" "$m" "$(echo "$m / $base" | bc -l)" "$(median "${accuracy[$name]}")"
 done

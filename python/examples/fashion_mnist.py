@@ -86,6 +86,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--init-seed", type=int, help="seed of the initial parameters (default --seed; not a "
+                    "cluster setting: at step 0 every peer starts from the coordinator's parameters)")
     ap.add_argument("--train-samples", type=int, default=0, help="use the first N training samples (0: all)")
     ap.add_argument("--eval-samples", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -102,7 +104,7 @@ def main() -> None:
     tx, ty = load_fashion_mnist("t10k")
     tx, ty = tx[:args.eval_samples], ty[:args.eval_samples]
 
-    torch.manual_seed(args.seed)  # every replica starts from the same parameters
+    torch.manual_seed(args.seed if args.init_seed is None else args.init_seed)
     model = make_model(args.hidden)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     settings = {"model": f"mlp-{args.hidden}", "lr": args.lr, "batch": args.batch, "seed": args.seed,
