@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/internal/finite"
 )
 
 // Random-stream numbers passed in compress.Pos.Stream.
@@ -101,7 +102,7 @@ func (x *codecOps) combine(dst []byte, c chunk, recv []byte, hop int, last bool)
 	if err := x.recv().Decode(t, recv); err != nil {
 		return nil, corrupt(-1, err)
 	}
-	if hasNonFinite(t) {
+	if finite.Has(t) {
 		// An honest peer never forwards a non-finite partial sum (it fails
 		// here instead), so the previous peer put it in.
 		return nil, corrupt(-1, errNonFiniteContribution)
@@ -147,7 +148,7 @@ func (x *codecOps) reduce(dst []byte, c chunk, contribs [][]byte) ([]byte, error
 			return nil, fmt.Errorf("decode own encoding: %w", err)
 		}
 	}
-	if hasNonFinite(t) {
+	if finite.Has(t) {
 		if j := x.nonFiniteMember(c, contribs); j >= 0 {
 			return nil, corrupt(j, errNonFiniteContribution)
 		}

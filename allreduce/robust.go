@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	"github.com/p2ptrain/p2ptrain/internal/finite"
 )
 
 // Robust configures robust aggregation (config key allreduce.robust): the
@@ -91,16 +93,6 @@ func coordinateMedian(v []float32, contribs [][]float32, col []float32) {
 	}
 }
 
-// hasNonFinite reports whether x holds a NaN or ±Inf.
-func hasNonFinite(x []float32) bool {
-	for _, f := range x {
-		if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
-			return true
-		}
-	}
-	return false
-}
-
 // errNonFiniteContribution: a member's contribution (or the partial sum it
 // forwarded) decodes to NaN or ±Inf.
 var errNonFiniteContribution = fmt.Errorf("%w: its contribution holds NaN or ±Inf", ErrBadFrame)
@@ -158,7 +150,7 @@ func (x *codecOps) decodeMember(dst []float32, c chunk, j int, contribs [][]byte
 func (x *codecOps) nonFiniteMember(c chunk, contribs [][]byte) int {
 	t := make([]float32, c.n)
 	for j := range x.w {
-		if j != x.rank && x.decodeMember(t, c, j, contribs) == nil && hasNonFinite(t) {
+		if j != x.rank && x.decodeMember(t, c, j, contribs) == nil && finite.Has(t) {
 			return j
 		}
 	}
@@ -179,7 +171,7 @@ func (x *codecOps) reduceRobust(dst []byte, c chunk, contribs [][]byte) ([]byte,
 		if err := x.decodeMember(r.members[j], c, j, contribs); err != nil {
 			return nil, err
 		}
-		if j != x.rank && hasNonFinite(r.members[j]) {
+		if j != x.rank && finite.Has(r.members[j]) {
 			return nil, corrupt(j, errNonFiniteContribution)
 		}
 	}

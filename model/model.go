@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/p2ptrain/p2ptrain/gpu"
+	"github.com/p2ptrain/p2ptrain/internal/finite"
 )
 
 // DefaultBucketBytes is the default fusion-bucket size: 1 MiB of fp32 values.
@@ -798,11 +799,4 @@ func (m *Model) Evaluate(ds Samples) (Stats, error) {
 }
 
 // HasNonFinite reports whether v contains a NaN or an infinity.
-func HasNonFinite(v []float32) bool {
-	for _, x := range v {
-		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-			return true
-		}
-	}
-	return false
-}
+func HasNonFinite(v []float32) bool { return finite.Has(v) }

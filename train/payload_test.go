@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/p2ptrain/p2ptrain/gossip"
+	"github.com/p2ptrain/p2ptrain/internal/finite"
 )
 
 // TestReadyNamesEpochByContent: two rings adopted under one epoch number
@@ -94,12 +95,12 @@ func TestFirstNonFinite(t *testing.T) {
 	for i, v := range vals {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
 	}
-	if i := firstNonFinite(b); i != -1 {
+	if i := finite.FirstInBytes(b); i != -1 {
 		t.Fatalf("finite values: index %d", i)
 	}
 	for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
 		binary.LittleEndian.PutUint32(b[8:], math.Float32bits(bad))
-		if i := firstNonFinite(b); i != 2 {
+		if i := finite.FirstInBytes(b); i != 2 {
 			t.Fatalf("%v at index 2: got %d", bad, i)
 		}
 	}

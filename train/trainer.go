@@ -8,7 +8,6 @@ package train
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -26,6 +25,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/data"
 	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/internal/ctxutil"
+	"github.com/p2ptrain/p2ptrain/internal/finite"
 	"github.com/p2ptrain/p2ptrain/model"
 	"github.com/p2ptrain/p2ptrain/plan"
 	"github.com/p2ptrain/p2ptrain/protocol/statesync"
@@ -533,7 +533,7 @@ func (t *Trainer) checkState(src string, step uint64, want string, b []byte) (*m
 	if want != "" && got != want {
 		return nil, "", fmt.Errorf("train: state from %s has parameter hash %s, but the members at step %d announced %s", src, got, step, want)
 	}
-	if i := firstNonFinite(c.Params); i >= 0 {
+	if i := finite.FirstInBytes(c.Params); i >= 0 {
 		return nil, "", fmt.Errorf("train: state from %s holds a non-finite parameter (index %d): refused", src, i)
 	}
 	// The source gossips its parameter hash every check_every steps: when it
@@ -947,15 +947,4 @@ func (r Result) String() string {
 // the same content (gossip may adopt two different rings under one number).
 func sameEpoch(a, b gossip.Epoch) bool {
 	return a.Number == b.Number && a.Digest() == b.Digest()
-}
-
-// firstNonFinite returns the index of the first NaN or ±Inf among the
-// little-endian float32 values of b, or -1.
-func firstNonFinite(b []byte) int {
-	for i := 0; i+4 <= len(b); i += 4 {
-		if binary.LittleEndian.Uint32(b[i:])&0x7f800000 == 0x7f800000 {
-			return i / 4
-		}
-	}
-	return -1
 }
