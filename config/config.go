@@ -233,6 +233,12 @@ type Node struct {
 	// but never trains or coordinates (`p2ptrain join` without train.steps).
 	// Not a file key: the command sets it.
 	Observer bool `toml:"-"`
+	// AwaitApp keeps this peer out of ring epochs, like an observer, until
+	// its application announced a payload (Node.Announce): a trainer still
+	// loading its data or waiting for its PyTorch process would otherwise
+	// be put in a ring, miss train.ready_timeout and be excluded for
+	// gossip.exclude_for. Not a file key: `join` sets it when it trains.
+	AwaitApp bool `toml:"-"`
 }
 
 // Gossip is the [gossip] section: heartbeats and failure detection.

@@ -251,7 +251,7 @@ func TestTorchBridgeKilledPeer(t *testing.T) {
 // the daemons, and ends identical to the others.
 func TestTorchBridgeLateJoiner(t *testing.T) {
 	requireTorch(t)
-	const steps = 250
+	const steps = 1000 // long enough that the others still train once the joiner's script is up
 	peers := startTorchCluster(t, 2, torchRun{steps: steps, minPeers: 2})
 	waitScriptStep(t, peers[0], 50)
 	peers = append(peers, startTorchPeer(t, torchRun{steps: steps, minPeers: 2, boot: peers[0].d.addr}))

@@ -243,7 +243,7 @@ func (n *Node) selfHeartbeat() gossip.Heartbeat {
 		Step:      n.step,
 		App:       n.app,
 		WantEpoch: n.wantEpoch,
-		Observer:  n.cfg.Node.Observer,
+		Observer:  n.cfg.Node.Observer || (n.cfg.Node.AwaitApp && n.app == nil),
 		Links:     n.probe.Figures(),
 	}
 }

@@ -145,6 +145,9 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// A peer that does not train must not enter a ring: it would stall
 	// every step of the others.
 	cfg.Node.Observer = cfg.Train.Steps == 0
+	// A trainer enters rings once it is running (its first payload), not
+	// while it loads data or waits for its training process.
+	cfg.Node.AwaitApp = true
 	n, log, leave, err := startPeer(ctx, cfg, stdout, stderr)
 	if err != nil {
 		return err
