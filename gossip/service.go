@@ -423,6 +423,14 @@ func (s *Service) Exclude(peer, reason string) {
 	s.Beat()
 }
 
+// Commit records that the local peer completed a step in ring epoch
+// number (View.Commit): later proposals need a majority of that ring.
+func (s *Service) Commit(number uint64) {
+	s.mu.Lock()
+	s.view.Commit(number)
+	s.mu.Unlock()
+}
+
 // Snapshot returns the members (sorted by peer ID) and the adopted epoch.
 func (s *Service) Snapshot() ([]Member, Epoch) {
 	s.mu.Lock()

@@ -146,6 +146,9 @@ type View struct {
 	timing  Timing
 	members map[string]*Member
 	epoch   Epoch
+	// committed is the last epoch in which the local peer completed a step
+	// (Commit); the quorum of new epochs counts its members.
+	committed Epoch
 	// maxEpoch is the highest epoch number seen in any message.
 	maxEpoch uint64
 	// leftSeq remembers the Seq of departures so late heartbeats are ignored.
@@ -523,8 +526,8 @@ func (v *View) Tick(now time.Time) []Event {
 // coordinator and the live set differs from the current epoch's members.
 // startStep is the step at which the new ring should begin.
 //
-// It proposes only with a quorum: a majority of the current epoch's members
-// that have not departed cleanly must be live, so that of two sides of a
+// It proposes only with a quorum: a majority of the last committed ring's
+// members that have not departed cleanly must be live, so that of two sides of a
 // partition at most one trains on (a minority waits; Waiting says why).
 func (v *View) Proposal(startStep uint64) (Epoch, bool) {
 	v.waiting = ""
@@ -544,12 +547,37 @@ func (v *View) Proposal(startStep uint64) (Epoch, bool) {
 	return v.next(v.plan(live), startStep)
 }
 
-// quorum reports whether live holds a majority of the current epoch's
-// members, not counting those that departed cleanly.
+// Commit records that the local peer completed a step in epoch number:
+// if that is the adopted epoch, it becomes the committed ring against which
+// the quorum of later proposals is counted.
+func (v *View) Commit(number uint64) {
+	if number != 0 && number == v.epoch.Number && v.committed.Number != number {
+		v.committed = cloneEpoch(v.epoch)
+	}
+}
+
+// Committed returns the last epoch in which the local peer completed a
+// step (Number 0 before any).
+func (v *View) Committed() Epoch { return v.committed }
+
+// quorum reports whether live holds a majority of the members of the last
+// committed ring (the current epoch before any commit), not counting those
+// that departed cleanly. Counting the committed ring, not the latest
+// epoch, keeps a quorum from shrinking through epochs that never trained:
+// a coordinator that still believes in a member across a partition may
+// propose a ring with it, and a majority of that ring is not a majority of
+// the ring that trained.
 func (v *View) quorum(live []string) error {
 	base, have := 0, 0
-	for _, id := range v.epoch.Order {
+	ring := v.epoch
+	if v.committed.Number != 0 {
+		ring = v.committed
+	}
+	for _, id := range ring.Order {
 		if m := v.members[id]; m != nil && m.State == Left {
+			continue
+		}
+		if _, left := v.leftSeq[id]; left {
 			continue
 		}
 		base++
@@ -558,8 +586,8 @@ func (v *View) quorum(live []string) error {
 		}
 	}
 	if need := base/2 + 1; base > 0 && have < need {
-		return fmt.Errorf("no quorum: %d of the %d members of epoch %d are reachable, %d needed",
-			have, base, v.epoch.Number, need)
+		return fmt.Errorf("no quorum: %d of the %d members of epoch %d (the last ring that trained) are reachable, %d needed",
+			have, base, ring.Number, need)
 	}
 	return nil
 }

@@ -706,3 +706,41 @@ func TestLoneMemberCannotVouchForItsEpoch(t *testing.T) {
 		t.Fatalf("b adopted z's epoch of one: %+v", b.Epoch())
 	}
 }
+
+// TestQuorumCountsTheLastCommittedRing: a coordinator that still believes
+// in a member across a partition proposes a ring with it; that ring never
+// trains, and a majority of it is not a majority of the ring that did. (The
+// quorum once counted the latest epoch, so in a 2+2 partition one side
+// shrank 4 → 3 → 2 through an epoch that never trained and went on alone.)
+func TestQuorumCountsTheLastCommittedRing(t *testing.T) {
+	c := newCluster("a", "b", "c", "d")
+	c.round(time.Second)
+	trained := c.agree(t, []string{"a", "b", "c", "d"})
+	for _, v := range c.views {
+		v.Commit(trained.Number)
+	}
+	// {a, b} | {c, d}, but a and b hear d a little longer than c.
+	side := &cluster{views: map[string]*View{"a": c.views["a"], "b": c.views["b"], "d": c.views["d"]}, now: c.now, seq: c.seq, down: map[string]bool{}}
+	for range 3 {
+		side.round(2 * time.Second)
+	}
+	if e := c.views["a"].Epoch(); !slices.Equal(e.Order, []string{"a", "b", "d"}) {
+		t.Fatalf("a's epoch %v, want [a b d] (3 of the 4 that trained)", e.Order)
+	}
+	side.down["d"] = true
+	for range 4 {
+		side.round(2 * time.Second)
+	}
+	if e := c.views["a"].Epoch(); !slices.Equal(e.Order, []string{"a", "b", "d"}) {
+		t.Fatalf("a moved to epoch %d %v with 2 of the 4 members that last trained", e.Number, e.Order)
+	}
+	if w := c.views["a"].Waiting(); !strings.Contains(w, fmt.Sprintf("no quorum: 2 of the 4 members of epoch %d", trained.Number)) {
+		t.Fatalf("Waiting() = %q", w)
+	}
+	// Had [a b d] trained a step, [a b] would be a majority of it.
+	c.views["a"].Commit(c.views["a"].Epoch().Number)
+	side.round(2 * time.Second)
+	if e := c.views["a"].Epoch(); !slices.Equal(e.Order, []string{"a", "b"}) {
+		t.Fatalf("after a commit of [a b d], a's epoch is %v, want [a b]", e.Order)
+	}
+}

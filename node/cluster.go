@@ -42,6 +42,10 @@ func (n *Node) RequestEpoch(current uint64) {
 // follows, for a back-off (gossip.Service.Exclude).
 func (n *Node) Exclude(peer, reason string) { n.gsp.Exclude(peer, reason) }
 
+// Commit records that this peer completed a step in ring epoch number
+// (gossip.Service.Commit).
+func (n *Node) Commit(number uint64) { n.gsp.Commit(number) }
+
 // FetchState downloads peer's training state after step completed steps
 // (statesync.Fetch), refusing more than max bytes.
 func (n *Node) FetchState(ctx context.Context, p string, step, max uint64) ([]byte, error) {

@@ -26,6 +26,9 @@ type Cluster interface {
 	// follows for a back-off, saying why (a member blamed for consecutive
 	// failed steps, or one that never got ready).
 	Exclude(peer, reason string)
+	// Commit tells the peer that a step completed in ring epoch number:
+	// later epochs need a majority of that ring's members.
+	Commit(number uint64)
 	// LinkMatrix returns the measured throughput between the peers of order
 	// (plan.LinkMatrix of this peer's and the members' figures).
 	LinkMatrix(order []string) plan.Matrix

@@ -611,7 +611,7 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 	}()
 	// failed: the epoch broke (its transport is reset); retry: the epoch is
 	// healthy but the step must be retried in a new one.
-	failed, retry := false, false
+	failed, retry, committed := false, false, false
 	var fatal error
 	for t.step < uint64(t.cfg.Steps) && ctx.Err() == nil {
 		if _, cur := t.c.View(); !sameEpoch(cur, ep) {
@@ -652,6 +652,10 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 			plan.ResetCodecs(t.codecs)
 			failed = true
 			break
+		}
+		if !committed {
+			t.c.Commit(ep.Number)
+			committed = true
 		}
 		clear(t.strikes)
 		t.nonFinite = 0

@@ -7,7 +7,8 @@
 // RSS) that scripts/chaos-table.sh puts in the README.
 //
 // It needs root and network namespaces; elsewhere it is skipped and says
-// why. It is slow (minutes) and runs in CI with the multi-process suites.
+// why. With P2PTRAIN_CHAOS_LOGS=dir every process's full output is kept
+// there, one file per case and host. It is slow (minutes) and runs in CI with the multi-process suites.
 package chaos
 
 import (
@@ -241,6 +242,14 @@ func newCluster(t *testing.T, loss, extra string) *cluster {
 				p.cmd.Process.Signal(syscall.SIGCONT)
 				p.cmd.Process.Kill()
 				<-p.done
+				if dir := os.Getenv("P2PTRAIN_CHAOS_LOGS"); dir != "" {
+					p.mu.Lock()
+					name := fmt.Sprintf("%s-h%d.log", strings.NewReplacer(" ", "_", "/", "_").Replace(t.Name()), p.host)
+					if err := os.WriteFile(filepath.Join(dir, name), []byte(strings.Join(p.lines, "\n")+"\n"), 0o644); err != nil {
+						t.Error(err)
+					}
+					p.mu.Unlock()
+				}
 				if t.Failed() {
 					p.mu.Lock()
 					t.Logf("%s (h%d), last lines:\n%s", p.name, p.host, strings.Join(p.lines[max(0, len(p.lines)-40):], "\n"))
