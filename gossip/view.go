@@ -438,9 +438,16 @@ func (v *View) followedByMajority(e Epoch) bool {
 // starts at Timing.ExcludeFor and doubles with each exclusion of the same
 // peer (MaxExcludeDoublings at most). The local peer is never excluded. It
 // returns the back-off, 0 when nothing was done.
+//
+// Only a member this view holds live (alive or suspect) is excluded: one it
+// holds dead or departed is unreachable, not misbehaving. Failure detection
+// keeps it out of rings and the quorum keeps a partition from forking;
+// excluding it too would outlast the partition. (Both sides of a 2+2
+// partition once excluded the other, for not getting ready in an epoch
+// they never received, and refused each other's rings after the heal.)
 func (v *View) Exclude(peer, reason string, now time.Time) time.Duration {
 	v.advance(now)
-	if peer == v.self || v.members[peer] == nil {
+	if m := v.members[peer]; peer == v.self || m == nil || !m.State.inRing() {
 		return 0
 	}
 	x := v.excluded[peer]

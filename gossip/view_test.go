@@ -744,3 +744,35 @@ func TestQuorumCountsTheLastCommittedRing(t *testing.T) {
 		t.Fatalf("after a commit of [a b d], a's epoch is %v, want [a b]", e.Order)
 	}
 }
+
+// TestUnreachableMemberIsNotExcluded: a member the failure detector holds
+// dead when the trainer blames it (it missed train.ready_timeout, or its
+// frames never came) is cut off, not misbehaving: it is not excluded, and
+// rejoins the ring once it is heard again. (In a 2+2 partition each side
+// excluded the other for not getting ready in an epoch it never received,
+// and after the heal no side had a quorum for 10 minutes.)
+func TestUnreachableMemberIsNotExcluded(t *testing.T) {
+	c := newCluster("a", "b", "c", "d")
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b", "c", "d"})
+	c.down["c"], c.down["d"] = true, true
+	for range 3 {
+		c.round(2 * time.Second)
+	}
+	a := c.views["a"]
+	for _, id := range []string{"c", "d"} {
+		if d := a.Exclude(id, "not ready", c.now); d != 0 {
+			t.Fatalf("excluded %s, which this view holds dead, for %s", id, d)
+		}
+	}
+	if d := a.Exclude("b", "not ready", c.now); d != DefaultExcludeFor {
+		t.Fatalf("a live member that misbehaves: back-off %s, want %s", d, DefaultExcludeFor)
+	}
+	// The heal: c and d are heard again and back in the coordinator's ring.
+	c.down["c"], c.down["d"] = false, false
+	c.round(time.Second)
+	c.round(time.Second)
+	if e := a.Epoch(); !slices.Equal(e.Order, []string{"a", "c", "d"}) {
+		t.Fatalf("after the heal a's epoch is %v, want [a c d] (b excluded, c and d back)", e.Order)
+	}
+}
