@@ -232,3 +232,28 @@ var _ = errors.Is
 var _ = time.Second
 
 func memOpts() memtransport.Options { return memtransport.Options{Capacity: 8} }
+
+// TestRingOfOneReturnsTheGradient: in a ring of one the average is the
+// gradient itself, bit for bit, whatever the codec (a quantizing codec would
+// only add error, and nothing is sent).
+func TestRingOfOneReturnsTheGradient(t *testing.T) {
+	const n = 10_000
+	for _, spec := range []string{"none", "sint8", "qsgd:bits=4", "onebit"} {
+		c := newCluster(t, 1, 1, allreduce.Config{}, memOpts())
+		cd, err := compress.New(spec, compress.Options{Layout: compress.FlatLayout(n), Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for step := range uint64(3) {
+			data := randData(step+1, 1, n)
+			outs, errs := c.round(step, [][][]float32{{data[0]}}, [][]compress.Codec{{cd}})
+			if errs[0] != nil {
+				t.Fatalf("%s step %d: %v", spec, step, errs[0])
+			}
+			if !bitsEqual(outs[0][0], data[0]) {
+				t.Fatalf("%s step %d: a ring of one changed the gradient", spec, step)
+			}
+		}
+		c.close()
+	}
+}

@@ -72,10 +72,17 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 	if err := s.errNow(); err != nil {
 		return err
 	}
+	if s.w == 1 {
+		// A ring of one averages nothing: the gradient is its own average.
+		// No codec runs (it could only add error) and nothing is framed.
+		copy(out, b.Data)
+		return nil
+	}
 	n := len(b.Data)
 	o := &op{s: s, ctx: ctx, step: step, bucket: b.ID, timeout: s.cfg.frameTimeout(4 * n), id: CodecID(b.Codec.Spec())}
 	defer s.dropBoxes(step, b.ID)
-	bctx := &bucketCtx{step: step, w: s.w, rank: s.rank, data: b.Data, out: out, codec: b.Codec}
+	bctx := &bucketCtx{step: step, w: s.w, rank: s.rank, data: b.Data, out: out, codec: b.Codec, pool: &s.floats}
+	defer bctx.release()
 	class := b.Codec.Class()
 	sch := s.scheduleFor(class)
 	shares := s.sharesFor(sch)

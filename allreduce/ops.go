@@ -25,13 +25,29 @@ type bucketCtx struct {
 	codec compress.Codec
 	tmp   []float32
 	tmpB  []byte
+	// pool, when set, supplies tmp and takes it back (release).
+	pool *floatPool
 }
 
+// scratch returns a buffer of n values with stale contents.
 func (b *bucketCtx) scratch(n int) []float32 {
 	if cap(b.tmp) < n {
-		b.tmp = make([]float32, n)
+		if b.pool != nil {
+			b.pool.put(b.tmp)
+			b.tmp = b.pool.get(n)
+		} else {
+			b.tmp = make([]float32, n)
+		}
 	}
 	return b.tmp[:n]
+}
+
+// release gives the scratch buffer back to the pool.
+func (b *bucketCtx) release() {
+	if b.pool != nil {
+		b.pool.put(b.tmp)
+		b.tmp = nil
+	}
 }
 
 func (b *bucketCtx) pos(c chunk, stream uint32, feedback bool) compress.Pos {

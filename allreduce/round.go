@@ -172,7 +172,8 @@ func (r *Round) dispatch() {
 		go func() {
 			defer r.wg.Done()
 			defer func() { <-r.s.sem }()
-			j.scratch = make([]float32, len(j.b.Data))
+			j.scratch = r.s.floats.get(len(j.b.Data))
+			clear(j.scratch) // no value of an earlier round may pass for this one's
 			j.err = r.s.reduceBucket(r.ctx, r.step, j.b, j.scratch)
 		}()
 	}
@@ -217,16 +218,18 @@ func (r *Round) Wait() error {
 			err = serr
 		}
 	}
-	if err != nil {
-		if e := r.s.errNow(); e != nil {
-			err = e
+	if err == nil {
+		for _, j := range r.jobs {
+			copy(j.b.Out, j.scratch)
 		}
-		return err
+	} else if e := r.s.errNow(); e != nil {
+		err = e
 	}
 	for _, j := range r.jobs {
-		copy(j.b.Out, j.scratch)
+		r.s.floats.put(j.scratch) // every job is done: no one writes it now
+		j.scratch = nil
 	}
-	return nil
+	return err
 }
 
 // AllReduce is a Round with a single bucket.

@@ -63,6 +63,8 @@ type Session struct {
 	// out (or abortTimeout passed); Close waits for it before cancelling.
 	aborted chan struct{}
 	out     []*outQueue
+	// floats recycles the rounds' scratch buffers.
+	floats floatPool
 }
 
 type boxKey struct {
