@@ -100,7 +100,7 @@ SUBNET=10.77.0
 PORT=4001
 DDP_PORT=29500
 PY=/usr/bin/python3
-SCRIPT=$ROOT/python/examples/fashion_mnist.py
+SCRIPT=$ROOT/python/examples/fashion_mnist.py # run with --model mlp (the shape the Go trainer has)
 
 hosts=4 rate=100mbit steps=300 batch=64 hidden=256 codecs="none,sint8,qsgd:bits=4"
 parts="alone,ddp,bridge,go" markdown="" timeout_s="" wait_s=0 logdir=""
@@ -410,7 +410,7 @@ run_p2p() {
 			done
 			[ -S "$sock" ] || { show_tail "$run-h$i-d"; kill_ours; die "$run: the daemon on h$i made no socket $sock"; }
 			bg "$run-h$i-py" "$i" env PYTHONPATH="$ROOT/python" OMP_NUM_THREADS=1 "$PY" "$SCRIPT" \
-				--socket "$sock" --batch "$batch" --hidden "$hidden" --threads 1
+				--socket "$sock" --model mlp --batch "$batch" --hidden "$hidden" --threads 1
 			names+=("$run-h$i-py")
 		done
 	fi
@@ -469,7 +469,7 @@ run_ddp() {
 		alone) spec="0:1:$(host_ip "$i"):$((DDP_PORT + 2))" ;;
 		esac
 		bg "$run-h$i-py" "$i" env PYTHONPATH="$ROOT/python" OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=eth0 "$PY" "$SCRIPT" \
-			--ddp "$spec" --steps "$steps" --batch "$batch" --hidden "$hidden" --threads 1 "${extra[@]}"
+			--ddp "$spec" --steps "$steps" --model mlp --batch "$batch" --hidden "$hidden" --threads 1 "${extra[@]}"
 		names+=("$run-h$i-py")
 	done
 	wait_all "${names[@]}"

@@ -70,7 +70,7 @@ func startTorchPeer(t *testing.T, r torchRun) *torchPeer {
 		t.Fatal(err)
 	}
 	script := []string{filepath.Join(root, "python/examples/fashion_mnist.py"), "--socket", sock,
-		"--hidden", "64", "--train-samples", "4096", "--eval-samples", "500"}
+		"--model", "mlp", "--hidden", "64", "--train-samples", "4096", "--eval-samples", "500"}
 	cmd := exec.Command(python, append(script, r.script...)...)
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(root, "python"))
 	p := &torchPeer{d: d, cmd: cmd, done: make(chan struct{})}
@@ -171,16 +171,18 @@ func sameHashes(t *testing.T, peers []*torchPeer, steps int) {
 }
 
 // TestTorchBridgeReplicasAgree: PyTorch processes behind 2 and 4 daemons
-// end bit-identical, the script's hash equal to its daemon's.
+// end bit-identical, the script's hash equal to its daemon's, with the
+// example's own residual CNN (convolutions, GroupNorm: no built-in model
+// has them) and with the MLP.
 func TestTorchBridgeReplicasAgree(t *testing.T) {
 	requireTorch(t)
 	for _, tc := range []struct {
-		peers int
-		codec string
-	}{{2, "none"}, {4, "sint8"}} {
-		t.Run(fmt.Sprintf("%d peers %s", tc.peers, tc.codec), func(t *testing.T) {
+		peers        int
+		codec, model string
+	}{{2, "none", "resnet"}, {4, "sint8", "mlp"}} {
+		t.Run(fmt.Sprintf("%d peers %s %s", tc.peers, tc.codec, tc.model), func(t *testing.T) {
 			const steps = 40
-			peers := startTorchCluster(t, tc.peers, torchRun{steps: steps, minPeers: tc.peers, codec: tc.codec})
+			peers := startTorchCluster(t, tc.peers, torchRun{steps: steps, minPeers: tc.peers, codec: tc.codec, script: []string{"--model", tc.model}})
 			sameHashes(t, peers, steps)
 		})
 	}

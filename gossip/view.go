@@ -338,7 +338,7 @@ func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
 	if from != e.Coordinator && !majority {
 		return nil // a forwarded copy only tells the numbering
 	}
-	if err := v.checkProposer(e.Coordinator); err != nil {
+	if err := v.checkProposer(e); err != nil {
 		if !majority || !errors.Is(err, errNotFollowed) {
 			v.reject(from, e, err)
 			return nil
@@ -382,17 +382,23 @@ func (v *View) checkNumber(n uint64) error {
 }
 
 // checkProposer refuses an epoch whose coordinator p this view does not
-// follow: a member it holds dead or departed, an observer, an excluded
-// member (Exclude), or one with a
-// higher peer ID than this view's coordinator. A lower ID it has not heard
-// of yet is followed: that peer will be its coordinator once heard.
-func (v *View) checkProposer(p string) error {
+// follow: a member it holds dead or departed, an excluded member (Exclude),
+// or one with a higher peer ID than this view's coordinator. A lower ID it
+// has not heard of yet is followed: that peer will be its coordinator once
+// heard.
+//
+// A member this view still holds an observer is followed too: a proposal
+// lists its proposer, so it says the proposer trains now, whatever its last
+// heartbeat said. A peer that starts training stops being an observer, and
+// its first proposal may arrive before its next heartbeat; refusing it, a
+// peer proposed a ring of its own, and the two disagreed until one
+// excluded the other. (An honest observer never proposes: Proposal leaves
+// observers out of every ring and the coordinator's seat.)
+func (v *View) checkProposer(e Epoch) error {
+	p := e.Coordinator
 	if m := v.members[p]; m != nil && p != v.self {
 		if !m.State.inRing() {
 			return fmt.Errorf("%w: coordinator %s is %s in this view", ErrEpochRejected, p, m.State)
-		}
-		if m.Observer {
-			return fmt.Errorf("%w: coordinator %s is an observer", ErrEpochRejected, p)
 		}
 		if until, why := v.Excluded(p); !until.IsZero() {
 			return fmt.Errorf("%w: %w: coordinator %s is excluded until %s (%s)", ErrEpochRejected, errNotFollowed, p, until.Format(time.RFC3339), why)

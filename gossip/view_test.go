@@ -776,3 +776,34 @@ func TestUnreachableMemberIsNotExcluded(t *testing.T) {
 		t.Fatalf("after the heal a's epoch is %v, want [a c d] (b excluded, c and d back)", e.Order)
 	}
 }
+
+// TestProposalFromAnObserverTurnedTrainerIsFollowed: a peer that starts
+// training proposes an epoch that may arrive before its heartbeat saying it
+// is no observer any more; the proposal itself says so, and it is adopted.
+// (Refused, the receiver proposed a ring of its own; with 1 % packet loss
+// the two disagreed until one excluded the other for the whole back-off.)
+func TestProposalFromAnObserverTurnedTrainerIsFollowed(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	c.views["a"].members["a"].Observer = true
+	for _, v := range c.views {
+		for _, id := range []string{"a", "b", "c"} {
+			h := hb(id, 1)
+			h.Observer = id == "a"
+			v.Heartbeat(h, c.now)
+		}
+	}
+	c.settle()
+	before := c.agree(t, []string{"b", "c"})
+	// a starts training and proposes at once; b and c still hold it an observer.
+	c.views["a"].members["a"].Observer = false
+	e, ok := c.views["a"].Proposal(0)
+	if !ok || !slices.Equal(e.Order, []string{"a", "b", "c"}) || e.Number <= before.Number {
+		t.Fatalf("a's proposal %+v, %v", e, ok)
+	}
+	for _, id := range []string{"b", "c"} {
+		c.views[id].Offer(e, "a", c.now)
+		if got := c.views[id].Epoch(); !got.Equal(e) {
+			t.Fatalf("%s refused the proposal of a trainer it held an observer: holds %+v", id, got)
+		}
+	}
+}

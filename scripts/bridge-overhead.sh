@@ -20,7 +20,7 @@ go build -o bin/p2ptrain ./cmd/p2ptrain
 tmp=$(mktemp -d)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$tmp"' EXIT
-script=(/usr/bin/python3 python/examples/fashion_mnist.py --batch 64 --hidden 256 --threads 1)
+script=(/usr/bin/python3 python/examples/fashion_mnist.py --model mlp --batch 64 --hidden 256 --threads 1)
 export PYTHONPATH=python
 
 # script_ms OUT: ms/step between step 50 and the last "step" line of the script's output.

@@ -11,8 +11,10 @@
 # LOGDIR keeps every peer's stdout (I.out) and JSON log (I.log) there.
 #
 # TRAINER=external runs the PyTorch bridge instead: every daemon all-reduces
-# for a PyTorch process beside it (python/examples/fashion_mnist.py, an MLP
-# of the same shape, in Debian's python3), and both print the same hash.
+# for a PyTorch process beside it (python/examples/fashion_mnist.py in
+# Debian's python3, with the arguments in TORCH_ARGS; default: the MLP of
+# the same shape), and both print the same hash. scripts/torch-demo.sh runs
+# it with the example's own residual CNN.
 #
 # IDENTITIES names a folder of peer identity files 0.key, 1.key, … (p2ptrain
 # keygen --identity); peer I runs with I.key, so repeated runs get the same peer
@@ -70,8 +72,9 @@ start_peer() {
 }
 # start_script I: the PyTorch process beside daemon I (TRAINER=external).
 start_script() {
+  # shellcheck disable=SC2086 # TORCH_ARGS is a list of arguments
   PYTHONPATH=python /usr/bin/python3 python/examples/fashion_mnist.py --socket "$work/$1.sock" \
-    >"$work/$1.py.out" 2>"$work/$1.py.log" &
+    ${TORCH_ARGS:---model mlp} >"$work/$1.py.out" 2>"$work/$1.py.log" &
   scripts+=("$!")
 }
 api_of() { sed -n 's|^local API: http://\(.*\)/status|\1|p' "$work/$1.out"; }
@@ -79,7 +82,7 @@ api_of() { sed -n 's|^local API: http://\(.*\)/status|\1|p' "$work/$1.out"; }
 if [ "$trainer" = builtin ]; then
   echo "== starting $peers peers on loopback: $model, codec $codec, $steps steps"
 else
-  echo "== starting $peers daemons on loopback, each with a PyTorch process (python/examples/fashion_mnist.py): codec $codec, $steps steps"
+  echo "== starting $peers daemons on loopback, each with a PyTorch process (python/examples/fashion_mnist.py ${TORCH_ARGS:---model mlp}): codec $codec, $steps steps"
 fi
 start_peer 0
 boot="$(grep -m1 '/p2p/' "$work/0.out" | tr -d ' ')"

@@ -397,12 +397,14 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 		}
 		if time.Now().After(deadline) {
 			var late []string
-			for _, p := range ep.Order {
-				if _, ok := ready[p]; !ok {
-					late = append(late, p)
-					t.c.Exclude(p, fmt.Sprintf("not ready in ring epoch %d within train.ready_timeout (%s)", ep.Number, t.cfg.ReadyTimeout.D()))
-				}
+			slow, elsewhere := lateMembers(ep, members, ready)
+			for _, p := range slow {
+				t.c.Exclude(p, fmt.Sprintf("not ready in ring epoch %d within train.ready_timeout (%s)", ep.Number, t.cfg.ReadyTimeout.D()))
 			}
+			for _, p := range elsewhere {
+				t.strike(p, fmt.Errorf("not ready in ring epoch %d: it announces another epoch", ep.Number))
+			}
+			late = append(slow, elsewhere...)
 			return fmt.Errorf("train: members %s did not get ready in ring epoch %d within %s", strings.Join(late, ", "), ep.Number, t.cfg.ReadyTimeout.D())
 		}
 		if !ctxutil.Sleep(ctx, pollInterval) {
@@ -945,6 +947,28 @@ func (r Result) String() string {
 		return fmt.Sprintf("done step=%d train_loss=%.4f param_hash=%s", r.Step, r.Loss, r.ParamHash)
 	}
 	return fmt.Sprintf("done step=%d loss=%.4f accuracy=%.4f param_hash=%s", r.Step, r.Loss, r.Accuracy, r.ParamHash)
+}
+
+// lateMembers sorts the members of ep that are not in ready: slow ones
+// announce ep itself in their heartbeats (they hold it and still did not
+// get ready: a straggler or a member that will not train), elsewhere ones
+// announce another epoch. These disagree about the ring, which happens
+// honestly (a proposal that reached a peer before the proposer's heartbeat
+// saying it trains now was refused, and the peer proposed its own): they
+// get a strike, not an exclusion, and the next epoch usually takes them in.
+func lateMembers(ep gossip.Epoch, members []gossip.Member, ready map[string]uint64) (slow, elsewhere []string) {
+	for _, p := range ep.Order {
+		if _, ok := ready[p]; ok {
+			continue
+		}
+		i := slices.IndexFunc(members, func(m gossip.Member) bool { return m.PeerID == p })
+		if i >= 0 && !sameEpoch(members[i].Heartbeat.Epoch, ep) {
+			elsewhere = append(elsewhere, p)
+		} else {
+			slow = append(slow, p)
+		}
+	}
+	return slow, elsewhere
 }
 
 // sameEpoch reports whether a and b are one epoch: the same number and

@@ -38,6 +38,10 @@ const (
 	// 15-25 ms here, so a run lasts about 30 s: a fault that lasts 8 s
 	// heals while the others still train.
 	steps, faultStep = 1500, 100
+	// minRobustAccuracy bounds the final test accuracy that robust
+	// aggregation keeps under a hostile gradient (honest runs reach about
+	// 0.85; a model the attack wrecks stays near 0.1).
+	minRobustAccuracy = 0.75
 )
 
 var bin struct {
@@ -68,10 +72,11 @@ func TestMain(m *testing.M) {
 
 // row is one line of the chaos table.
 type row struct {
-	name    string
-	recover time.Duration
-	lost    int
-	rssMiB  float64
+	name     string
+	recover  time.Duration
+	lost     int
+	rssMiB   float64
+	accuracy float64 // the survivors' lowest final test accuracy
 }
 
 var (
@@ -91,7 +96,10 @@ func TestChaos(t *testing.T) {
 		name  string
 		loss  string
 		extra string // h5: "", "observer" or an evilpeer mode
-		fault func(t *testing.T, c *cluster) (heal func())
+		// robust is the cluster's allreduce.robust ("": off); with it the
+		// survivors' final test accuracy must reach minRobustAccuracy.
+		robust string
+		fault  func(t *testing.T, c *cluster) (heal func())
 	}{
 		{name: "kill -9 one of four", fault: func(t *testing.T, c *cluster) func() {
 			c.peers[3].signal(t, syscall.SIGKILL)
@@ -113,11 +121,12 @@ func TestChaos(t *testing.T) {
 		{name: "member serving a poisoned (NaN) state", extra: "poison"},
 		{name: "forged, huge and wrapping epoch numbers", extra: "epochs"},
 		{name: "far-future frame flood (64 MiB)", extra: "flood"},
+		{name: "member sending −10⁴ × its gradient (robust = centered_clip)", extra: "ascent", robust: "centered_clip"},
 		{name: "1% packet loss on every link", loss: "1%"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCluster(t, tc.loss, tc.extra)
+			c := newCluster(t, tc.loss, tc.extra, tc.robust)
 			start := c.waitStep(t, faultStep, time.Minute)
 			var heal func()
 			if tc.fault != nil {
@@ -135,6 +144,9 @@ func TestChaos(t *testing.T) {
 				from, start = c.firstLoss()
 			}
 			r := c.check(t, tc.name, start, from)
+			if tc.robust != "" && r.accuracy < minRobustAccuracy {
+				t.Errorf("final test accuracy %.4f under attack with robust = %q, want at least %.2f", r.accuracy, tc.robust, minRobustAccuracy)
+			}
 			tableMu.Lock()
 			table = append(table, r)
 			tableMu.Unlock()
@@ -147,13 +159,13 @@ func printTable(t *testing.T) {
 	tableMu.Lock()
 	defer tableMu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "| case | time to recover | step attempts lost | peak RSS |\n|---|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| case | time to recover | step attempts lost | peak RSS | final accuracy |\n|---|---:|---:|---:|---:|\n")
 	for _, r := range table {
 		rec := "—"
 		if r.recover > 0 {
 			rec = fmt.Sprintf("%.1f s", r.recover.Seconds())
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %.0f MiB |\n", r.name, rec, r.lost, r.rssMiB)
+		fmt.Fprintf(&b, "| %s | %s | %d | %.0f MiB | %.3f |\n", r.name, rec, r.lost, r.rssMiB, r.accuracy)
 	}
 	t.Logf("chaos table:\n%s", b.String())
 	if out := os.Getenv("P2PTRAIN_CHAOS_TABLE"); out != "" {
@@ -204,6 +216,8 @@ type cluster struct {
 	boot  string  // h1's multiaddr
 	peers []*proc // h1..h4: honest trainers
 	extra *proc   // h5, if any
+	// robust is allreduce.robust in every host's config ("": off).
+	robust string
 }
 
 // config returns a config file for host i.
@@ -219,6 +233,9 @@ func (c *cluster) config(t *testing.T, i int, boot string, steps int) string {
 	}
 	b.WriteString("[gossip]\nheartbeat = \"250ms\"\nfailure_timeout = \"1500ms\"\nexclude_for = \"10m\"\n")
 	b.WriteString("[allreduce]\nframe_timeout = \"2s\"\n")
+	if c.robust != "" {
+		fmt.Fprintf(&b, "robust = %q\n", c.robust)
+	}
 	fmt.Fprintf(&b, "[train]\nsteps = %d\nhidden = [64]\nbatch_size = 32\ntrain_samples = 4096\neval_samples = 500\neval_every = 0\n", steps)
 	b.WriteString("check_every = 10\nmin_peers = 3\nwarmup_steps = 10\nlr = 0.05\nready_timeout = \"5s\"\n")
 	path := filepath.Join(c.dir, fmt.Sprintf("h%d.toml", i))
@@ -228,14 +245,14 @@ func (c *cluster) config(t *testing.T, i int, boot string, steps int) string {
 	return path
 }
 
-func newCluster(t *testing.T, loss, extra string) *cluster {
+func newCluster(t *testing.T, loss, extra, robust string) *cluster {
 	t.Helper()
 	args := []string{"--up", "--hosts", "5", "--rate", "1gbit"}
 	if loss != "" {
 		args = append(args, "--loss", loss)
 	}
 	netns(t, args...)
-	c := &cluster{dir: t.TempDir()}
+	c := &cluster{dir: t.TempDir(), robust: robust}
 	t.Cleanup(func() {
 		for _, p := range append(slices.Clone(c.peers), c.extra) {
 			if p != nil {
@@ -459,7 +476,7 @@ func (c *cluster) waitSurvivors(t *testing.T, within time.Duration) {
 }
 
 var (
-	doneRe     = regexp.MustCompile(`^done step=(\d+) loss=(\S+) .*param_hash=(\w+)`)
+	doneRe     = regexp.MustCompile(`^done step=(\d+) loss=(\S+) accuracy=(\S+) .*param_hash=(\w+)`)
 	lostRe     = regexp.MustCompile(`step failed|step not applied|cancelled the step in flight`)
 	discardRe  = regexp.MustCompile(`"steps_discarded":(\d+)`)
 	fatalWords = []string{"panic:", "DATA RACE"}
@@ -499,9 +516,16 @@ func (c *cluster) check(t *testing.T, name string, faultAt int, from time.Time) 
 				t.Errorf("h%d: loss %s", p.host, loss)
 			}
 			if hash == "" {
-				hash = m[3]
-			} else if m[3] != hash {
-				t.Errorf("h%d finished with hash %s, h%d's is %s", p.host, m[3], c.peers[0].host, hash)
+				hash = m[4]
+			} else if m[4] != hash {
+				t.Errorf("h%d finished with hash %s, h%d's is %s", p.host, m[4], c.peers[0].host, hash)
+			}
+			var acc float64
+			if _, err := fmt.Sscan(m[3], &acc); err != nil {
+				t.Errorf("h%d: accuracy %q: %v", p.host, m[3], err)
+			}
+			if r.accuracy == 0 || acc < r.accuracy {
+				r.accuracy = acc
 			}
 			lost := 0
 			for _, l := range p.lines {

@@ -9,6 +9,8 @@
 //	         in the future to every member of each ring epoch
 //	epochs   a bare gossip member (no trainer) that publishes epochs with
 //	         huge, wrapping and jumping numbers, in proposals and heartbeats
+//	ascent   trains, but sends its gradient times -10⁴: finite, huge and
+//	         pointing uphill (what allreduce.robust is for)
 //
 // Usage: evilpeer --mode MODE --config FILE
 package main
@@ -42,7 +44,7 @@ import (
 )
 
 func main() {
-	mode := flag.String("mode", "", "silent, poison, flood or epochs")
+	mode := flag.String("mode", "", "silent, poison, flood, epochs or ascent")
 	path := flag.String("config", "", "p2ptrain config `FILE`")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -70,7 +72,15 @@ func run(ctx context.Context, mode, path string) error {
 		return forgeEpochs(ctx, cfg, log)
 	}
 	var wrap func(*node.Node) train.Cluster
+	opts := train.Options{Log: log}
 	switch mode {
+	case "ascent":
+		wrap = func(n *node.Node) train.Cluster { return n }
+		opts.GradHook = func(_ uint64, _ int, g []float32) {
+			for i := range g {
+				g[i] *= -1e4
+			}
+		}
 	case "silent":
 		wrap = func(n *node.Node) train.Cluster { return silent{n} }
 	case "poison":
@@ -86,7 +96,7 @@ func run(ctx context.Context, mode, path string) error {
 	}
 	defer n.Kill()
 	fmt.Println("evilpeer", mode, n.ID())
-	tr, err := train.New(wrap(n), cfg.Train, cfg.Allreduce, train.Options{Log: log})
+	tr, err := train.New(wrap(n), cfg.Train, cfg.Allreduce, opts)
 	if err != nil {
 		return err
 	}
