@@ -25,6 +25,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/pnet"
 	"github.com/libp2p/go-libp2p/p2p/discovery/mdns"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	ma "github.com/multiformats/go-multiaddr"
 	"go.uber.org/zap"
 
@@ -274,11 +275,17 @@ func (n *Node) watch(ctx context.Context, events <-chan gossip.Event) {
 	}
 }
 
-// learnAddrs adds a cluster member's gossiped addresses to the peerstore, so a
-// stream can be opened to a member this peer has not connected to yet (peer
-// exchange may still be under way when a ring epoch starts).
+// learnAddrs prepares a dial to a cluster member (before a ring stream or a
+// state fetch): it clears libp2p's dial back-off for it (clearDialBackoff)
+// and adds its gossiped addresses to the peerstore, so a stream can be
+// opened to a member this peer has not connected to yet (peer exchange may
+// still be under way when a ring epoch starts).
 func (n *Node) learnAddrs(id peer.ID) {
-	if n.host.Network().Connectedness(id) == network.Connected || len(n.host.Peerstore().Addrs(id)) > 0 {
+	if n.host.Network().Connectedness(id) == network.Connected {
+		return
+	}
+	clearDialBackoff(n.host, id)
+	if len(n.host.Peerstore().Addrs(id)) > 0 {
 		return
 	}
 	members, _ := n.gsp.Snapshot()
@@ -294,6 +301,19 @@ func (n *Node) learnAddrs(id peer.ID) {
 		}
 		n.host.Peerstore().AddAddrs(id, addrs, peerstore.TempAddrTTL)
 		return
+	}
+}
+
+// clearDialBackoff ends libp2p's dial back-off for id. A dial that failed
+// once (a lost SYN under packet loss, a peer not listening yet) puts the
+// peer's addresses in a back-off of 5 s growing to 5 minutes, during which
+// every dial fails at once with "dial backoff"; a member the gossip hears
+// and the ring needs is worth a fresh dial. (With 1 % packet loss a peer
+// could not open its ring stream to a neighbour, its steps failed, and the
+// others excluded it.)
+func clearDialBackoff(h host.Host, id peer.ID) {
+	if sw, ok := h.Network().(*swarm.Swarm); ok {
+		sw.Backoff().Clear(id)
 	}
 }
 
