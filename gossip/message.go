@@ -86,6 +86,10 @@ type Heartbeat struct {
 	// Links are the sender's latest measurements of its links to other
 	// members (at most MaxLinks, one per peer).
 	Links []LinkFigure `json:"links,omitempty"`
+	// Excluded lists the members the sender excludes now by its own
+	// judgement (View.Exclude), so that a majority's exclusion is everyone's
+	// (View.Excluded).
+	Excluded []string `json:"excluded,omitempty"`
 }
 
 // LinkFigure is one measured link, from the heartbeat's sender to Peer.
@@ -358,6 +362,7 @@ func (e *Envelope) validate(author string) error {
 			checkApp(h.App),
 			h.Epoch.validate(),
 			checkLinks(h.Links),
+			checkStrings("excluded members", h.Excluded, maxMembers),
 		} {
 			if err != nil {
 				return err

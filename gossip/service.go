@@ -177,6 +177,7 @@ func (s *Service) selfHeartbeat(now time.Time) Heartbeat {
 	hb.Seq = s.nextSeq(now)
 	if s.view != nil {
 		hb.Epoch = s.view.Epoch()
+		hb.Excluded = s.view.OwnExclusions()
 	}
 	return hb
 }

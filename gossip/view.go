@@ -472,17 +472,72 @@ func (v *View) Exclude(peer, reason string, now time.Time) time.Duration {
 }
 
 // Excluded returns when peer's exclusion ends and why (zero time: not
-// excluded now).
+// excluded now). A member is excluded by this view's own judgement
+// (Exclude) or by a majority's: more than half of the current epoch's other
+// members, live, list it in their heartbeats' Excluded (this view counting
+// as one when it excludes the member itself). A majority's exclusion lasts
+// while the majority says so; its end is reported a failure-detection
+// period ahead. Sharing it keeps a peer that never saw a member misbehave
+// from following it as coordinator after the others excluded it. (A peer
+// that never fetched the poisoning member's state kept following it, and
+// the others, finding that peer in another ring, excluded it in turn.)
 func (v *View) Excluded(peer string) (time.Time, string) {
-	if x := v.excluded[peer]; x != nil && v.isExcluded(peer) {
+	if x := v.excluded[peer]; x != nil && v.ownExclusion(peer) {
 		return x.until, x.reason
+	}
+	if n, base := v.excludedBy(peer); 2*n > base {
+		return v.now.Add(v.timing.FailAfter), fmt.Sprintf("excluded by %d of the %d other members of epoch %d", n, base, v.epoch.Number)
 	}
 	return time.Time{}, ""
 }
 
 func (v *View) isExcluded(peer string) bool {
+	if v.ownExclusion(peer) {
+		return true
+	}
+	n, base := v.excludedBy(peer)
+	return 2*n > base
+}
+
+// ownExclusion reports whether this view's own judgement excludes peer now.
+func (v *View) ownExclusion(peer string) bool {
 	x := v.excluded[peer]
 	return x != nil && v.now.Before(x.until)
+}
+
+// excludedBy counts the members of the current epoch other than peer that
+// exclude it (live members by their latest heartbeat, this view by its own
+// judgement), out of base, the epoch's members other than peer.
+func (v *View) excludedBy(peer string) (n, base int) {
+	for _, id := range v.epoch.Order {
+		if id == peer {
+			continue
+		}
+		base++
+		if id == v.self {
+			if v.ownExclusion(peer) {
+				n++
+			}
+			continue
+		}
+		if m := v.members[id]; m != nil && m.State.inRing() && slices.Contains(m.Heartbeat.Excluded, peer) {
+			n++
+		}
+	}
+	return n, base
+}
+
+// OwnExclusions returns the members this view excludes now by its own
+// judgement, sorted (what its heartbeats announce).
+func (v *View) OwnExclusions() []string {
+	var out []string
+	for id := range v.excluded {
+		if v.ownExclusion(id) {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // advance moves the view's clock forward (never back).

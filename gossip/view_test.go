@@ -46,6 +46,7 @@ func (c *cluster) round(d time.Duration) {
 		v.Tick(c.now)
 		h := hb(id, c.seq)
 		h.Epoch = v.Epoch()
+		h.Excluded = v.OwnExclusions()
 		for other, w := range c.views {
 			if other != id && !c.down[other] {
 				w.Heartbeat(h, c.now)
@@ -805,5 +806,39 @@ func TestProposalFromAnObserverTurnedTrainerIsFollowed(t *testing.T) {
 		if got := c.views[id].Epoch(); !got.Equal(e) {
 			t.Fatalf("%s refused the proposal of a trainer it held an observer: holds %+v", id, got)
 		}
+	}
+}
+
+// TestMajorityExclusionIsShared: members that a majority of the ring
+// excludes are excluded by everyone, so a peer that never saw the member
+// misbehave stops following it as coordinator. (In the chaos suite the
+// poisoning member had the lowest ID; one honest peer never fetched its
+// state, kept following it, and the others excluded that peer in turn.)
+// One member's exclusion alone is not shared.
+func TestMajorityExclusionIsShared(t *testing.T) {
+	c := newCluster("a", "b", "c", "d")
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b", "c", "d"})
+	c.views["b"].Exclude("a", "served a poisoned state", c.now)
+	c.round(time.Second)
+	if got := c.views["d"].Coordinator(); got != "a" {
+		t.Fatalf("one member's exclusion was shared: d's coordinator is %s", got)
+	}
+	c.views["c"].Exclude("a", "served a poisoned state", c.now)
+	c.round(time.Second)
+	c.round(time.Second)
+	d := c.views["d"]
+	if got := d.Coordinator(); got != "b" {
+		t.Fatalf("d's coordinator is %s, want b (a is excluded by b and c)", got)
+	}
+	if until, why := d.Excluded("a"); until.IsZero() || !strings.Contains(why, "excluded by 2 of the 3") {
+		t.Fatalf("d.Excluded(a) = %v, %q", until, why)
+	}
+	c.agree(t, []string{"b", "c", "d"})
+	// a's proposals are refused now, however new.
+	before := d.Epoch()
+	d.Offer(Epoch{Number: before.Number + 1, Order: []string{"a", "d"}, Coordinator: "a"}, "a", c.now)
+	if d.Epoch().Number != before.Number {
+		t.Fatal("d adopted a proposal of a member the majority excludes")
 	}
 }
