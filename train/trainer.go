@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -753,6 +754,10 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 // errNonFinite marks a run stopped because its parameters are not finite.
 var errNonFinite = errors.New("train: parameters are not finite")
 
+// errDiverged marks a run stopped because its final loss is not finite
+// while its parameters are.
+var errDiverged = errors.New("train: the model diverged")
+
 // errNonFiniteAverage marks a step whose averaged gradient was not finite:
 // it is not applied and not counted; maxNonFiniteRetries attempts in a row
 // stop the run.
@@ -909,6 +914,12 @@ func (t *Trainer) finish(ctx context.Context) (Result, error) {
 	st, err := t.evaluate()
 	if de := (*model.DeviceError)(nil); errors.As(err, &de) {
 		return Result{}, fmt.Errorf("train: final evaluation: %w", err)
+	}
+	if math.IsNaN(st.Loss) || math.IsInf(st.Loss, 0) {
+		// Finite parameters so large that the loss overflows: the model
+		// diverged (a member's huge gradient, or a learning rate too high).
+		// A done line with loss=NaN would pass for a result.
+		return Result{}, fmt.Errorf("%w: its loss after step %d is %v although every parameter is finite (lower train.lr, set train.clip_norm, or set allreduce.robust against a member's huge gradients)", errDiverged, t.step, st.Loss)
 	}
 	if t.cfg.CheckpointDir != "" {
 		t.checkpoint()

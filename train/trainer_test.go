@@ -811,3 +811,30 @@ func TestTrainExcludesPoisonedStateServer(t *testing.T) {
 		}
 	}
 }
+
+// TestTrainStopsWhenTheModelDiverges: a member that sends −10⁴ times its
+// gradient (finite, so no non-finite check fires) wrecks a plain average;
+// the run stops with an error that says the model diverged, instead of a
+// done line with loss=NaN (the chaos suite's attack without
+// allreduce.robust once ended that way).
+func TestTrainStopsWhenTheModelDiverges(t *testing.T) {
+	requireDataset(t)
+	var peers []*trainPeer
+	for i := range 2 {
+		hook := func(_ uint64, _ int, g []float32) {
+			if i == 1 {
+				for k := range g {
+					g[k] *= -1e4
+				}
+			}
+		}
+		peers = append(peers, startTrainerHook(t, trainConfig(30, 2, bootstrapTo(peers)...), nil, hook))
+	}
+	for _, p := range peers {
+		p.wait(t, time.Minute)
+		t.Logf("peer %s: %v", p.n.ID(), p.err)
+		if p.err == nil || !strings.Contains(p.err.Error(), "the model diverged") {
+			t.Fatalf("peer %s: err %v, want the run stopped as diverged", p.n.ID(), p.err)
+		}
+	}
+}
