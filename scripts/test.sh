@@ -40,6 +40,10 @@ stage "network-namespace smoke benchmark (3 shaped hosts; skipped unless root)"
 go build -o bin/p2ptrain ./cmd/p2ptrain
 bench/netns.sh --smoke --binary bin/p2ptrain
 
+stage "chaos suite (slow: 5 processes per case on network-namespace hosts; skipped unless root)"
+go test -count=1 -timeout 30m -v ./e2e/chaos 2>&1 | grep -E '^(=== RUN|\s*--- |PASS|FAIL|ok|panic)|chaos_test.go:[0-9]+: [a-z|]|^\s+\|'
+test "${PIPESTATUS[0]}" -eq 0
+
 stage "fuzzing (${FUZZTIME:=5s} per target)"
 FUZZTIME="$FUZZTIME" scripts/fuzz.sh
 
