@@ -397,7 +397,6 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 			break
 		}
 		if time.Now().After(deadline) {
-			var late []string
 			slow, elsewhere := lateMembers(ep, members, ready)
 			for _, p := range slow {
 				t.c.Exclude(p, fmt.Sprintf("not ready in ring epoch %d within train.ready_timeout (%s)", ep.Number, t.cfg.ReadyTimeout.D()))
@@ -405,7 +404,7 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 			for _, p := range elsewhere {
 				t.strike(p, fmt.Errorf("not ready in ring epoch %d: it announces another epoch", ep.Number))
 			}
-			late = append(slow, elsewhere...)
+			late := slices.Concat(slow, elsewhere)
 			return fmt.Errorf("train: members %s did not get ready in ring epoch %d within %s", strings.Join(late, ", "), ep.Number, t.cfg.ReadyTimeout.D())
 		}
 		if !ctxutil.Sleep(ctx, pollInterval) {
