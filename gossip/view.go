@@ -338,7 +338,7 @@ func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
 	if from != e.Coordinator && !majority {
 		return nil // a forwarded copy only tells the numbering
 	}
-	if err := v.checkProposer(e); err != nil {
+	if err := v.checkProposer(e.Coordinator); err != nil {
 		if !majority || !errors.Is(err, errNotFollowed) {
 			v.reject(from, e, err)
 			return nil
@@ -394,8 +394,7 @@ func (v *View) checkNumber(n uint64) error {
 // peer proposed a ring of its own, and the two disagreed until one
 // excluded the other. (An honest observer never proposes: Proposal leaves
 // observers out of every ring and the coordinator's seat.)
-func (v *View) checkProposer(e Epoch) error {
-	p := e.Coordinator
+func (v *View) checkProposer(p string) error {
 	if m := v.members[p]; m != nil && p != v.self {
 		if !m.State.inRing() {
 			return fmt.Errorf("%w: coordinator %s is %s in this view", ErrEpochRejected, p, m.State)
@@ -623,10 +622,6 @@ func (v *View) Commit(number uint64) {
 		v.committed = cloneEpoch(v.epoch)
 	}
 }
-
-// Committed returns the last epoch in which the local peer completed a
-// step (Number 0 before any).
-func (v *View) Committed() Epoch { return v.committed }
 
 // quorum reports whether live holds a majority of the members of the last
 // committed ring (the current epoch before any commit), not counting those
