@@ -359,6 +359,9 @@ func (s *Service) emit(evs []Event) {
 		case ev.Epoch != nil:
 			s.log.Info("adopted ring epoch", zap.Uint64("epoch", ev.Epoch.Number),
 				zap.Strings("order", ev.Epoch.Order), zap.String("coordinator", ev.Epoch.Coordinator))
+		case ev.Exclusion != nil:
+			s.log.Warn("excluding a member from ring epochs", zap.String("peer", ev.Exclusion.Peer),
+				zap.Duration("for", ev.Exclusion.For), zap.String("reason", ev.Exclusion.Reason))
 		}
 	}
 	s.mu.Lock()

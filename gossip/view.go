@@ -64,8 +64,18 @@ type Member struct {
 // Event reports a change of the view: a member's state (Member set) or a newly
 // adopted epoch (Epoch set).
 type Event struct {
-	Member *MemberChange
-	Epoch  *Epoch
+	Member    *MemberChange
+	Epoch     *Epoch
+	Exclusion *ExclusionChange
+}
+
+// ExclusionChange is a member the view excluded on its own evidence (a
+// forged epoch, a coordinator that proposes nothing); exclusions the
+// trainer asks for are logged by Service.Exclude.
+type ExclusionChange struct {
+	Peer   string
+	For    time.Duration
+	Reason string
 }
 
 // MemberChange is a member moving from one state to another. A member seen for
@@ -89,6 +99,11 @@ type Timing struct {
 	// each further exclusion of the same member doubles it, up to
 	// MaxExcludeDoublings doublings. 0: DefaultExcludeFor.
 	ExcludeFor time.Duration
+	// ProposeTimeout is how long this view waits for its coordinator to
+	// propose an epoch it needs (membership changed, or a member asked for
+	// one) while it counts a quorum, before it excludes the coordinator.
+	// 0: twice FailAfter.
+	ProposeTimeout time.Duration
 }
 
 // DefaultExcludeFor is Timing.ExcludeFor's default; MaxExcludeDoublings
@@ -168,6 +183,12 @@ type View struct {
 	// latest time the view was told, against which back-offs are judged.
 	excluded map[string]*exclusion
 	now      time.Time
+	// stalled is the coordinator this view waits on for an epoch it needs
+	// and since when (zero: nothing awaited); see Tick.
+	stalled struct {
+		coordinator string
+		since       time.Time
+	}
 }
 
 // NewView returns a view whose only member is self, alive at now.
@@ -314,7 +335,8 @@ func (v *View) Leave(l Leave, now time.Time) []Event {
 // checkProposer). A copy that another member forwards is only a hint of
 // the numbering. Numbers beyond the bounds (MaxEpochNumber, MaxEpochJump)
 // and proposals from a coordinator this view does not follow are refused
-// and counted (Rejections).
+// and counted (Rejections); a member vouching for a forged number of its
+// own making is excluded too (excludeForger).
 func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
 	v.advance(now)
 	if e.Number == 0 || e.validate() != nil {
@@ -322,7 +344,7 @@ func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
 	}
 	if err := v.checkNumber(e.Number); err != nil {
 		v.reject(from, e, err)
-		return nil
+		return v.excludeForger(from, e)
 	}
 	if e.Number > v.maxEpoch {
 		v.maxEpoch = e.Number
@@ -348,6 +370,7 @@ func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
 		}
 	}
 	v.epoch = cloneEpoch(e)
+	v.stalled.since = now // the coordinator moved: its time to propose starts again
 	out := cloneEpoch(e)
 	evs := []Event{{Epoch: &out}}
 	// Members of the adopted epoch that this view has never heard of exist by
@@ -368,14 +391,42 @@ func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
 	return evs
 }
 
+// excludeForger excludes from, a member that vouched for an epoch of its
+// own making (from is e's coordinator) whose number checkNumber refused.
+// No honest member proposes one: Proposal stops at MaxEpochNumber, and an
+// honest coordinator numbers its epochs from the ring's. A jump is held
+// against it only once this view has adopted an epoch (a peer that has just
+// joined may be far behind an old ring's numbering).
+func (v *View) excludeForger(from string, e Epoch) []Event {
+	if from != e.Coordinator || from == v.self || e.Number <= MaxEpochNumber && v.epoch.Number == 0 || v.ownExclusion(from) {
+		return nil // (an excluded forger's every message would double its back-off again)
+	}
+	return v.excludeEvent(from, fmt.Sprintf("it proposed ring epoch %d, a number no honest member can hold", e.Number))
+}
+
+// excludeEvent excludes peer (Exclude) and returns the event saying so.
+func (v *View) excludeEvent(peer, reason string) []Event {
+	d := v.Exclude(peer, reason, v.now)
+	if d == 0 {
+		return nil
+	}
+	return []Event{{Exclusion: &ExclusionChange{Peer: peer, For: d, Reason: reason}}}
+}
+
 // checkNumber refuses an epoch number that would let the numbering wrap or
-// run out: above MaxEpochNumber, or more than MaxEpochJump above the
-// highest seen (0 before any).
+// run out (CheckEpochNumber against the highest number seen, 0 before any).
 func (v *View) checkNumber(n uint64) error {
+	return CheckEpochNumber(n, max(v.epoch.Number, v.maxEpoch))
+}
+
+// CheckEpochNumber refuses an epoch number n that no honest member can
+// announce when the highest number seen is base: above MaxEpochNumber, or
+// more than MaxEpochJump above base.
+func CheckEpochNumber(n, base uint64) error {
 	if n > MaxEpochNumber {
 		return fmt.Errorf("%w: number %d is above the limit %d", ErrEpochRejected, n, MaxEpochNumber)
 	}
-	if base := max(v.epoch.Number, v.maxEpoch); n > base && n-base > MaxEpochJump {
+	if n > base && n-base > MaxEpochJump {
 		return fmt.Errorf("%w: number %d jumps %d past the highest seen, %d (limit %d)", ErrEpochRejected, n, n-base, base, MaxEpochJump)
 	}
 	return nil
@@ -586,7 +637,58 @@ func (v *View) Tick(now time.Time) []Event {
 			evs = append(evs, v.change(m, from))
 		}
 	}
-	return evs
+	return append(evs, v.checkCoordinator(now)...)
+}
+
+// checkCoordinator excludes the coordinator when it has proposed nothing
+// for Timing.ProposeTimeout although this view needs a new epoch (no
+// epoch yet, the live members differ from the epoch's, or a member asked
+// for one) and counts a quorum for it. A member that heartbeats with the
+// lowest peer ID but never proposes would otherwise hold every other peer
+// out of training for as long as it stays. Any adopted epoch, or another
+// coordinator, starts the wait again. Observers need no ring and wait for
+// nothing. Members the coordinator's heartbeat says it excludes are not
+// held against it: exclusions differ from view to view, and leaving out a
+// member it excludes is what an honest coordinator does.
+func (v *View) checkCoordinator(now time.Time) []Event {
+	live := v.ringable()
+	c := ""
+	if len(live) > 0 {
+		c = live[0]
+	}
+	if c == "" || c == v.self || v.members[v.self].Observer {
+		v.stalled.coordinator = ""
+		return nil
+	}
+	want := slices.DeleteFunc(slices.Clone(live), func(id string) bool {
+		return slices.Contains(v.members[c].Excluded, id)
+	})
+	if !v.needsEpoch(want) || v.quorum(live) != nil {
+		v.stalled.coordinator = ""
+		return nil
+	}
+	if v.stalled.coordinator != c {
+		v.stalled.coordinator, v.stalled.since = c, now
+		return nil
+	}
+	timeout := v.timing.ProposeTimeout
+	if timeout <= 0 {
+		timeout = 2 * v.timing.FailAfter
+	}
+	if now.Sub(v.stalled.since) < timeout {
+		return nil
+	}
+	v.stalled.coordinator = ""
+	return v.excludeEvent(c, fmt.Sprintf("as coordinator it proposed no ring epoch for %s although membership changed", timeout))
+}
+
+// needsEpoch reports whether live (the ringable members, sorted) calls for
+// a new epoch: none adopted yet, a different membership, or a member
+// asking for one.
+func (v *View) needsEpoch(live []string) bool {
+	cur := slices.Clone(v.epoch.Order)
+	slices.Sort(cur)
+	return v.epoch.Number == 0 || !slices.Equal(cur, live) || v.wantsNewEpoch(live)
 }
 
 // Proposal returns the epoch the local peer should propose now, if it is the
@@ -602,9 +704,7 @@ func (v *View) Proposal(startStep uint64) (Epoch, bool) {
 	if len(live) == 0 || live[0] != v.self {
 		return Epoch{}, false
 	}
-	cur := slices.Clone(v.epoch.Order)
-	slices.Sort(cur)
-	if v.epoch.Number != 0 && slices.Equal(cur, live) && !v.wantsNewEpoch(live) {
+	if !v.needsEpoch(live) {
 		return Epoch{}, false
 	}
 	if err := v.quorum(live); err != nil {

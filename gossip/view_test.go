@@ -24,10 +24,12 @@ type cluster struct {
 	now   time.Time
 	seq   uint64
 	down  map[string]bool
+	// mute are members that heartbeat but never propose an epoch.
+	mute map[string]bool
 }
 
 func newCluster(ids ...string) *cluster {
-	c := &cluster{views: map[string]*View{}, now: t0, down: map[string]bool{}}
+	c := &cluster{views: map[string]*View{}, now: t0, down: map[string]bool{}, mute: map[string]bool{}}
 	for _, id := range ids {
 		c.views[id] = NewView(hb(id, 0), testTiming, t0)
 	}
@@ -60,7 +62,7 @@ func (c *cluster) settle() {
 	for i := 0; i < 10; i++ {
 		proposed := false
 		for id, v := range c.views {
-			if c.down[id] {
+			if c.down[id] || c.mute[id] {
 				continue
 			}
 			if e, ok := v.Proposal(0); ok {
@@ -840,5 +842,106 @@ func TestMajorityExclusionIsShared(t *testing.T) {
 	d.Offer(Epoch{Number: before.Number + 1, Order: []string{"a", "d"}, Coordinator: "a"}, "a", c.now)
 	if d.Epoch().Number != before.Number {
 		t.Fatal("d adopted a proposal of a member the majority excludes")
+	}
+}
+
+// TestMemberProposingAForgedNumberIsExcluded: a member that proposes an
+// epoch of its own making with a number no honest member can hold is
+// excluded at once, so it stops being anyone's coordinator. (The chaos
+// suite's epoch forger, holding the lowest peer ID, kept a cluster from
+// its first step: every peer followed it as coordinator and it proposed
+// only forged epochs.) A peer that has adopted no epoch yet refuses a
+// large jump but does not hold it against the proposer: it may have joined
+// a ring whose numbering is far along.
+func TestMemberProposingAForgedNumberIsExcluded(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	c.round(time.Second)
+	good := c.agree(t, []string{"a", "b", "c"})
+	for _, n := range []uint64{MaxEpochNumber + 1, good.Number + MaxEpochJump + 1} {
+		v := NewView(hb("b", 0), testTiming, c.now)
+		v.Heartbeat(hb("a", 1), c.now)
+		v.epoch = good
+		forged := Epoch{Number: n, Order: []string{"a"}, Coordinator: "a"}
+		evs := slices.Concat(v.Offer(forged, "a", c.now), v.Offer(forged, "a", c.now))
+		if until, why := v.Excluded("a"); until.IsZero() || !strings.Contains(why, "no honest member") {
+			t.Fatalf("epoch %d: forger not excluded (%v, %q)", n, until, why)
+		}
+		if len(evs) != 1 || evs[0].Exclusion == nil || evs[0].Exclusion.For != DefaultExcludeFor {
+			t.Fatalf("epoch %d offered twice: events %+v, want one exclusion for %s", n, evs, DefaultExcludeFor)
+		}
+		if got := v.Coordinator(); got != "b" {
+			t.Fatalf("epoch %d: coordinator %q after the forger's exclusion, want b", n, got)
+		}
+	}
+	// A forwarded copy of someone else's forged epoch, and a jump seen by a
+	// peer with no epoch yet, are refused without an exclusion.
+	fresh := NewView(hb("b", 0), testTiming, c.now)
+	fresh.Heartbeat(hb("a", 1), c.now)
+	fresh.Offer(Epoch{Number: MaxEpochJump + 2, Order: []string{"a"}, Coordinator: "a"}, "a", c.now)
+	fresh.Offer(Epoch{Number: MaxEpochNumber + 1, Order: []string{"z"}, Coordinator: "z"}, "a", c.now)
+	if until, _ := fresh.Excluded("a"); !until.IsZero() {
+		t.Fatal("a peer with no epoch excluded a proposer for a jump, or a member for forwarding")
+	}
+	if n, _ := fresh.Rejections(); n != 2 {
+		t.Fatalf("%d rejections, want 2", n)
+	}
+}
+
+// TestCoordinatorThatNeverProposesIsExcluded: a member with the lowest
+// peer ID that heartbeats but never proposes is excluded by the others
+// after Timing.ProposeTimeout (twice FailAfter by default), and the next
+// lowest forms the ring without it. Before that, nothing is proposed.
+func TestCoordinatorThatNeverProposesIsExcluded(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	c.mute["a"] = true
+	c.round(time.Second)
+	for elapsed := time.Second; elapsed < 2*testTiming.FailAfter; elapsed += time.Second {
+		if n := c.views["b"].Epoch().Number; n != 0 {
+			t.Fatalf("epoch %d adopted after %s, before the coordinator's time ran out", n, elapsed)
+		}
+		c.round(time.Second)
+	}
+	c.round(time.Second)
+	for _, id := range []string{"b", "c"} {
+		if until, why := c.views[id].Excluded("a"); until.IsZero() || !strings.Contains(why, "proposed no ring epoch") {
+			t.Fatalf("%s: silent coordinator not excluded (%v, %q)", id, until, why)
+		}
+	}
+	c.down["a"] = true // it follows nobody; the others' agreement is what counts
+	c.agree(t, []string{"b", "c"})
+}
+
+// TestCoordinatorLeavingOutItsExclusionsIsNotBlamed: a coordinator that
+// leaves out a member it excludes (its heartbeat says so) is doing its
+// job, although this view does not exclude that member; and a view
+// without a quorum blames no coordinator for waiting.
+func TestCoordinatorLeavingOutItsExclusionsIsNotBlamed(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b", "c"})
+	c.views["a"].Exclude("c", "test", c.now)
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b"})
+	for range 5 * int(testTiming.FailAfter/time.Second) {
+		c.round(time.Second)
+	}
+	if until, _ := c.views["b"].Excluded("a"); !until.IsZero() {
+		t.Fatal("b excluded a coordinator that left out a member it excludes")
+	}
+	// b and c alone in a ring of five that trained: no quorum, no blame.
+	d := newCluster("a", "b", "c", "d", "e")
+	d.round(time.Second)
+	d.agree(t, []string{"a", "b", "c", "d", "e"})
+	for _, v := range d.views {
+		v.Commit(v.Epoch().Number)
+	}
+	d.down["a"], d.down["d"], d.down["e"] = true, true, true
+	for range 5 * int(testTiming.FailAfter/time.Second) {
+		d.round(time.Second)
+	}
+	for _, id := range []string{"b", "c"} {
+		if x := d.views[id].OwnExclusions(); len(x) != 0 {
+			t.Fatalf("%s without a quorum excluded %v", id, x)
+		}
 	}
 }

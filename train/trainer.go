@@ -966,13 +966,16 @@ func (r Result) String() string {
 // honestly (a proposal that reached a peer before the proposer's heartbeat
 // saying it trains now was refused, and the peer proposed its own): they
 // get a strike, not an exclusion, and the next epoch usually takes them in.
+// A member announcing an epoch number no honest member can hold
+// (gossip.CheckEpochNumber against ep's) is not disagreeing but forging,
+// and counts as slow.
 func lateMembers(ep gossip.Epoch, members []gossip.Member, ready map[string]uint64) (slow, elsewhere []string) {
 	for _, p := range ep.Order {
 		if _, ok := ready[p]; ok {
 			continue
 		}
 		i := slices.IndexFunc(members, func(m gossip.Member) bool { return m.PeerID == p })
-		if i >= 0 && !sameEpoch(members[i].Heartbeat.Epoch, ep) {
+		if i >= 0 && !sameEpoch(members[i].Heartbeat.Epoch, ep) && gossip.CheckEpochNumber(members[i].Heartbeat.Epoch.Number, ep.Number) == nil {
 			elsewhere = append(elsewhere, p)
 		} else {
 			slow = append(slow, p)

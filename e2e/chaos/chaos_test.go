@@ -127,7 +127,7 @@ func TestChaos(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t, tc.loss, tc.extra, tc.robust)
-			start := c.waitStep(t, faultStep, time.Minute)
+			start := c.waitStep(t, faultStep, 2*time.Minute)
 			var heal func()
 			if tc.fault != nil {
 				heal = tc.fault(t, c)
@@ -546,6 +546,19 @@ func (c *cluster) check(t *testing.T, name string, faultAt int, from time.Time) 
 			}
 		}
 		p.mu.Unlock()
+	}
+	if e := c.extra; e != nil {
+		select {
+		case <-e.done:
+			// It must misbehave until the survivors finish, or the case
+			// tested nothing (the forger once failed its first dial and
+			// exited, and the case passed without it).
+			e.mu.Lock()
+			t.Errorf("%s (h%d) exited before the survivors finished (%v); last lines:\n%s",
+				e.name, e.host, e.cmd.ProcessState, strings.Join(e.lines[max(0, len(e.lines)-10):], "\n"))
+			e.mu.Unlock()
+		default:
+		}
 	}
 	if from.IsZero() {
 		return r // nothing was lost: nothing to recover from

@@ -31,7 +31,9 @@ import (
 
 	"github.com/libp2p/go-libp2p"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	"github.com/pelletier/go-toml/v2"
 	"go.uber.org/zap"
 
@@ -223,7 +225,7 @@ func forgeEpochs(ctx context.Context, cfg config.Config, log *zap.Logger) error 
 		if err != nil {
 			return err
 		}
-		if err := h.Connect(ctx, *ai); err != nil {
+		if err := connect(ctx, h, *ai); err != nil {
 			return fmt.Errorf("connect %s: %w", b, err)
 		}
 	}
@@ -255,4 +257,25 @@ func forgeEpochs(ctx context.Context, cfg config.Config, log *zap.Logger) error 
 		}
 	}
 	return nil
+}
+
+// connect dials ai until it answers, for up to 30 s (the bootstrap peer
+// may not listen yet when the suite starts this one).
+func connect(ctx context.Context, h host.Host, ai peer.AddrInfo) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		err := h.Connect(ctx, ai)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(200 * time.Millisecond):
+		}
+		if sw, ok := h.Network().(*swarm.Swarm); ok {
+			sw.Backoff().Clear(ai.ID) // or the next dials fail at once for seconds
+		}
+	}
 }
