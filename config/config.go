@@ -135,6 +135,16 @@ type Train struct {
 	// ReadyTimeout bounds the wait for every member of a new ring epoch to
 	// announce itself ready; members still silent then are excluded.
 	ReadyTimeout Duration `toml:"ready_timeout"`
+	// SyncEvery is DiLoCo's H: with H > 1 each peer takes H inner steps on
+	// its own shards, then the pseudo-gradients are all-reduced and an
+	// outer optimizer updates the shared parameters (1: all-reduce every
+	// step). Steps must be a multiple of it; eval_every, check_every and
+	// checkpoint_every then count outer steps.
+	SyncEvery int `toml:"sync_every"`
+	// OuterLR and OuterMomentum are the outer optimizer's (SGD with
+	// Nesterov momentum) learning rate and momentum when SyncEvery > 1.
+	OuterLR       float64 `toml:"outer_lr"`
+	OuterMomentum float64 `toml:"outer_momentum"`
 }
 
 // Allreduce is the [allreduce] section: how gradients cross the ring.
@@ -306,6 +316,9 @@ func DefaultConfig() Config {
 			MinPeers:           1,
 			ExcludeAfter:       2,
 			ReadyTimeout:       Duration(30 * time.Second),
+			SyncEvery:          1,
+			OuterLR:            0.7,
+			OuterMomentum:      0.9,
 		},
 		Probe: Probe{
 			Enabled:        true,
@@ -517,7 +530,7 @@ func (t *Train) validate(bad func(key, format string, args ...any)) {
 		{"train.steps", t.Steps, 0}, {"train.batch_size", t.BatchSize, 1}, {"train.warmup_steps", t.WarmupSteps, 0}, {"train.lowrank_warmup_steps", t.LowRankWarmupSteps, 0},
 		{"train.train_samples", t.TrainSamples, 0}, {"train.eval_every", t.EvalEvery, 0}, {"train.eval_samples", t.EvalSamples, 0},
 		{"train.check_every", t.CheckEvery, 0}, {"train.min_peers", t.MinPeers, 1}, {"train.checkpoint_every", t.CheckpointEvery, 0},
-		{"train.exclude_after", t.ExcludeAfter, 1},
+		{"train.exclude_after", t.ExcludeAfter, 1}, {"train.sync_every", t.SyncEvery, 1},
 	} {
 		if c.v < c.min {
 			bad(c.key, "%d must be at least %d", c.v, c.min)
@@ -545,6 +558,23 @@ func (t *Train) validate(bad func(key, format string, args ...any)) {
 		bad("train.dropout", "%g must be in [0, 1)", t.Dropout)
 	}
 	checkDuration(bad, "train.ready_timeout", t.ReadyTimeout.D(), time.Second, time.Hour)
+	if t.SyncEvery > 1 {
+		if t.Steps%t.SyncEvery != 0 {
+			bad("train.sync_every", "%d must divide train.steps (%d): a run is a whole number of outer steps", t.SyncEvery, t.Steps)
+		}
+		if t.Trainer == TrainerExternal {
+			bad("train.sync_every", "%d needs the built-in trainer (an external process keeps its own optimizer)", t.SyncEvery)
+		}
+	}
+	if t.SyncEvery > 100000 {
+		bad("train.sync_every", "%d is above 100000", t.SyncEvery)
+	}
+	if !(t.OuterLR > 0 && t.OuterLR < 100) {
+		bad("train.outer_lr", "%g must be in (0, 100)", t.OuterLR)
+	}
+	if !(t.OuterMomentum >= 0 && t.OuterMomentum < 1) {
+		bad("train.outer_momentum", "%g must be in [0, 1)", t.OuterMomentum)
+	}
 	if len(t.Devices) == 0 {
 		bad("train.devices", "needs at least one device")
 	}

@@ -151,6 +151,16 @@ func (l *ModelLearner) Apply(_ context.Context, step uint64) error {
 // Params implements Learner.
 func (l *ModelLearner) Params(context.Context) ([]float32, error) { return l.m.Params(), nil }
 
+// SetParams implements ParamSetter.
+func (l *ModelLearner) SetParams(_ context.Context, p []float32) error {
+	if len(p) != l.m.NumParams() {
+		return fmt.Errorf("train: %d parameters given, the model has %d", len(p), l.m.NumParams())
+	}
+	copy(l.m.Params(), p)
+	l.m.SyncReplicas()
+	return nil
+}
+
 // State implements Learner. The Trainer calls it under its lock, so the
 // copy it takes is consistent.
 func (l *ModelLearner) State(step uint64) (*model.Checkpoint, error) {

@@ -141,10 +141,22 @@ type Options struct {
 
 // New builds the built-in model, optimizer and data of the [train]
 // settings (NewModelLearner) and a Trainer for them.
+//
+// With train.sync_every = H > 1 the learner is DiLoCo's outer loop around
+// the model (NewDiLoCo): the Trainer's steps are outer steps, train.steps/H
+// of them.
 func New(c Cluster, cfg config.Train, ar config.Allreduce, o Options) (*Trainer, error) {
-	l, err := NewModelLearner(cfg, ar.BucketBytes, o.Train, o.Test)
+	ml, err := NewModelLearner(cfg, ar.BucketBytes, o.Train, o.Test)
 	if err != nil {
 		return nil, err
+	}
+	var l Learner = ml
+	if cfg.SyncEvery > 1 {
+		if l, err = NewDiLoCo(context.Background(), ml, cfg.SyncEvery, cfg.OuterLR, cfg.OuterMomentum); err != nil {
+			ml.Close()
+			return nil, err
+		}
+		cfg.Steps /= cfg.SyncEvery
 	}
 	t, err := NewWithLearner(c, l, cfg, ar, o)
 	if err != nil {

@@ -243,8 +243,29 @@ func TestTrainIdenticalReplicas(t *testing.T) {
 	}
 }
 
+// modes are the training modes the churn tests run under: all-reduce every
+// step, and DiLoCo with H = 2 (steps and hooks then count outer steps).
+var modes = []struct {
+	name   string
+	config func(steps, minPeers int, bootstrap ...string) config.Config
+}{
+	{"per step", trainConfig},
+	{"DiLoCo H=2", func(steps, minPeers int, bootstrap ...string) config.Config {
+		cfg := trainConfig(2*steps, minPeers, bootstrap...)
+		cfg.Train.SyncEvery = 2
+		cfg.Train.Optimizer, cfg.Train.LR, cfg.Train.OuterMomentum = "adamw", 0.003, 0.5
+		return cfg
+	}},
+}
+
 func TestTrainSurvivesKilledPeer(t *testing.T) {
 	requireDataset(t)
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) { survivesKilledPeer(t, mode.config) })
+	}
+}
+
+func survivesKilledPeer(t *testing.T, config func(int, int, ...string) config.Config) {
 	const steps = 40
 	var peers []*trainPeer
 	var killOnce sync.Once
@@ -266,7 +287,7 @@ func TestTrainSurvivesKilledPeer(t *testing.T) {
 		}
 		// min_peers 2 lets the survivors go on; the first step waits for the
 		// ring of all three.
-		p := startTrainerHook(t, trainConfig(steps, 2, boot...), hook, holdFirstStep(&first, 3))
+		p := startTrainerHook(t, config(steps, 2, boot...), hook, holdFirstStep(&first, 3))
 		first.CompareAndSwap(nil, p.n)
 		peers = append(peers, p)
 	}
@@ -279,6 +300,12 @@ func TestTrainSurvivesKilledPeer(t *testing.T) {
 
 func TestTrainLateJoinerSyncs(t *testing.T) {
 	requireDataset(t)
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) { lateJoinerSyncs(t, mode.config) })
+	}
+}
+
+func lateJoinerSyncs(t *testing.T, trainConfig func(int, int, ...string) config.Config) {
 	const steps = 60
 	first := startTrainer(t, trainConfig(steps, 2), nil)
 	boot := first.n.AddrStrings()[0]

@@ -1,0 +1,293 @@
+package train
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+
+	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/model"
+)
+
+// ParamSetter is a Learner whose parameters can be replaced in place (the
+// outer step of DiLoCo sets them to the new anchor).
+type ParamSetter interface {
+	// SetParams replaces the parameters with p (bucket order, NumParams
+	// values); the optimizer state is kept.
+	SetParams(ctx context.Context, p []float32) error
+}
+
+// innerLearner is what DiLoCo drives: a Learner it can reset to the anchor.
+type innerLearner interface {
+	Learner
+	ParamSetter
+}
+
+// DiLoCo is the low-communication Learner (train.sync_every = H > 1, after
+// Douillard et al., "DiLoCo", 2023): each of its steps (an outer step) runs
+// H steps of the inner learner on this peer's shards alone, then hands the
+// Trainer the pseudo-gradient anchor − local parameters to all-reduce with
+// any codec (the codecs' residuals carry the error feedback from one outer
+// step to the next). Apply updates the anchor with the outer optimizer, SGD
+// with Nesterov momentum (docs/low-communication.md has the formulas), and
+// resets the inner learner to it, so every replica holds the same anchor
+// after each outer step. The inner optimizer's state stays each peer's own.
+//
+// Inner step s·H + i of outer step s draws shard sh of the global batch of
+// step s·H + i, so a run of H·T inner steps sees the same data whatever H
+// and however many peers share the global batch.
+type DiLoCo struct {
+	inner innerLearner
+	h     uint64
+	lr    float32
+	mom   float32
+	// anchor is the parameters every peer agrees on; velocity the outer
+	// momentum buffer; delta the pseudo-gradient handed to the Trainer
+	// (bucket order, split at bounds into its buckets; the all-reduce
+	// overwrites it with the average) and local this peer's own copy.
+	anchor, velocity, delta, local []float32
+	bounds                         []int
+
+	// mu serialises the inner learner between Compute's inner steps and
+	// State, which a joiner may ask for while an outer step computes.
+	mu sync.Mutex
+	// done says local holds the pseudo-gradient of step on shard, with
+	// mean inner loss loss (a retried step reuses it); drifted that the
+	// inner learner's parameters have left the anchor since the last
+	// Apply or Restore.
+	done, drifted bool
+	step          uint64
+	shard         Shard
+	loss          float64
+}
+
+var _ Learner = (*DiLoCo)(nil)
+
+// NewDiLoCo wraps l: each outer step takes h inner steps (h ≥ 2); the outer
+// optimizer has learning rate lr (> 0) and Nesterov momentum mom in [0, 1).
+// l must be able to set its parameters (ParamSetter). DiLoCo owns l.
+func NewDiLoCo(ctx context.Context, l Learner, h int, lr, mom float64) (*DiLoCo, error) {
+	in, ok := l.(innerLearner)
+	switch {
+	case !ok:
+		return nil, errors.New("train: train.sync_every > 1 needs a learner that can set its parameters (the built-in models; not --trainer external)")
+	case h < 2:
+		return nil, fmt.Errorf("train: DiLoCo needs train.sync_every ≥ 2, got %d", h)
+	case !(lr > 0) || math.IsInf(lr, 0):
+		return nil, fmt.Errorf("train: train.outer_lr %g must be positive", lr)
+	case !(mom >= 0 && mom < 1):
+		return nil, fmt.Errorf("train: train.outer_momentum %g must be in [0, 1)", mom)
+	}
+	p, err := l.Params(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("train: DiLoCo: the inner learner's parameters: %w", err)
+	}
+	d := &DiLoCo{inner: in, h: uint64(h), lr: float32(lr), mom: float32(mom),
+		anchor: append([]float32(nil), p...), velocity: make([]float32, len(p)), delta: make([]float32, len(p)), local: make([]float32, len(p))}
+	d.bounds = append(d.bounds, 0)
+	for _, b := range l.Buckets() {
+		d.bounds = append(d.bounds, d.bounds[len(d.bounds)-1]+b.Len())
+	}
+	if n := d.bounds[len(d.bounds)-1]; n != len(p) {
+		return nil, fmt.Errorf("train: DiLoCo: the buckets hold %d values, the parameters %d", n, len(p))
+	}
+	return d, nil
+}
+
+// Buckets implements Learner: the inner learner's.
+func (d *DiLoCo) Buckets() []compress.Layout { return d.inner.Buckets() }
+
+// NumParams implements Learner.
+func (d *DiLoCo) NumParams() int { return len(d.anchor) }
+
+// Devices implements Learner.
+func (d *DiLoCo) Devices() []string { return d.inner.Devices() }
+
+// Settings implements Learner: the inner learner's and the outer loop's.
+func (d *DiLoCo) Settings() Settings {
+	s := d.inner.Settings()
+	s["train.sync_every"] = strconv.FormatUint(d.h, 10)
+	s["train.outer_lr"] = strconv.FormatFloat(float64(d.lr), 'g', -1, 32)
+	s["train.outer_momentum"] = strconv.FormatFloat(float64(d.mom), 'g', -1, 32)
+	return s
+}
+
+// Step implements Learner: the outer steps the inner learner's state had
+// completed when it was made.
+func (d *DiLoCo) Step() uint64 { return d.inner.Step() / d.h }
+
+// MaxStateBytes implements Learner: the inner learner's state and the
+// outer momentum.
+func (d *DiLoCo) MaxStateBytes() uint64 {
+	return d.inner.MaxStateBytes() + uint64(len(d.velocity))*4 + 16
+}
+
+// Compute implements Learner: H inner steps from the anchor, then the
+// pseudo-gradient anchor − parameters, bucket by bucket. It returns the
+// mean inner training loss. A retried step (its all-reduce failed) on the
+// same shard hands over the same pseudo-gradient without computing again;
+// on another shard (the ring changed) it starts again from the anchor,
+// with the inner optimizer's state as the first attempt left it.
+func (d *DiLoCo) Compute(ctx context.Context, step uint64, sh Shard, ready func(b int, g []float32)) (float64, error) {
+	if !d.done || d.step != step || d.shard != sh {
+		if err := d.compute(ctx, step, sh); err != nil {
+			return 0, err
+		}
+	}
+	copy(d.delta, d.local)
+	for b := range len(d.bounds) - 1 {
+		ready(b, d.delta[d.bounds[b]:d.bounds[b+1]])
+	}
+	return d.loss, nil
+}
+
+// compute takes outer step step's H inner steps on shard sh and leaves the
+// pseudo-gradient in local.
+func (d *DiLoCo) compute(ctx context.Context, step uint64, sh Shard) error {
+	d.done = false
+	if d.drifted {
+		if err := d.setInner(ctx, d.anchor); err != nil {
+			return err
+		}
+	}
+	d.drifted = true
+	var sum float64
+	for i := range d.h {
+		loss, err := d.innerStep(ctx, step*d.h+i, sh)
+		if err != nil {
+			return err
+		}
+		sum += loss
+	}
+	d.mu.Lock()
+	p, err := d.inner.Params(ctx)
+	if err == nil {
+		for i, a := range d.anchor {
+			d.local[i] = a - p[i]
+		}
+	}
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	d.done, d.step, d.shard, d.loss = true, step, sh, sum/float64(d.h)
+	return nil
+}
+
+// innerStep computes and applies inner step s on the local shard alone.
+func (d *DiLoCo) innerStep(ctx context.Context, s uint64, sh Shard) (float64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	loss, err := d.inner.Compute(ctx, s, sh, func(int, []float32) {})
+	if err != nil {
+		return 0, err
+	}
+	return loss, d.inner.Apply(ctx, s)
+}
+
+// setInner resets the inner learner's parameters to p.
+func (d *DiLoCo) setInner(ctx context.Context, p []float32) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.inner.SetParams(ctx, p)
+}
+
+// Apply implements Learner: the outer step with the averaged
+// pseudo-gradient Δ (what the all-reduce wrote into Compute's buckets),
+// SGD with Nesterov momentum μ and rate η: v ← μ·v + Δ, anchor ← anchor −
+// η·(Δ + μ·v); then the inner learner restarts from the anchor.
+func (d *DiLoCo) Apply(ctx context.Context, _ uint64) error {
+	for i, g := range d.delta {
+		v := d.mom*d.velocity[i] + g
+		d.velocity[i] = v
+		d.anchor[i] -= d.lr * (g + d.mom*v)
+	}
+	d.done = false
+	if err := d.setInner(ctx, d.anchor); err != nil {
+		return err
+	}
+	d.drifted = false
+	return nil
+}
+
+// Params implements Learner: the anchor (what every replica agrees on).
+func (d *DiLoCo) Params(context.Context) ([]float32, error) { return d.anchor, nil }
+
+// diLoCoMagic starts the optimizer section of a DiLoCo state: the outer
+// momentum, then the inner learner's optimizer state.
+const diLoCoMagic = "DILOCO01"
+
+// State implements Learner: the anchor as the parameters, and as the
+// optimizer state the outer momentum followed by the inner learner's. The
+// Trainer calls it between Apply and the next Apply; while an outer step
+// computes, the inner optimizer's state is the one after some of its inner
+// steps (that state is each peer's own, and a joiner only starts from it).
+func (d *DiLoCo) State(step uint64) (*model.Checkpoint, error) {
+	d.mu.Lock()
+	c, err := d.inner.State(step * d.h)
+	d.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	opt := make([]byte, 0, len(diLoCoMagic)+8+4*len(d.velocity)+len(c.Optimizer))
+	opt = append(opt, diLoCoMagic...)
+	opt = binary.LittleEndian.AppendUint64(opt, uint64(len(d.velocity)))
+	for _, v := range d.velocity {
+		opt = binary.LittleEndian.AppendUint32(opt, math.Float32bits(v))
+	}
+	c.Optimizer = append(opt, c.Optimizer...)
+	c.Params = floatBytes(d.anchor)
+	c.Step = int64(step)
+	return c, nil
+}
+
+// Restore implements Learner.
+func (d *DiLoCo) Restore(ctx context.Context, c *model.Checkpoint) error {
+	o := c.Optimizer
+	head := len(diLoCoMagic) + 8
+	if len(o) < head || string(o[:len(diLoCoMagic)]) != diLoCoMagic {
+		return errors.New("train: the state has no DiLoCo outer momentum (was it written with train.sync_every = 1?)")
+	}
+	n := binary.LittleEndian.Uint64(o[len(diLoCoMagic):])
+	if n != uint64(len(d.velocity)) || uint64(len(o)-head) < 4*n {
+		return fmt.Errorf("train: the state's DiLoCo outer momentum holds %d values, the model %d", n, len(d.velocity))
+	}
+	if len(c.Params) != 4*len(d.anchor) {
+		return fmt.Errorf("train: the state's parameters are %d bytes, want %d", len(c.Params), 4*len(d.anchor))
+	}
+	inner := *c
+	inner.Step = c.Step * int64(d.h)
+	inner.Optimizer = o[head+4*len(d.velocity):]
+	d.mu.Lock()
+	err := d.inner.Restore(ctx, &inner)
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	for i := range d.velocity {
+		d.velocity[i] = math.Float32frombits(binary.LittleEndian.Uint32(o[head+4*i:]))
+		d.anchor[i] = math.Float32frombits(binary.LittleEndian.Uint32(c.Params[4*i:]))
+	}
+	d.done, d.drifted = false, false
+	return nil
+}
+
+// Evaluate implements Learner: the inner learner's, which holds the anchor
+// between outer steps.
+func (d *DiLoCo) Evaluate() (model.Stats, error) { return d.inner.Evaluate() }
+
+// Close implements Learner.
+func (d *DiLoCo) Close() error { return d.inner.Close() }
+
+// floatBytes returns v as little-endian fp32 bytes.
+func floatBytes(v []float32) []byte {
+	b := make([]byte, 0, 4*len(v))
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
+	}
+	return b
+}
