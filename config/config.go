@@ -145,6 +145,10 @@ type Train struct {
 	// Nesterov momentum) learning rate and momentum when SyncEvery > 1.
 	OuterLR       float64 `toml:"outer_lr"`
 	OuterMomentum float64 `toml:"outer_momentum"`
+	// OuterOverlap runs each outer step's inner steps while the previous
+	// outer step's all-reduce is in flight; its outer update reaches them
+	// one outer step late.
+	OuterOverlap bool `toml:"outer_overlap"`
 }
 
 // Allreduce is the [allreduce] section: how gradients cross the ring.

@@ -40,11 +40,18 @@ type innerLearner interface {
 // Inner step s·H + i of outer step s draws shard sh of the global batch of
 // step s·H + i, so a run of H·T inner steps sees the same data whatever H
 // and however many peers share the global batch.
+//
+// With Overlap, Compute hands over outer step s's pseudo-gradient and
+// starts step s+1's inner steps at once, in the background, while the
+// Trainer all-reduces: their starting point misses step s's outer update,
+// which their result is moved onto one outer step late (see Compute).
 type DiLoCo struct {
-	inner innerLearner
-	h     uint64
-	lr    float32
-	mom   float32
+	inner   innerLearner
+	h       uint64
+	lr      float32
+	mom     float32
+	overlap bool
+	steps   uint64 // outer steps in the run: no inner steps start past them
 	// anchor is the parameters every peer agrees on; velocity the outer
 	// momentum buffer; delta the pseudo-gradient handed to the Trainer
 	// (bucket order, split at bounds into its buckets; the all-reduce
@@ -63,14 +70,37 @@ type DiLoCo struct {
 	step          uint64
 	shard         Shard
 	loss          float64
+
+	// With overlap: start holds the inner parameters at the start of the
+	// round in flight; bg, when not nil, delivers the result of the
+	// background round bgStep; stop cancels it (Close).
+	start  []float32
+	bg     chan error
+	bgStep uint64
+	bgLoss float64
+	bgCtx  context.Context
+	stop   context.CancelFunc
+}
+
+// DiLoCoConfig is the outer loop's configuration.
+type DiLoCoConfig struct {
+	// H is the number of inner steps per outer step (≥ 2).
+	H int
+	// LR (> 0) and Momentum (in [0, 1)) are the outer optimizer's.
+	LR, Momentum float64
+	// Overlap runs each outer step's inner steps while the previous outer
+	// step's all-reduce is in flight.
+	Overlap bool
+	// Steps is the number of outer steps of the run.
+	Steps int
 }
 
 var _ Learner = (*DiLoCo)(nil)
 
-// NewDiLoCo wraps l: each outer step takes h inner steps (h ≥ 2); the outer
-// optimizer has learning rate lr (> 0) and Nesterov momentum mom in [0, 1).
-// l must be able to set its parameters (ParamSetter). DiLoCo owns l.
-func NewDiLoCo(ctx context.Context, l Learner, h int, lr, mom float64) (*DiLoCo, error) {
+// NewDiLoCo wraps l in the outer loop of cfg. l must be able to set its
+// parameters (ParamSetter). DiLoCo owns l.
+func NewDiLoCo(ctx context.Context, l Learner, cfg DiLoCoConfig) (*DiLoCo, error) {
+	h, lr, mom := cfg.H, cfg.LR, cfg.Momentum
 	in, ok := l.(innerLearner)
 	switch {
 	case !ok:
@@ -86,8 +116,12 @@ func NewDiLoCo(ctx context.Context, l Learner, h int, lr, mom float64) (*DiLoCo,
 	if err != nil {
 		return nil, fmt.Errorf("train: DiLoCo: the inner learner's parameters: %w", err)
 	}
-	d := &DiLoCo{inner: in, h: uint64(h), lr: float32(lr), mom: float32(mom),
+	d := &DiLoCo{inner: in, h: uint64(h), lr: float32(lr), mom: float32(mom), overlap: cfg.Overlap, steps: uint64(max(cfg.Steps, 0)),
 		anchor: append([]float32(nil), p...), velocity: make([]float32, len(p)), delta: make([]float32, len(p)), local: make([]float32, len(p))}
+	if d.overlap {
+		d.start = make([]float32, len(p))
+	}
+	d.bgCtx, d.stop = context.WithCancel(context.Background())
 	d.bounds = append(d.bounds, 0)
 	for _, b := range l.Buckets() {
 		d.bounds = append(d.bounds, d.bounds[len(d.bounds)-1]+b.Len())
@@ -113,6 +147,7 @@ func (d *DiLoCo) Settings() Settings {
 	s["train.sync_every"] = strconv.FormatUint(d.h, 10)
 	s["train.outer_lr"] = strconv.FormatFloat(float64(d.lr), 'g', -1, 32)
 	s["train.outer_momentum"] = strconv.FormatFloat(float64(d.mom), 'g', -1, 32)
+	s["train.outer_overlap"] = strconv.FormatBool(d.overlap)
 	return s
 }
 
@@ -132,9 +167,24 @@ func (d *DiLoCo) MaxStateBytes() uint64 {
 // same shard hands over the same pseudo-gradient without computing again;
 // on another shard (the ring changed) it starts again from the anchor,
 // with the inner optimizer's state as the first attempt left it.
+//
+// With overlap, outer step s's inner steps ran in the background from
+// start, the parameters its predecessor's round ended at moved onto the
+// anchor it handed over; its pseudo-gradient is start − end, what the
+// round itself moved. The next round then starts at once, in the
+// background, from anchor − that pseudo-gradient: it misses this step's
+// outer update, which reaches it one outer step late. A retry hands over
+// the same pseudo-gradient whatever the shard (the next round is under
+// way already).
 func (d *DiLoCo) Compute(ctx context.Context, step uint64, sh Shard, ready func(b int, g []float32)) (float64, error) {
-	if !d.done || d.step != step || d.shard != sh {
-		if err := d.compute(ctx, step, sh); err != nil {
+	if !d.done || d.step != step || (d.shard != sh && !d.overlap) {
+		var err error
+		if d.overlap {
+			err = d.computeOverlapped(ctx, step, sh)
+		} else {
+			err = d.compute(ctx, step, sh)
+		}
+		if err != nil {
 			return 0, err
 		}
 	}
@@ -155,26 +205,101 @@ func (d *DiLoCo) compute(ctx context.Context, step uint64, sh Shard) error {
 		}
 	}
 	d.drifted = true
+	loss, err := d.innerSteps(ctx, step, sh)
+	if err != nil {
+		return err
+	}
+	if err := d.measure(ctx, d.anchor); err != nil {
+		return err
+	}
+	d.done, d.step, d.shard, d.loss = true, step, sh, loss
+	return nil
+}
+
+// computeOverlapped finishes outer step step's round (waiting for the
+// background one, or running it here when there is none: the first step,
+// or after a Restore), leaves its pseudo-gradient in local, moves the
+// inner parameters to anchor − local and starts the next round.
+func (d *DiLoCo) computeOverlapped(ctx context.Context, step uint64, sh Shard) error {
+	d.done = false
+	var loss float64
+	if d.bg != nil && d.bgStep == step {
+		if err := <-d.bg; err != nil {
+			d.bg = nil
+			return err
+		}
+		d.bg, loss = nil, d.bgLoss
+	} else {
+		if err := d.wait(); err != nil {
+			return err
+		}
+		copy(d.start, d.anchor)
+		if err := d.setInner(ctx, d.start); err != nil {
+			return err
+		}
+		var err error
+		if loss, err = d.innerSteps(ctx, step, sh); err != nil {
+			return err
+		}
+	}
+	if err := d.measure(ctx, d.start); err != nil {
+		return err
+	}
+	d.done, d.step, d.shard, d.loss = true, step, sh, loss
+	for i, a := range d.anchor {
+		d.start[i] = a - d.local[i]
+	}
+	if err := d.setInner(ctx, d.start); err != nil {
+		return err
+	}
+	d.drifted = true
+	if next := step + 1; next < d.steps {
+		d.bg, d.bgStep = make(chan error, 1), next
+		go func() {
+			l, err := d.innerSteps(d.bgCtx, next, sh)
+			d.bgLoss = l
+			d.bg <- err
+		}()
+	}
+	return nil
+}
+
+// wait waits for the background round, if one is in flight, and returns
+// its error.
+func (d *DiLoCo) wait() error {
+	if d.bg == nil {
+		return nil
+	}
+	err := <-d.bg
+	d.bg = nil
+	return err
+}
+
+// innerSteps takes outer step step's H inner steps on shard sh and returns
+// their mean loss.
+func (d *DiLoCo) innerSteps(ctx context.Context, step uint64, sh Shard) (float64, error) {
 	var sum float64
 	for i := range d.h {
 		loss, err := d.innerStep(ctx, step*d.h+i, sh)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		sum += loss
 	}
+	return sum / float64(d.h), nil
+}
+
+// measure sets local to from − the inner parameters.
+func (d *DiLoCo) measure(ctx context.Context, from []float32) error {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	p, err := d.inner.Params(ctx)
-	if err == nil {
-		for i, a := range d.anchor {
-			d.local[i] = a - p[i]
-		}
-	}
-	d.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	d.done, d.step, d.shard, d.loss = true, step, sh, sum/float64(d.h)
+	for i, a := range from {
+		d.local[i] = a - p[i]
+	}
 	return nil
 }
 
@@ -207,6 +332,9 @@ func (d *DiLoCo) Apply(ctx context.Context, _ uint64) error {
 		d.anchor[i] -= d.lr * (g + d.mom*v)
 	}
 	d.done = false
+	if d.overlap {
+		return nil // the next round is under way from anchor − Δ (computeOverlapped)
+	}
 	if err := d.setInner(ctx, d.anchor); err != nil {
 		return err
 	}
@@ -259,6 +387,9 @@ func (d *DiLoCo) Restore(ctx context.Context, c *model.Checkpoint) error {
 	if len(c.Params) != 4*len(d.anchor) {
 		return fmt.Errorf("train: the state's parameters are %d bytes, want %d", len(c.Params), 4*len(d.anchor))
 	}
+	if err := d.wait(); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("train: DiLoCo: the background round before the restore: %w", err)
+	}
 	inner := *c
 	inner.Step = c.Step * int64(d.h)
 	inner.Optimizer = o[head+4*len(d.velocity):]
@@ -277,11 +408,38 @@ func (d *DiLoCo) Restore(ctx context.Context, c *model.Checkpoint) error {
 }
 
 // Evaluate implements Learner: the inner learner's, which holds the anchor
-// between outer steps.
-func (d *DiLoCo) Evaluate() (model.Stats, error) { return d.inner.Evaluate() }
+// between outer steps. With overlap it waits for the background round and
+// evaluates the anchor in place of the round's parameters, which it puts
+// back; the round's result waits for the next Compute.
+func (d *DiLoCo) Evaluate() (model.Stats, error) {
+	if !d.overlap {
+		return d.inner.Evaluate()
+	}
+	if d.bg != nil {
+		err := <-d.bg
+		ch := make(chan error, 1) // the next Compute takes the result as if it were still running
+		ch <- err
+		d.bg = ch
+	}
+	ctx := context.Background()
+	p, err := d.inner.Params(ctx)
+	if err != nil {
+		return model.Stats{}, err
+	}
+	saved := append([]float32(nil), p...)
+	if err := d.setInner(ctx, d.anchor); err != nil {
+		return model.Stats{}, err
+	}
+	st, err := d.inner.Evaluate()
+	return st, errors.Join(err, d.setInner(ctx, saved))
+}
 
-// Close implements Learner.
-func (d *DiLoCo) Close() error { return d.inner.Close() }
+// Close implements Learner: it stops the background round, if any.
+func (d *DiLoCo) Close() error {
+	d.stop()
+	d.wait()
+	return d.inner.Close()
+}
 
 // floatBytes returns v as little-endian fp32 bytes.
 func floatBytes(v []float32) []byte {

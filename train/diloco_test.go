@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,8 +19,11 @@ type fakeInner struct {
 	Learner // unused methods panic
 	params  []float32
 	move    float32
-	steps   []uint64 // inner steps computed
-	opt     []byte   // the optimizer state State returns
+	opt     []byte      // the optimizer state State returns
+	started chan uint64 // if not nil, told each inner step as it starts
+
+	mu    sync.Mutex
+	steps []uint64 // inner steps computed
 }
 
 func (f *fakeInner) Buckets() []compress.Layout {
@@ -28,8 +32,21 @@ func (f *fakeInner) Buckets() []compress.Layout {
 func (f *fakeInner) Params(context.Context) ([]float32, error) { return f.params, nil }
 func (f *fakeInner) Step() uint64                              { return 0 }
 func (f *fakeInner) Compute(_ context.Context, s uint64, _ Shard, _ func(int, []float32)) (float64, error) {
+	f.mu.Lock()
 	f.steps = append(f.steps, s)
+	f.mu.Unlock()
+	if f.started != nil {
+		f.started <- s
+	}
 	return float64(s), nil
+}
+
+func (f *fakeInner) Close() error { return nil }
+
+func (f *fakeInner) computed() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return fmt.Sprint(f.steps)
 }
 func (f *fakeInner) Apply(context.Context, uint64) error {
 	for i := range f.params {
@@ -77,7 +94,7 @@ func outerStep(t *testing.T, d *DiLoCo, step uint64) []float32 {
 // the anchor each time, and inner steps are numbered s·H + i.
 func TestDiLoCoOuterStepKnownAnswer(t *testing.T) {
 	f := &fakeInner{params: []float32{1, 1, 1}, move: 0.1}
-	d, err := NewDiLoCo(context.Background(), f, 2, 0.7, 0.9)
+	d, err := NewDiLoCo(context.Background(), f, DiLoCoConfig{H: 2, LR: 0.7, Momentum: 0.9, Steps: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,8 +110,63 @@ func TestDiLoCoOuterStepKnownAnswer(t *testing.T) {
 			}
 		}
 	}
-	if fmt.Sprint(f.steps) != "[0 1 2 3]" {
+	if f.computed() != "[0 1 2 3]" {
 		t.Fatalf("inner steps %v, want [0 1 2 3]", f.steps)
+	}
+}
+
+// TestDiLoCoOverlappedKnownAnswer: with overlap, outer step s+1's inner
+// steps start while step s's all-reduce is in flight (here: inside the
+// callback that hands step s's buckets over), from anchor − Δ_s; their
+// pseudo-gradient is what they moved. With inner moves that do not depend
+// on the parameters the anchors are the same as without overlap (0.734,
+// then 0.3546: TestDiLoCoOuterStepKnownAnswer).
+func TestDiLoCoOverlappedKnownAnswer(t *testing.T) {
+	f := &fakeInner{params: []float32{1, 1, 1}, move: 0.1, started: make(chan uint64, 16)}
+	d, err := NewDiLoCo(context.Background(), f, DiLoCoConfig{H: 2, LR: 0.7, Momentum: 0.9, Overlap: true, Steps: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	sh := Shard{Size: 1, Global: 1, Weight: 1}
+	for s, want := range []float64{0.734, 0.3546} {
+		var got []float32
+		if _, err := d.Compute(context.Background(), uint64(s), sh, func(b int, g []float32) {
+			got = append(got, g...)
+			if s == 0 && b == 0 {
+				// The all-reduce of step 0 is in flight: step 1's first
+				// inner step (2) starts without waiting for it.
+				for {
+					select {
+					case i := <-f.started:
+						if i != 2 {
+							continue
+						}
+					case <-time.After(10 * time.Second):
+						t.Fatal("step 1's inner steps did not start during step 0's all-reduce")
+					}
+					break
+				}
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(float64(got[0])-0.2) > 1e-6 {
+			t.Fatalf("outer step %d: pseudo-gradient %v, want 0.2 each", s, got)
+		}
+		if err := d.Apply(context.Background(), uint64(s)); err != nil {
+			t.Fatal(err)
+		}
+		p, _ := d.Params(context.Background())
+		if math.Abs(float64(p[0])-want) > 1e-6 {
+			t.Fatalf("outer step %d: anchor %v, want %g", s, p, want)
+		}
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.computed(); got != "[0 1 2 3]" {
+		t.Fatalf("inner steps %s, want [0 1 2 3] (none past the run's last outer step)", got)
 	}
 }
 
@@ -104,7 +176,7 @@ func TestDiLoCoOuterStepKnownAnswer(t *testing.T) {
 // what was handed; on another shard it starts again from the anchor.
 func TestDiLoCoRetryReusesThePseudoGradient(t *testing.T) {
 	f := &fakeInner{params: []float32{1, 1}, move: 0.25}
-	d, err := NewDiLoCo(context.Background(), f, 2, 0.7, 0.9)
+	d, err := NewDiLoCo(context.Background(), f, DiLoCoConfig{H: 2, LR: 0.7, Momentum: 0.9, Steps: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,14 +211,14 @@ func TestDiLoCoRetryReusesThePseudoGradient(t *testing.T) {
 // outer momentum is refused with a message saying so.
 func TestDiLoCoStateRoundTrip(t *testing.T) {
 	f := &fakeInner{params: []float32{1, 2}, move: 0.1, opt: []byte("inner")}
-	d, _ := NewDiLoCo(context.Background(), f, 3, 0.7, 0.9)
+	d, _ := NewDiLoCo(context.Background(), f, DiLoCoConfig{H: 3, LR: 0.7, Momentum: 0.9, Steps: 100})
 	outerStep(t, d, 0)
 	c, err := d.State(1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := &fakeInner{params: []float32{0, 0}, move: 0.1}
-	e, _ := NewDiLoCo(context.Background(), g, 3, 0.7, 0.9)
+	e, _ := NewDiLoCo(context.Background(), g, DiLoCoConfig{H: 3, LR: 0.7, Momentum: 0.9, Steps: 100})
 	if err := e.Restore(context.Background(), c); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +251,7 @@ func TestNewDiLoCoRefusesBadSettings(t *testing.T) {
 		{&fakeInner{params: []float32{1, 1}}, 2, 0.7, 1, "outer_momentum"},
 		{struct{ Learner }{}, 2, 0.7, 0.9, "set its parameters"},
 	} {
-		if _, err := NewDiLoCo(context.Background(), tc.l, tc.h, tc.lr, tc.mom); err == nil || !containsAll(err.Error(), tc.mentions) {
+		if _, err := NewDiLoCo(context.Background(), tc.l, DiLoCoConfig{H: tc.h, LR: tc.lr, Momentum: tc.mom}); err == nil || !containsAll(err.Error(), tc.mentions) {
 			t.Errorf("H %d lr %g μ %g: error %v, want one naming %s", tc.h, tc.lr, tc.mom, err, tc.mentions)
 		}
 	}
@@ -197,16 +269,23 @@ func containsAll(s string, subs ...string) bool {
 // TestTrainDiLoCoReplicasAgree: two peers with train.sync_every = 5 (AdamW
 // inside; outer momentum 0.5: DiLoCo's 0.9, tuned for H in the hundreds,
 // overshoots on this mlp at H = 5) and sint8 pseudo-gradients finish
-// train.steps/5 outer steps with one parameter hash, and the loss falls.
+// train.steps/5 outer steps with one parameter hash, and the loss falls,
+// with and without overlap.
 func TestTrainDiLoCoReplicasAgree(t *testing.T) {
 	requireDataset(t)
+	for _, overlap := range []bool{false, true} {
+		t.Run(fmt.Sprintf("overlap=%v", overlap), func(t *testing.T) { diLoCoReplicasAgree(t, overlap) })
+	}
+}
+
+func diLoCoReplicasAgree(t *testing.T, overlap bool) {
 	const steps, h = 100, 5
 	var peers []*trainPeer
 	for range 2 {
 		cfg := trainConfig(steps, 2, bootstrapTo(peers)...)
 		cfg.Train.SyncEvery = h
 		cfg.Train.Optimizer, cfg.Train.LR = "adamw", 0.003
-		cfg.Train.OuterMomentum = 0.5
+		cfg.Train.OuterMomentum, cfg.Train.OuterOverlap = 0.5, overlap
 		cfg.Train.CheckEvery = 2
 		cfg.Allreduce.Codec = "sint8"
 		peers = append(peers, startTrainer(t, cfg, nil))
@@ -220,5 +299,5 @@ func TestTrainDiLoCoReplicasAgree(t *testing.T) {
 	if !(last < 0.8*first) {
 		t.Fatalf("training loss did not fall: first outer steps %.3f, last %.3f", first, last)
 	}
-	t.Logf("DiLoCo H=%d, 2 peers, sint8: loss %.3f → %.3f, accuracy %.3f", h, first, last, res.Accuracy)
+	t.Logf("DiLoCo H=%d overlap %v, 2 peers, sint8: loss %.3f → %.3f, accuracy %.3f", h, overlap, first, last, res.Accuracy)
 }

@@ -152,7 +152,8 @@ func New(c Cluster, cfg config.Train, ar config.Allreduce, o Options) (*Trainer,
 	}
 	var l Learner = ml
 	if cfg.SyncEvery > 1 {
-		if l, err = NewDiLoCo(context.Background(), ml, cfg.SyncEvery, cfg.OuterLR, cfg.OuterMomentum); err != nil {
+		dc := DiLoCoConfig{H: cfg.SyncEvery, LR: cfg.OuterLR, Momentum: cfg.OuterMomentum, Overlap: cfg.OuterOverlap, Steps: cfg.Steps / cfg.SyncEvery}
+		if l, err = NewDiLoCo(context.Background(), ml, dc); err != nil {
 			ml.Close()
 			return nil, err
 		}

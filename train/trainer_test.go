@@ -244,18 +244,25 @@ func TestTrainIdenticalReplicas(t *testing.T) {
 }
 
 // modes are the training modes the churn tests run under: all-reduce every
-// step, and DiLoCo with H = 2 (steps and hooks then count outer steps).
+// step, and DiLoCo with H = 2, plain and overlapped (steps and hooks then
+// count outer steps).
 var modes = []struct {
 	name   string
 	config func(steps, minPeers int, bootstrap ...string) config.Config
 }{
 	{"per step", trainConfig},
-	{"DiLoCo H=2", func(steps, minPeers int, bootstrap ...string) config.Config {
+	{"DiLoCo H=2", diLoCoConfig(false)},
+	{"DiLoCo H=2 overlapped", diLoCoConfig(true)},
+}
+
+func diLoCoConfig(overlap bool) func(steps, minPeers int, bootstrap ...string) config.Config {
+	return func(steps, minPeers int, bootstrap ...string) config.Config {
 		cfg := trainConfig(2*steps, minPeers, bootstrap...)
 		cfg.Train.SyncEvery = 2
-		cfg.Train.Optimizer, cfg.Train.LR, cfg.Train.OuterMomentum = "adamw", 0.003, 0.5
+		cfg.Train.Optimizer, cfg.Train.LR = "adamw", 0.003
+		cfg.Train.OuterMomentum, cfg.Train.OuterOverlap = 0.5, overlap
 		return cfg
-	}},
+	}
 }
 
 func TestTrainSurvivesKilledPeer(t *testing.T) {
