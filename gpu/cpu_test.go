@@ -89,6 +89,25 @@ func TestCPUMisuse(t *testing.T) {
 			r, _ := a.Alloc(1)
 			a.LayerNormBackward(x, x, x, x, x, x, r, x, 2, 2)
 		}},
+		{"bad token", func() {
+			tab, _ := a.Alloc(4)
+			ids, _ := a.Alloc(2)
+			a.CopyToDevice(ids, []float32{0, 2})
+			a.Embedding(x, tab, ids, 2, 2, 2)
+		}},
+		{"fractional token in backward", func() {
+			tab, _ := a.Alloc(4)
+			ids, _ := a.Alloc(2)
+			a.CopyToDevice(ids, []float32{0, 0.5})
+			a.EmbeddingBackward(tab, ids, x, 2, 2, 2)
+		}},
+		{"embedding table too short", func() {
+			tab, _ := a.Alloc(3)
+			ids, _ := a.Alloc(2)
+			a.Embedding(x, tab, ids, 2, 2, 2)
+		}},
+		{"causal softmax without positions", func() { a.CausalSoftmax(x, x, 1, 0, 1) }},
+		{"causal softmax backward too short", func() { a.CausalSoftmaxBackward(x, x, x, 1, 3, 1) }},
 		{"bad label", func() {
 			p, _ := a.Alloc(2)
 			l, _ := a.Alloc(1)

@@ -163,6 +163,23 @@ type Device interface {
 	// dx = rstd·(g − mean_j(g) − x̂·mean_j(g·x̂)) where g = dy·gamma.
 	LayerNormBackward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma Buffer, rows, cols int)
 
+	// Embedding gathers rows of a vocab×dim table: y[i][j] = table[ids[i]][j]
+	// for i < rows, where ids holds token indices in [0, vocab) as float32.
+	Embedding(y, table, ids Buffer, rows, vocab, dim int)
+	// EmbeddingBackward adds the rows of dy into the table gradient:
+	// for i = 0, 1, … rows−1 in order, dtable[ids[i]][j] += dy[i][j]. dtable
+	// is not cleared first (a tied output head may have written it).
+	EmbeddingBackward(dtable, ids, dy Buffer, rows, vocab, dim int)
+	// CausalSoftmax applies a scaled, causally masked softmax to each row i of
+	// blocks t×t blocks of x: with s[k] = scale·x[i][k] and m = max_{k≤i} s[k],
+	// y[i][j] = exp(s[j]−m) / Σ_{k≤i} exp(s[k]−m) for j ≤ i, and 0 for j > i
+	// (in float64, rounded once). y may alias x.
+	CausalSoftmax(y, x Buffer, blocks, t int, scale float32)
+	// CausalSoftmaxBackward is CausalSoftmax's gradient from its output y:
+	// dx[i][j] = scale·y[i][j]·(dy[i][j] − Σ_{k≤i} y[i][k]·dy[i][k]) for
+	// j ≤ i, and 0 for j > i (in float64, rounded once). dx may alias dy.
+	CausalSoftmaxBackward(dx, y, dy Buffer, blocks, t int, scale float32)
+
 	// DropoutMask sets mask[i] = 1/(1−p) if Uniform(seed, i) ≥ p, else 0.
 	DropoutMask(mask Buffer, p float32, seed uint64)
 

@@ -1,7 +1,8 @@
 // Package model holds p2ptrain's networks: tensors on a gpu.Device, layers
 // with forward and backward passes, the models selected by name ("mlp",
-// "cnn"), the Fashion-MNIST data, optimizers with their schedules, and
-// checkpoints. It knows nothing about peers.
+// "cnn", and the decoder-only transformer "gpt" described in
+// docs/models.md), optimizers with their schedules, and checkpoints. It
+// knows nothing about peers.
 //
 // # One training step
 //

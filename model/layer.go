@@ -19,6 +19,10 @@ const (
 	InitHe
 	// InitXavier draws U(−a, a) with a = sqrt(6/(fanIn+fanOut)) (Glorot-uniform).
 	InitXavier
+	// InitUniformStd draws U(−a, a) with a = √3·Std, a distribution of
+	// standard deviation Std (the GPT-2 scheme's small weights, drawn
+	// uniformly so that every platform computes the same bits).
+	InitUniformStd
 )
 
 // ParamSpec describes one parameter tensor of a layer.
@@ -30,6 +34,8 @@ type ParamSpec struct {
 	// Init and the fans it uses.
 	Init          Init
 	FanIn, FanOut int
+	// Std is InitUniformStd's standard deviation.
+	Std float64
 	// Decay is true where weight decay applies (weights, not biases or norms).
 	Decay bool
 }
@@ -90,6 +96,9 @@ type Linear struct {
 	In, Out int
 	// Xavier selects Glorot instead of He initialisation (for output layers).
 	Xavier bool
+	// InitStd, when positive, overrides both: the weight is InitUniformStd
+	// with this standard deviation (transformer layers).
+	InitStd float64
 
 	dev    gpu.Device
 	w, b   gpu.Buffer
@@ -112,8 +121,11 @@ func (l *Linear) Params() []ParamSpec {
 	if l.Xavier {
 		init = InitXavier
 	}
+	if l.InitStd > 0 {
+		init = InitUniformStd
+	}
 	return []ParamSpec{
-		{Name: "weight", Shape: []int{l.Out, l.In}, Init: init, FanIn: l.In, FanOut: l.Out, Decay: true},
+		{Name: "weight", Shape: []int{l.Out, l.In}, Init: init, FanIn: l.In, FanOut: l.Out, Std: l.InitStd, Decay: true},
 		{Name: "bias", Shape: []int{l.Out}, Init: InitZero},
 	}
 }

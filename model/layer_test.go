@@ -311,5 +311,5 @@ func ExampleNew() {
 	fmt.Println(err)
 	// Output:
 	// 0 [[10 32] [10] [32 784] [32]]
-	// model: unknown model "resnet" (valid: cnn, mlp)
+	// model: unknown model "resnet" (valid: cnn, gpt, mlp)
 }

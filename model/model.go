@@ -35,18 +35,28 @@ type Config struct {
 	// a tensor larger than a bucket gets a bucket of its own.
 	BucketBytes int
 	// MaxBatch is the largest batch a device replica will be given (default
-	// DefaultMaxBatch); activations are allocated for it once.
+	// DefaultMaxBatch), in samples (for gpt: windows of Context tokens);
+	// activations are allocated for it once.
 	MaxBatch int
+	// GPT configures the "gpt" model (the other models ignore it; gpt
+	// ignores Hidden and Dropout).
+	GPT GPTConfig
 }
 
 // Names lists the models New knows.
-func Names() []string { return []string{"cnn", "mlp"} }
+func Names() []string { return []string{"cnn", "gpt", "mlp"} }
 
 // arch is a model's layers for one replica, plus the sample shape it takes.
 type arch struct {
 	input   []int
 	classes int
-	layers  func() []Layer
+	// positions is the number of labels per sample (1 for a classifier,
+	// Context for gpt): the network's output is positions × classes logits.
+	positions int
+	// tokens, when positive, says the input values are token IDs, integers
+	// in [0, tokens).
+	tokens int
+	layers func() []Layer
 }
 
 func archFor(name string, cfg Config) (arch, error) {
@@ -61,7 +71,7 @@ func archFor(name string, cfg Config) (arch, error) {
 				return arch{}, fmt.Errorf("model: mlp hidden width %d must be positive", h)
 			}
 		}
-		return arch{input: []int{784}, classes: 10, layers: func() []Layer {
+		return arch{input: []int{784}, classes: 10, positions: 1, layers: func() []Layer {
 			var ls []Layer
 			in := 784
 			for i, h := range hidden {
@@ -77,7 +87,7 @@ func archFor(name string, cfg Config) (arch, error) {
 			return append(ls, out)
 		}}, nil
 	case "cnn":
-		return arch{input: []int{28, 28, 1}, classes: 10, layers: func() []Layer {
+		return arch{input: []int{28, 28, 1}, classes: 10, positions: 1, layers: func() []Layer {
 			ls := []Layer{
 				NewConv2d(1, 32, 3, 1, 1), NewReLU(), NewMaxPool2d(2, 2),
 				NewConv2d(32, 64, 3, 1, 1), NewReLU(), NewMaxPool2d(2, 2),
@@ -90,6 +100,8 @@ func archFor(name string, cfg Config) (arch, error) {
 			out.Xavier = true
 			return append(ls, out)
 		}}, nil
+	case "gpt":
+		return gptArch(cfg.GPT)
 	}
 	return arch{}, fmt.Errorf("%w %q (valid: %s)", ErrUnknownModel, name, strings.Join(Names(), ", "))
 }
@@ -168,7 +180,7 @@ type replica struct {
 	byLayer [][]int // buckets completed by each layer's backward
 }
 
-// New builds model name ("mlp", "cnn") with one replica per device,
+// New builds model name ("mlp", "cnn", "gpt") with one replica per device,
 // initialised deterministically from seed (the same seed gives the same
 // parameters on every peer and device).
 func New(name string, cfg Config, devs []gpu.Device, seed uint64) (*Model, error) {
@@ -222,8 +234,8 @@ func (m *Model) layout(layers []Layer) error {
 		m.descs = append(m.descs, l.Describe())
 		in = out
 	}
-	if numel(in) != m.arch.classes {
-		return fmt.Errorf("model: %s ends in %v, want %d logits", m.name, in, m.arch.classes)
+	if want := m.arch.positions * m.arch.classes; numel(in) != want {
+		return fmt.Errorf("model: %s ends in %v, want %d logits", m.name, in, want)
 	}
 	limit := m.cfg.BucketBytes / 4
 	var cur *Bucket
@@ -279,10 +291,13 @@ func (m *Model) initParams(seed uint64) {
 			for i := range dst {
 				dst[i] = 1
 			}
-		case InitHe, InitXavier:
+		case InitHe, InitXavier, InitUniformStd:
 			bound := math.Sqrt(6 / float64(sp.FanIn))
-			if sp.Init == InitXavier {
+			switch sp.Init {
+			case InitXavier:
 				bound = math.Sqrt(6 / float64(sp.FanIn+sp.FanOut))
+			case InitUniformStd:
+				bound = math.Sqrt(3) * sp.Std
 			}
 			key := seed ^ (uint64(k+1) * 0xd1342543de82ef95)
 			for i := range dst {
@@ -334,18 +349,18 @@ func (m *Model) newReplica(d gpu.Device) (*replica, error) {
 		in, _ = l.OutShape(in)
 	}
 	var err error
-	c := m.arch.classes
+	c, pos := m.arch.classes, m.arch.positions
 	for _, a := range []struct {
 		dst   **act
 		shape []int
-	}{{&r.x, m.arch.input}, {&r.labels, nil}, {&r.probs, []int{c}}, {&r.loss, nil}, {&r.dlogits, []int{c}}} {
+	}{{&r.x, m.arch.input}, {&r.labels, []int{pos}}, {&r.probs, []int{pos, c}}, {&r.loss, []int{pos}}, {&r.dlogits, []int{pos, c}}} {
 		if *a.dst, err = newAct(d, m.maxBatch, a.shape); err != nil {
 			return fail(err)
 		}
 	}
-	r.hostY = make([]float32, m.maxBatch)
-	r.hostL = make([]float32, m.maxBatch)
-	r.hostP = make([]float32, m.maxBatch*c)
+	r.hostY = make([]float32, m.maxBatch*pos)
+	r.hostL = make([]float32, m.maxBatch*pos)
+	r.hostP = make([]float32, m.maxBatch*pos*c)
 	return r, nil
 }
 
@@ -382,8 +397,16 @@ func (m *Model) Devices() []gpu.Device {
 	return ds
 }
 
-// InputShape returns the per-sample input shape ([784] or [28, 28, 1]).
+// InputShape returns the per-sample input shape ([784], [28, 28, 1], or
+// [Context] token IDs for gpt).
 func (m *Model) InputShape() []int { return slices.Clone(m.arch.input) }
+
+// LabelsPerSample returns the number of labels a sample carries: 1 for the
+// classifiers (mlp, cnn), Context for gpt (the next token at every position).
+func (m *Model) LabelsPerSample() int { return m.arch.positions }
+
+// Classes returns the number of classes a label takes (the vocabulary for gpt).
+func (m *Model) Classes() int { return m.arch.classes }
 
 // MaxBatch returns the largest per-device batch.
 func (m *Model) MaxBatch() int { return m.maxBatch }
@@ -515,22 +538,26 @@ func bytesToFloats(dst []float32, b []byte) {
 }
 
 // Batch is one device's share of a step: N samples of the model's input
-// shape (X holds N·numel(InputShape) values) and their class labels.
+// shape (X holds N·numel(InputShape) values) and their class labels,
+// LabelsPerSample a sample (Y holds N·LabelsPerSample values). For gpt, X
+// holds N windows of Context token IDs (exact integers as float32) and Y
+// the token that follows each of them.
 type Batch struct {
 	X []float32
 	Y []uint8
 }
 
-// N returns the number of samples.
+// N returns the number of labels: the number of samples for a model with
+// one label per sample (mlp, cnn), samples·Context for gpt.
 func (b Batch) N() int { return len(b.Y) }
 
 // Stats summarises a forward pass.
 type Stats struct {
-	// Loss is the mean cross-entropy over the samples.
+	// Loss is the mean cross-entropy per label, in nats.
 	Loss float64
-	// Correct counts samples whose arg-max logit is the label.
+	// Correct counts labels whose arg-max logit is the label.
 	Correct int
-	// Samples counted.
+	// Samples counts labels (samples for mlp and cnn, tokens for gpt).
 	Samples int
 }
 
@@ -552,8 +579,15 @@ func (s *Stats) add(o Stats) {
 	s.Samples = tot
 }
 
+// samples returns the number of samples in b (labels over LabelsPerSample).
+func (m *Model) samples(b Batch) int { return len(b.Y) / m.arch.positions }
+
 func (m *Model) checkBatch(b Batch) error {
-	n := b.N()
+	pos := m.arch.positions
+	if len(b.Y)%pos != 0 {
+		return fmt.Errorf("model: batch has %d labels, not a multiple of the %d per sample", len(b.Y), pos)
+	}
+	n := m.samples(b)
 	if n == 0 || n > m.maxBatch {
 		return fmt.Errorf("model: batch of %d samples (want 1..%d)", n, m.maxBatch)
 	}
@@ -562,7 +596,18 @@ func (m *Model) checkBatch(b Batch) error {
 	}
 	for i, y := range b.Y {
 		if int(y) >= m.arch.classes {
+			if pos > 1 {
+				return fmt.Errorf("model: sample %d position %d has label %d, want < %d", i/pos, i%pos, y, m.arch.classes)
+			}
 			return fmt.Errorf("model: sample %d has label %d, want < %d", i, y, m.arch.classes)
+		}
+	}
+	if v := m.arch.tokens; v > 0 {
+		per := numel(m.arch.input)
+		for i, x := range b.X {
+			if _, ok := gpu.TokenIndex(x, v); !ok {
+				return fmt.Errorf("model: sample %d position %d has token %v, want an integer in [0, %d)", i/per, i%per, x, v)
+			}
 		}
 	}
 	return nil
@@ -570,14 +615,15 @@ func (m *Model) checkBatch(b Batch) error {
 
 // forward runs the replica on b up to the loss and returns the stats.
 func (r *replica) forward(m *Model, b Batch, train bool, seed uint64) Stats {
-	n := b.N()
+	n := m.samples(b)
+	rows := len(b.Y) // labels: n·positions
 	x := r.x.get(n)
 	r.dev.CopyToDevice(x.Buf, b.X)
 	for i, y := range b.Y {
 		r.hostY[i] = float32(y)
 	}
 	lab := r.labels.get(n)
-	r.dev.CopyToDevice(lab.Buf, r.hostY[:n])
+	r.dev.CopyToDevice(lab.Buf, r.hostY[:rows])
 	for i, l := range r.layers {
 		if s, ok := l.(seeder); ok {
 			s.SetSeed(MixSeed(seed, uint64(i)))
@@ -586,12 +632,12 @@ func (r *replica) forward(m *Model, b Batch, train bool, seed uint64) Stats {
 	}
 	c := m.arch.classes
 	probs, loss := r.probs.get(n), r.loss.get(n)
-	r.dev.SoftmaxCrossEntropy(probs.Buf, loss.Buf, x.Buf, lab.Buf, n, c)
-	r.dev.CopyToHost(r.hostL[:n], loss.Buf)
-	r.dev.CopyToHost(r.hostP[:n*c], probs.Buf)
+	r.dev.SoftmaxCrossEntropy(probs.Buf, loss.Buf, x.Buf, lab.Buf, rows, c)
+	r.dev.CopyToHost(r.hostL[:rows], loss.Buf)
+	r.dev.CopyToHost(r.hostP[:rows*c], probs.Buf)
 	var st Stats
 	var sum float64
-	for i := 0; i < n; i++ {
+	for i := 0; i < rows; i++ {
 		sum += float64(r.hostL[i])
 		p := r.hostP[i*c : i*c+c]
 		best := 0
@@ -604,17 +650,19 @@ func (r *replica) forward(m *Model, b Batch, train bool, seed uint64) Stats {
 			st.Correct++
 		}
 	}
-	st.Samples = n
-	st.Loss = sum / float64(n)
+	st.Samples = rows
+	st.Loss = sum / float64(rows)
 	return st
 }
 
-// backward runs the replica's backward pass; after the layer that completes
-// bucket k it copies the bucket's gradients into dst and calls done(k).
-func (r *replica) backward(m *Model, n int, dst []float32, done func(int)) {
+// backward runs the replica's backward pass for the latest forward pass, of
+// rows labels; after the layer that completes bucket k it copies the
+// bucket's gradients into dst and calls done(k).
+func (r *replica) backward(m *Model, rows int, dst []float32, done func(int)) {
 	c := m.arch.classes
+	n := rows / m.arch.positions
 	dz := r.dlogits.get(n)
-	r.dev.SoftmaxCrossEntropyBackward(dz.Buf, r.probs.get(n).Buf, r.labels.get(n).Buf, n, c, 1/float32(n))
+	r.dev.SoftmaxCrossEntropyBackward(dz.Buf, r.probs.get(n).Buf, r.labels.get(n).Buf, rows, c, 1/float32(rows))
 	dy := dz
 	for i := len(r.layers) - 1; i >= 0; i-- {
 		dy = r.layers[i].Backward(dy)
@@ -643,8 +691,9 @@ func NoiseSeed(seed uint64, step int64, rank int) uint64 {
 // batches[i] (len(batches) must equal the number of devices), with random
 // layers seeded from MixSeed(noiseSeed, i).
 //
-// Each replica's gradient is the mean over its batch; the local gradient in
-// Grads is their sample-weighted average, summed in replica order. As soon as
+// Each replica's gradient is the mean over its batch's labels; the local
+// gradient in Grads is their label-weighted average (sample-weighted: every
+// sample has LabelsPerSample labels), summed in replica order. As soon as
 // bucket k is complete on every replica (buckets complete in order 0, 1, …),
 // its slice of Grads is final and ready(k) is called on the calling goroutine,
 // while earlier layers are still computing; ready may be nil. ready should
@@ -770,11 +819,15 @@ func (m *Model) Evaluate(ds Samples) (Stats, error) {
 	if ds.Len() == 0 {
 		return Stats{}, errors.New("model: evaluating on an empty dataset")
 	}
+	if ds.Len() < 0 {
+		return Stats{}, fmt.Errorf("model: evaluating on a dataset of %d samples", ds.Len())
+	}
 	if per := numel(m.arch.input); ds.SampleLen() != per {
 		return Stats{}, fmt.Errorf("model: dataset samples have %d values, model takes %d", ds.SampleLen(), per)
 	}
 	R := len(m.replicas)
 	stats := make([]Stats, R)
+	errs := make([]error, R)
 	var wg sync.WaitGroup
 	for i, r := range m.replicas {
 		wg.Add(1)
@@ -785,12 +838,20 @@ func (m *Model) Evaluate(ds Samples) (Stats, error) {
 			var st Stats
 			for lo := i * m.maxBatch; lo < ds.Len(); lo += R * m.maxBatch {
 				hi := min(lo+m.maxBatch, ds.Len())
-				st.add(r.forward(m, ds.Slice(lo, hi), false, 0))
+				b := ds.Slice(lo, hi)
+				if err := m.checkBatch(b); err != nil {
+					errs[i] = fmt.Errorf("model: evaluating samples %d..%d: %w", lo, hi, err)
+					return
+				}
+				st.add(r.forward(m, b, false, 0))
 			}
 			stats[i] = st
 		}()
 	}
 	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return Stats{}, errors.Join(err, m.synchronize())
+	}
 	var st Stats
 	for _, s := range stats {
 		st.add(s)

@@ -42,6 +42,8 @@ func Run(t *testing.T, open func() gpu.Device) {
 		{"Im2ColCol2Im", testIm2Col},
 		{"MaxPool", testMaxPool},
 		{"LayerNorm", testLayerNorm},
+		{"Embedding", testEmbedding},
+		{"CausalSoftmax", testCausalSoftmax},
 		{"DropoutMask", testDropout},
 		{"Determinism", testDeterminism},
 	}
@@ -669,6 +671,119 @@ func testLayerNorm(t *testing.T, e *env) {
 	near(t, "LayerNorm dx", e.get(dx), wdx, 1e-4, 1e-4)
 	near(t, "LayerNorm dgamma", e.get(dg), wdg, 1e-4, 1e-4)
 	near(t, "LayerNorm dbeta", e.get(db), wdb, 1e-5, 1e-5)
+}
+
+// tokens returns n random token indices below vocab, as float32.
+func (e *env) tokens(n, vocab int) []float32 {
+	ids := make([]float32, n)
+	for i := range ids {
+		ids[i] = float32(e.rng.IntN(vocab))
+	}
+	return ids
+}
+
+func testEmbedding(t *testing.T, e *env) {
+	rows, vocab, dim := 37, 11, 13
+	ids := e.tokens(rows, vocab)
+	ids[0], ids[rows-1] = 0, float32(vocab-1) // both ends of the table
+	table := e.rand(vocab*dim, 2)
+	tb, ib := e.buf(table), e.buf(ids)
+	y := e.out(rows * dim)
+	e.d.Embedding(y, tb, ib, rows, vocab, dim)
+	wy := make([]float32, rows*dim)
+	for i := 0; i < rows; i++ {
+		copy(wy[i*dim:(i+1)*dim], table[int(ids[i])*dim:])
+	}
+	exact(t, "Embedding y", e.get(y), wy)
+
+	// The backward pass adds to what dtable holds, token rows in order, so
+	// repeated tokens sum in a fixed order and the result is exact.
+	dy, dt0 := e.rand(rows*dim, 1), e.rand(vocab*dim, 1)
+	dt := e.buf(dt0)
+	e.d.EmbeddingBackward(dt, ib, e.buf(dy), rows, vocab, dim)
+	wdt := slices.Clone(dt0)
+	for i := 0; i < rows; i++ {
+		k := int(ids[i])
+		for j := 0; j < dim; j++ {
+			wdt[k*dim+j] += dy[i*dim+j]
+		}
+	}
+	exact(t, "EmbeddingBackward dtable", e.get(dt), wdt)
+
+	// No rows: nothing is written, nothing is read.
+	e.d.Embedding(e.out(0), tb, e.buf(nil), 0, vocab, dim)
+	e.d.EmbeddingBackward(dt, e.buf(nil), e.buf(nil), 0, vocab, dim)
+	exact(t, "EmbeddingBackward of no rows", e.get(dt), wdt)
+}
+
+// refCausalSoftmax is CausalSoftmax's reference loop in float64.
+func refCausalSoftmax(x []float32, blocks, T int, scale float32) []float32 {
+	y := make([]float32, len(x))
+	for r := 0; r < blocks*T; r++ {
+		i := r % T
+		m := math.Inf(-1)
+		for j := 0; j <= i; j++ {
+			m = math.Max(m, float64(scale)*float64(x[r*T+j]))
+		}
+		var s float64
+		for j := 0; j <= i; j++ {
+			s += math.Exp(float64(scale)*float64(x[r*T+j]) - m)
+		}
+		for j := 0; j <= i; j++ {
+			y[r*T+j] = float32(math.Exp(float64(scale)*float64(x[r*T+j])-m) / s)
+		}
+	}
+	return y
+}
+
+func testCausalSoftmax(t *testing.T, e *env) {
+	blocks, T := 5, 9
+	scale := float32(0.35)
+	n := blocks * T * T
+	x := e.rand(n, 8)
+	x[3*T+1] = 300 // a large score must not overflow
+	xb := e.buf(x)
+	y := e.out(n)
+	e.d.CausalSoftmax(y, xb, blocks, T, scale)
+	wy := refCausalSoftmax(x, blocks, T, scale)
+	got := e.get(y)
+	near(t, "CausalSoftmax y", got, wy, 1e-7, 1e-6)
+	for r := 0; r < blocks*T; r++ {
+		var s float64
+		for j := 0; j < T; j++ {
+			if j > r%T && got[r*T+j] != 0 {
+				t.Fatalf("CausalSoftmax row %d column %d = %v above the diagonal, want 0", r, j, got[r*T+j])
+			}
+			s += float64(got[r*T+j])
+		}
+		if math.Abs(s-1) > 1e-5 {
+			t.Errorf("CausalSoftmax row %d sums to %v", r, s)
+		}
+	}
+
+	dy := e.rand(n, 1)
+	dx := e.out(n)
+	e.d.CausalSoftmaxBackward(dx, y, e.buf(dy), blocks, T, scale)
+	wdx := make([]float32, n)
+	for r := 0; r < blocks*T; r++ {
+		i := r % T
+		var dot float64
+		for j := 0; j <= i; j++ {
+			dot += float64(got[r*T+j]) * float64(dy[r*T+j])
+		}
+		for j := 0; j <= i; j++ {
+			wdx[r*T+j] = float32(float64(scale) * float64(got[r*T+j]) * (float64(dy[r*T+j]) - dot))
+		}
+	}
+	near(t, "CausalSoftmaxBackward dx", e.get(dx), wdx, 1e-7, 1e-5)
+
+	// In place: y over x, dx over dy.
+	xa := e.buf(x)
+	e.d.CausalSoftmax(xa, xa, blocks, T, scale)
+	exact(t, "CausalSoftmax in place", e.get(xa), got)
+	da := e.buf(dy)
+	e.d.CausalSoftmaxBackward(da, y, da, blocks, T, scale)
+	exact(t, "CausalSoftmaxBackward in place", e.get(da), e.get(dx))
 }
 
 func testDropout(t *testing.T, e *env) {

@@ -47,6 +47,10 @@ const (
 	kLayerNormBackwardParams
 	kLayerNormBackwardDx
 	kDropoutMask
+	kEmbedding
+	kEmbeddingBackward
+	kCausalSoftmax
+	kCausalSoftmaxBackward
 	numKernels
 )
 
@@ -56,6 +60,7 @@ var KernelNames = [numKernels]string{
 	"k_gelu_backward", "k_add_bias", "k_sum_rows", "k_softmax_xent", "k_softmax_xent_backward",
 	"k_im2col", "k_col2im", "k_maxpool", "k_maxpool_backward", "k_layernorm",
 	"k_layernorm_backward_params", "k_layernorm_backward_dx", "k_dropout_mask",
+	"k_embedding", "k_embedding_backward", "k_causal_softmax", "k_causal_softmax_backward",
 }
 
 // Launch geometry: blockThreads threads a block, at most maxBlocks blocks;
@@ -68,6 +73,10 @@ const (
 // errLabel is the error-word value the softmax kernels leave for a label
 // that is not a class index (ERR_LABEL in kernels.cu).
 const errLabel = 1
+
+// errToken is the error-word value the embedding kernels leave for a token
+// that is not an index into the table (ERR_TOKEN in kernels.cu).
+const errToken = 2
 
 // Device is one CUDA GPU as a gpu.Device: buffers in device memory, GEMM
 // through cuBLAS (fp32 math, no TF32) and the other kernels compiled from
@@ -336,8 +345,11 @@ func (d *Device) Synchronize() error {
 		if err := d.ctx.Fill32(d.errWord, 0, 1); err != nil {
 			return err
 		}
-		if word == errLabel {
+		switch word {
+		case errLabel:
 			return errors.New("softmax cross-entropy: a label is not a class index")
+		case errToken:
+			return errors.New("embedding: a token is not an index into the table")
 		}
 		return fmt.Errorf("kernel reported error %d", word)
 	})
@@ -526,4 +538,34 @@ func (d *Device) DropoutMask(mask gpu.Buffer, p float32, seed uint64) {
 	}
 	m := d.buf(mask)
 	d.launch(kDropoutMask, m.n, m, m.n, p, seed)
+}
+
+// Embedding gathers table rows by token index. A token that is not an index
+// gives a NaN row and an error from Synchronize.
+func (d *Device) Embedding(y, table, ids gpu.Buffer, rows, vocab, dim int) {
+	out, tab, id := gpu.EmbeddingViews(d.name, d.at, y, table, ids, rows, vocab, dim)
+	d.launch(kEmbedding, rows*dim, out, tab, id, rows, vocab, dim, d.errWord)
+}
+
+// EmbeddingBackward adds the rows of dy into dtable, one thread per column
+// taking the rows in order. A token that is not an index is skipped and
+// gives an error from Synchronize.
+func (d *Device) EmbeddingBackward(dtable, ids, dy gpu.Buffer, rows, vocab, dim int) {
+	tab, id, g := gpu.EmbeddingBackwardViews(d.name, d.at, dtable, ids, dy, rows, vocab, dim)
+	if rows == 0 {
+		return
+	}
+	d.launch(kEmbeddingBackward, dim, tab, id, g, rows, vocab, dim, d.errWord)
+}
+
+// CausalSoftmax applies the scaled, causally masked row softmax to t×t blocks.
+func (d *Device) CausalSoftmax(y, x gpu.Buffer, blocks, t int, scale float32) {
+	out, in := gpu.CausalSoftmaxViews(d.name, d.at, y, x, blocks, t)
+	d.launch(kCausalSoftmax, blocks*t, out, in, blocks, t, scale)
+}
+
+// CausalSoftmaxBackward computes CausalSoftmax's input gradient from its output.
+func (d *Device) CausalSoftmaxBackward(dx, y, dy gpu.Buffer, blocks, t int, scale float32) {
+	gx, out, g := gpu.CausalSoftmaxBackwardViews(d.name, d.at, dx, y, dy, blocks, t)
+	d.launch(kCausalSoftmaxBackward, blocks*t, gx, out, g, blocks, t, scale)
 }

@@ -281,3 +281,47 @@ func TestEmulatedModuleCache(t *testing.T) {
 		t.Errorf("the recompiled entry was not cached (%d compiles)", compiles())
 	}
 }
+
+// TestEmulatedBadToken checks that a token that is not an index into the
+// embedding table gives a NaN row and an error from Synchronize, in the
+// forward pass (cuda:0) and in the backward pass (cuda:1), rather than a
+// read or write outside the table.
+func TestEmulatedBadToken(t *testing.T) {
+	fakeEnv(t)
+	for i, backward := range []bool{false, true} {
+		d, err := Open(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		table, ids, y := alloc(t, d, 6), alloc(t, d, 2), alloc(t, d, 6)
+		d.CopyToDevice(ids, []float32{1, 2.5})
+		if backward {
+			d.EmbeddingBackward(table, ids, y, 2, 2, 3)
+		} else {
+			d.Embedding(y, table, ids, 2, 2, 3)
+			rows := make([]float32, 6)
+			d.CopyToHost(rows, y)
+			if !math.IsNaN(float64(rows[3])) || math.IsNaN(float64(rows[0])) {
+				t.Errorf("embedding rows %v, want NaN for the bad token only", rows)
+			}
+		}
+		if err := d.Synchronize(); err == nil || !strings.Contains(err.Error(), "token is not an index") {
+			t.Errorf("Synchronize after a bad token (backward %v) = %v", backward, err)
+		}
+		for _, b := range []gpu.Buffer{table, ids, y} {
+			d.Free(b)
+		}
+		if err := d.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}
+}
+
+func alloc(t *testing.T, d gpu.Device, n int) gpu.Buffer {
+	t.Helper()
+	b, err := d.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

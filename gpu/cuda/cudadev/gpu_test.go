@@ -80,7 +80,7 @@ func trainingMatchesCPU(t *testing.T, all []*Device) {
 	if len(all) > 1 {
 		sets = append(sets, all)
 	}
-	for _, name := range []string{"mlp", "cnn"} {
+	for _, name := range []string{"mlp", "cnn", "gpt"} {
 		for _, set := range sets {
 			var gdevs, cdevs []gpu.Device
 			for i, d := range set {
@@ -113,7 +113,9 @@ func trainingMatchesCPU(t *testing.T, all []*Device) {
 func trainSteps(t *testing.T, name string, devs []gpu.Device) ([]float64, []float32) {
 	t.Helper()
 	const batch = 8
-	m, err := model.New(name, model.Config{MaxBatch: batch}, devs, 3)
+	// gpt at a tiny size: 2 blocks of width 16, 2 heads, 8 tokens of 32.
+	gpt := model.GPTConfig{Layers: 2, DModel: 16, Heads: 2, Context: 8, Vocab: 32}
+	m, err := model.New(name, model.Config{MaxBatch: batch, GPT: gpt}, devs, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,12 +129,20 @@ func trainSteps(t *testing.T, name string, devs []gpu.Device) ([]float64, []floa
 	for step := range 4 {
 		batches := make([]model.Batch, len(devs))
 		for i := range batches {
-			b := model.Batch{X: make([]float32, batch*784), Y: make([]uint8, batch)}
+			per := 1
+			for _, d := range m.InputShape() {
+				per *= d
+			}
+			b := model.Batch{X: make([]float32, batch*per), Y: make([]uint8, batch*m.LabelsPerSample())}
 			for j := range b.X {
-				b.X[j] = float32(rng.NormFloat64())
+				if name == "gpt" { // token IDs
+					b.X[j] = float32(rng.IntN(m.Classes()))
+				} else {
+					b.X[j] = float32(rng.NormFloat64())
+				}
 			}
 			for j := range b.Y {
-				b.Y[j] = uint8(rng.IntN(10))
+				b.Y[j] = uint8(rng.IntN(m.Classes()))
 			}
 			batches[i] = b
 		}

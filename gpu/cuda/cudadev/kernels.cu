@@ -15,6 +15,7 @@ typedef unsigned long long u64;
 
 // Error codes a kernel leaves in the device's error word (read by Synchronize).
 #define ERR_LABEL 1
+#define ERR_TOKEN 2
 
 extern "C" __global__ void k_add(float *dst, const float *a, const float *b, ll n) {
 	LOOP(i, n) dst[i] = __fadd_rn(a[i], b[i]);
@@ -285,6 +286,71 @@ extern "C" __global__ void k_layernorm_backward_dx(float *dx, const float *dy, c
 			double g = (double)dy[r * cols + j] * (double)gamma[j];
 			dx[r * cols + j] = (float)(ri * (g - sg - xh * sgx));
 		}
+	}
+}
+
+// token returns the index ids[i] holds, or -1 (and flags err) when it is not
+// an integer in [0, vocab).
+__device__ static ll token(const float *ids, ll i, ll vocab, int *err) {
+	float v = ids[i];
+	if (!(v >= 0.0f && v < (float)vocab) || (float)(ll)v != v) {
+		*err = ERR_TOKEN;
+		return -1;
+	}
+	return (ll)v;
+}
+
+// One thread per element of y; a bad token gives a NaN row.
+extern "C" __global__ void k_embedding(float *y, const float *table, const float *ids, ll rows, ll vocab, ll dim,
+                                       int *err) {
+	LOOP(i, rows * dim) {
+		ll k = token(ids, i / dim, vocab, err);
+		y[i] = k < 0 ? __int_as_float(0x7fc00000) : table[k * dim + i % dim];
+	}
+}
+
+// One thread per column, adding the rows of dy in order (deterministic, no
+// atomics); a bad token's row is skipped.
+extern "C" __global__ void k_embedding_backward(float *dtable, const float *ids, const float *dy, ll rows, ll vocab,
+                                                ll dim, int *err) {
+	LOOP(j, dim) {
+		for (ll i = 0; i < rows; i++) {
+			ll k = token(ids, i, vocab, err);
+			if (k >= 0) dtable[k * dim + j] = __fadd_rn(dtable[k * dim + j], dy[i * dim + j]);
+		}
+	}
+}
+
+// One thread per row of the blocks·t rows, in float64 like the CPU device;
+// row r is row r % t of its block and sees columns 0 … r % t.
+extern "C" __global__ void k_causal_softmax(float *y, const float *x, ll blocks, ll t, float scale) {
+	LOOP(r, blocks * t) {
+		ll i = r % t;
+		const float *xr = x + r * t;
+		float *yr = y + r * t;
+		double sc = (double)scale;
+		double m = sc * (double)xr[0];
+		for (ll j = 1; j <= i; j++) {
+			double v = sc * (double)xr[j];
+			if (v > m) m = v;
+		}
+		double sum = 0;
+		for (ll j = 0; j <= i; j++) sum += exp(sc * (double)xr[j] - m);
+		for (ll j = 0; j <= i; j++) yr[j] = (float)(exp(sc * (double)xr[j] - m) / sum);
+		for (ll j = i + 1; j < t; j++) yr[j] = 0.0f;
+	}
+}
+
+extern "C" __global__ void k_causal_softmax_backward(float *dx, const float *y, const float *dy, ll blocks, ll t,
+                                                     float scale) {
+	LOOP(r, blocks * t) {
+		ll i = r % t;
+		const float *yr = y + r * t, *gr = dy + r * t;
+		float *xr = dx + r * t;
+		double dot = 0;
+		for (ll j = 0; j <= i; j++) dot += (double)yr[j] * (double)gr[j];
+		for (ll j = 0; j <= i; j++) xr[j] = (float)((double)scale * (double)yr[j] * ((double)gr[j] - dot));
+		for (ll j = i + 1; j < t; j++) xr[j] = 0.0f;
 	}
 }
 
