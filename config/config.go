@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -114,6 +115,16 @@ type Train struct {
 	Devices []string `toml:"devices"`
 	// DataDir holds the Fashion-MNIST IDX files ("" searches the usual places).
 	DataDir string `toml:"data_dir"`
+	// Data is the gpt's text corpus: a file, or a directory read
+	// recursively ("" : the Go standard library's source, which every
+	// machine that builds p2ptrain has).
+	Data string `toml:"data"`
+	// DataExt filters the files of a Data directory by extension.
+	DataExt []string `toml:"data_ext"`
+	// DataMaxBytes caps the bytes read from Data (0: all).
+	DataMaxBytes int64 `toml:"data_max_bytes"`
+	// GPT is the gpt's shape ([train.gpt]).
+	GPT GPT `toml:"gpt"`
 	// TrainSamples limits training to the first N samples (0: all).
 	TrainSamples int `toml:"train_samples"`
 	// EvalEvery evaluates on the test set every N steps (0: only at the end).
@@ -149,6 +160,20 @@ type Train struct {
 	// outer step's all-reduce is in flight; its outer update reaches them
 	// one outer step late.
 	OuterOverlap bool `toml:"outer_overlap"`
+}
+
+// GPT is the [train.gpt] section: the decoder-only transformer's shape.
+type GPT struct {
+	// Layers is the number of transformer blocks.
+	Layers int `toml:"layers"`
+	// DModel is the width of the residual stream, a multiple of Heads.
+	DModel int `toml:"d_model"`
+	// Heads is the number of attention heads.
+	Heads int `toml:"heads"`
+	// Context is the number of byte tokens per sample.
+	Context int `toml:"context"`
+	// Vocab is the number of token values (at most 256: bytes).
+	Vocab int `toml:"vocab"`
 }
 
 // Allreduce is the [allreduce] section: how gradients cross the ring.
@@ -320,6 +345,8 @@ func DefaultConfig() Config {
 			MinPeers:           1,
 			ExcludeAfter:       2,
 			ReadyTimeout:       Duration(30 * time.Second),
+			DataExt:            []string{".go"},
+			GPT:                GPT{Layers: 4, DModel: 256, Heads: 4, Context: 128, Vocab: 256},
 			SyncEvery:          1,
 			OuterLR:            0.7,
 			OuterMomentum:      0.9,
@@ -562,6 +589,20 @@ func (t *Train) validate(bad func(key, format string, args ...any)) {
 		bad("train.dropout", "%g must be in [0, 1)", t.Dropout)
 	}
 	checkDuration(bad, "train.ready_timeout", t.ReadyTimeout.D(), time.Second, time.Hour)
+	t.GPT.validate(bad)
+	if t.Data != "" {
+		if _, err := os.Stat(t.Data); err != nil {
+			bad("train.data", "%v", err)
+		}
+	}
+	for i, e := range t.DataExt {
+		if e == "" || strings.ContainsAny(e, "/\\") {
+			bad(fmt.Sprintf("train.data_ext[%d]", i), "%q is not a file-name ending such as \".go\"", e)
+		}
+	}
+	if t.DataMaxBytes < 0 {
+		bad("train.data_max_bytes", "%d must not be negative", t.DataMaxBytes)
+	}
 	if t.SyncEvery > 1 {
 		if t.Steps%t.SyncEvery != 0 {
 			bad("train.sync_every", "%d must divide train.steps (%d): a run is a whole number of outer steps", t.SyncEvery, t.Steps)
@@ -586,6 +627,25 @@ func (t *Train) validate(bad func(key, format string, args ...any)) {
 		if _, err := gpu.ParseSpec(d); err != nil {
 			bad(fmt.Sprintf("train.devices[%d]", i), "%v", err)
 		}
+	}
+}
+
+// validate reports the [train.gpt] keys out of range.
+func (g GPT) validate(bad func(key, format string, args ...any)) {
+	for _, c := range []struct {
+		key         string
+		v, min, max int
+	}{
+		{"train.gpt.layers", g.Layers, 1, 256}, {"train.gpt.d_model", g.DModel, 1, 1 << 14},
+		{"train.gpt.heads", g.Heads, 1, 1 << 10}, {"train.gpt.context", g.Context, 2, 1 << 14},
+		{"train.gpt.vocab", g.Vocab, 2, 256},
+	} {
+		if c.v < c.min || c.v > c.max {
+			bad(c.key, "%d must be in [%d, %d]", c.v, c.min, c.max)
+		}
+	}
+	if g.Heads > 0 && g.DModel%g.Heads != 0 {
+		bad("train.gpt.d_model", "%d is not a multiple of train.gpt.heads (%d)", g.DModel, g.Heads)
 	}
 }
 

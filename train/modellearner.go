@@ -16,14 +16,16 @@ import (
 )
 
 // ModelLearner is the Learner of the built-in models (train.model): a
-// model.Model on the local devices, its optimizer, and Fashion-MNIST.
+// model.Model on the local devices, its optimizer, and its data:
+// Fashion-MNIST for the classifiers, a text corpus (train.data) for gpt.
 type ModelLearner struct {
 	cfg     config.Train
 	devs    []gpu.Device
 	m       *model.Model
 	opt     *model.Optimizer
-	train   *data.Dataset
-	test    *data.Dataset
+	train   source
+	test    model.Samples
+	corpus  string // gpt: what identifies the corpus across the cluster
 	sampler *data.Sampler
 	batches []model.Batch
 	idx     []int
@@ -32,32 +34,48 @@ type ModelLearner struct {
 
 var _ Learner = (*ModelLearner)(nil)
 
+// source is a training set the Sampler draws from: a Fashion-MNIST Dataset
+// or a text corpus's windows.
+type source interface {
+	Len() int
+	// gather fills dst with samples idx of step's global batch of global.
+	gather(dst model.Batch, idx []int, step int64, global int) model.Batch
+}
+
+type imageSource struct{ *data.Dataset }
+
+func (s imageSource) gather(dst model.Batch, idx []int, _ int64, _ int) model.Batch {
+	return s.Gather(dst, idx)
+}
+
+type textSource struct{ *data.TextWindows }
+
+func (s textSource) gather(dst model.Batch, idx []int, step int64, global int) model.Batch {
+	return s.GatherStep(dst, idx, step, global)
+}
+
 // NewModelLearner opens train.devices, loads the data (train and test, when
 // not nil, are used instead of loading Fashion-MNIST from train.data_dir)
 // and builds the model and optimizer of cfg with fusion buckets of
 // bucketBytes.
 func NewModelLearner(cfg config.Train, bucketBytes int, train, test *data.Dataset) (*ModelLearner, error) {
-	l := &ModelLearner{cfg: cfg, train: train, test: test}
+	l := &ModelLearner{cfg: cfg}
 	var err error
 	if l.devs, err = gpu.OpenAll(cfg.Devices); err != nil {
 		return nil, fmt.Errorf("train: train.devices: %w", err)
 	}
-	if l.train == nil || l.test == nil {
-		if l.train, l.test, err = data.LoadFashionMNIST(cfg.DataDir); err != nil {
-			l.Close()
-			if errors.Is(err, data.ErrNoDataset) {
-				return nil, fmt.Errorf("%w\n  install it with `apt-get install dataset-fashion-mnist` (scripts/setup.sh does), or set train.data_dir", err)
-			}
-			return nil, err
-		}
+	if cfg.Model == "gpt" {
+		err = l.loadText()
+	} else {
+		err = l.loadImages(train, test)
 	}
-	if cfg.TrainSamples > 0 && cfg.TrainSamples < l.train.Len() {
-		l.train = l.train.Subset(cfg.TrainSamples)
+	if err != nil {
+		l.Close()
+		return nil, err
 	}
-	if cfg.EvalSamples > 0 && cfg.EvalSamples < l.test.Len() {
-		l.test = l.test.Subset(cfg.EvalSamples)
-	}
-	mcfg := model.Config{Hidden: cfg.Hidden, BucketBytes: bucketBytes, MaxBatch: cfg.BatchSize, Dropout: float32(cfg.Dropout)}
+	g := cfg.GPT
+	mcfg := model.Config{Hidden: cfg.Hidden, BucketBytes: bucketBytes, MaxBatch: cfg.BatchSize, Dropout: float32(cfg.Dropout),
+		GPT: model.GPTConfig{Layers: g.Layers, DModel: g.DModel, Heads: g.Heads, Context: g.Context, Vocab: g.Vocab}}
 	if l.m, err = model.New(cfg.Model, mcfg, l.devs, cfg.Seed); err != nil {
 		l.Close()
 		return nil, err
@@ -76,6 +94,54 @@ func NewModelLearner(cfg config.Train, bucketBytes int, train, test *data.Datase
 		l.layouts = append(l.layouts, compress.Layout{Shapes: b.Shapes()})
 	}
 	return l, nil
+}
+
+// loadImages takes train and test, or loads Fashion-MNIST from
+// train.data_dir when either is nil, and limits them to
+// train.train_samples and train.eval_samples.
+func (l *ModelLearner) loadImages(train, test *data.Dataset) error {
+	cfg := l.cfg
+	if train == nil || test == nil {
+		var err error
+		if train, test, err = data.LoadFashionMNIST(cfg.DataDir); err != nil {
+			if errors.Is(err, data.ErrNoDataset) {
+				return fmt.Errorf("%w\n  install it with `apt-get install dataset-fashion-mnist` (scripts/setup.sh does), or set train.data_dir", err)
+			}
+			return err
+		}
+	}
+	if cfg.TrainSamples > 0 && cfg.TrainSamples < train.Len() {
+		train = train.Subset(cfg.TrainSamples)
+	}
+	if cfg.EvalSamples > 0 && cfg.EvalSamples < test.Len() {
+		test = test.Subset(cfg.EvalSamples)
+	}
+	l.train, l.test = imageSource{train}, test
+	return nil
+}
+
+// loadText loads the gpt's corpus (train.data, or the Go standard
+// library's source): training windows, and train.eval_samples held-out
+// windows (0: all of them).
+func (l *ModelLearner) loadText() error {
+	cfg := l.cfg
+	opts := data.TextOptions{Extensions: cfg.DataExt, HeldOut: data.DefaultHeldOut, MaxBytes: cfg.DataMaxBytes, Context: cfg.GPT.Context}
+	var c *data.TextCorpus
+	var err error
+	if cfg.Data == "" {
+		c, err = data.LoadGoSource(opts)
+	} else {
+		c, err = data.LoadText(cfg.Data, opts)
+	}
+	if err != nil {
+		return fmt.Errorf("train: train.data: %w", err)
+	}
+	h := sha256.New()
+	h.Write(c.TrainBytes())
+	h.Write(c.HeldOutBytes())
+	l.corpus = fmt.Sprintf("%d bytes:%x", c.Size(), h.Sum(nil)[:8])
+	l.train, l.test = textSource{c.Train(cfg.Seed)}, c.HeldOutSamples(cfg.EvalSamples)
+	return nil
 }
 
 // Model returns the model (tests read its parameters).
@@ -102,7 +168,7 @@ func (l *ModelLearner) Settings() Settings {
 	cfg := l.cfg
 	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 	sig := sha256.Sum256([]byte(l.m.Signature()))
-	return Settings{
+	s := Settings{
 		"train.model":         cfg.Model + ":" + hex.EncodeToString(sig[:8]),
 		"train.optimizer":     cfg.Optimizer,
 		"train.lr":            f(cfg.LR),
@@ -114,6 +180,10 @@ func (l *ModelLearner) Settings() Settings {
 		"train.train_samples": strconv.Itoa(cfg.TrainSamples),
 		"train.devices":       strconv.Itoa(len(l.devs)),
 	}
+	if l.corpus != "" {
+		s["train.data"] = l.corpus
+	}
+	return s
 }
 
 // Step implements Learner: a new model has completed no step (the Trainer
@@ -134,7 +204,7 @@ func (l *ModelLearner) Compute(_ context.Context, step uint64, sh Shard, ready f
 		return 0, err
 	}
 	for d := range l.devs {
-		l.batches[d] = l.train.Gather(l.batches[d], l.idx[d*per:(d+1)*per])
+		l.batches[d] = l.train.gather(l.batches[d], l.idx[d*per:(d+1)*per], int64(step), sh.Global)
 	}
 	stats, err := l.m.ComputeGradients(l.batches, model.NoiseSeed(l.cfg.Seed, int64(step), sh.FirstDevice), func(b int) {
 		ready(b, l.m.BucketGrads(b))

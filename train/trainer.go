@@ -56,6 +56,9 @@ type Result struct {
 	Loss      float64
 	Accuracy  float64
 	ParamHash string
+	// BitsPerByte is the held-out loss in bits per byte of a byte-level
+	// language model (gpt; 0 for the others): Loss / ln 2.
+	BitsPerByte float64
 }
 
 // Trainer runs the data-parallel step loop of one peer: local gradients on
@@ -861,7 +864,11 @@ func (t *Trainer) evaluate() (model.Stats, error) {
 	}
 	t.lastEval = st.Accuracy()
 	t.status.Accuracy = st.Accuracy()
-	t.log.Info("evaluation", zap.Uint64("step", t.step), zap.Float64("test_loss", st.Loss), zap.Float64("test_accuracy", st.Accuracy()))
+	fields := []zap.Field{zap.Uint64("step", t.step), zap.Float64("test_loss", st.Loss), zap.Float64("test_accuracy", st.Accuracy())}
+	if t.cfg.Model == "gpt" {
+		fields = append(fields, zap.Float64("bits_per_byte", data.BitsPerByte(st.Loss)))
+	}
+	t.log.Info("evaluation", fields...)
 	return st, nil
 }
 
@@ -937,6 +944,9 @@ func (t *Trainer) finish(ctx context.Context) (Result, error) {
 		t.checkpoint()
 	}
 	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.hash}
+	if t.cfg.Model == "gpt" {
+		res.BitsPerByte = data.BitsPerByte(st.Loss)
+	}
 	if errors.Is(err, ErrNoEvaluation) {
 		res.Accuracy = -1 // the learner evaluates itself; Loss is the last training loss
 	}
@@ -968,6 +978,9 @@ func (t *Trainer) finish(ctx context.Context) (Result, error) {
 func (r Result) String() string {
 	if r.Accuracy < 0 {
 		return fmt.Sprintf("done step=%d train_loss=%.4f param_hash=%s", r.Step, r.Loss, r.ParamHash)
+	}
+	if r.BitsPerByte > 0 {
+		return fmt.Sprintf("done step=%d loss=%.4f accuracy=%.4f bits_per_byte=%.4f param_hash=%s", r.Step, r.Loss, r.Accuracy, r.BitsPerByte, r.ParamHash)
 	}
 	return fmt.Sprintf("done step=%d loss=%.4f accuracy=%.4f param_hash=%s", r.Step, r.Loss, r.Accuracy, r.ParamHash)
 }

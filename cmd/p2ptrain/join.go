@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/p2ptrain/p2ptrain/bridge"
 	"github.com/p2ptrain/p2ptrain/config"
+	"github.com/p2ptrain/p2ptrain/data"
 	"github.com/p2ptrain/p2ptrain/node"
 	"github.com/p2ptrain/p2ptrain/train"
 )
@@ -183,6 +185,9 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 // runBuiltin trains train.model.
 func runBuiltin(ctx context.Context, n *node.Node, cfg config.Config, opts train.Options) (train.Result, error) {
 	tr, err := train.New(n, cfg.Train, cfg.Allreduce, opts)
+	if errors.Is(err, data.ErrNoText) {
+		return train.Result{}, usageError{err} // a missing or empty train.data is bad configuration: exit 2
+	}
 	if err != nil {
 		return train.Result{}, err
 	}
