@@ -26,6 +26,7 @@ type ModelLearner struct {
 	train   source
 	test    model.Samples
 	corpus  string // gpt: what identifies the corpus across the cluster
+	text    *data.TextCorpus
 	sampler *data.Sampler
 	batches []model.Batch
 	idx     []int
@@ -140,9 +141,13 @@ func (l *ModelLearner) loadText() error {
 	h.Write(c.TrainBytes())
 	h.Write(c.HeldOutBytes())
 	l.corpus = fmt.Sprintf("%d bytes:%x", c.Size(), h.Sum(nil)[:8])
+	l.text = c
 	l.train, l.test = textSource{c.Train(cfg.Seed)}, c.HeldOutSamples(cfg.EvalSamples)
 	return nil
 }
+
+// Corpus returns gpt's text corpus (nil for the other models).
+func (l *ModelLearner) Corpus() *data.TextCorpus { return l.text }
 
 // Model returns the model (tests read its parameters).
 func (l *ModelLearner) Model() *model.Model { return l.m }

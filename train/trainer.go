@@ -153,6 +153,11 @@ func New(c Cluster, cfg config.Train, ar config.Allreduce, o Options) (*Trainer,
 	if err != nil {
 		return nil, err
 	}
+	if c := ml.Corpus(); c != nil && o.Log != nil {
+		o.Log.Named("train").Info("text corpus", zap.String("path", c.Path()), zap.Int("files", c.Files()), zap.Int64("bytes", c.Size()),
+			zap.Int("train_bytes", len(c.TrainBytes())), zap.Int("heldout_bytes", len(c.HeldOutBytes())),
+			zap.Float64("unigram_bits_per_byte", c.UnigramEntropy()))
+	}
 	var l Learner = ml
 	if cfg.SyncEvery > 1 {
 		dc := DiLoCoConfig{H: cfg.SyncEvery, LR: cfg.OuterLR, Momentum: cfg.OuterMomentum, Overlap: cfg.OuterOverlap, Steps: cfg.Steps / cfg.SyncEvery}
