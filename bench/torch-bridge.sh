@@ -118,12 +118,7 @@ while [ $# -gt 0 ]; do
 	--hidden) need_arg "$@"; hidden=$2; shift 2 ;;
 	--codecs) need_arg "$@"; codecs=$2; shift 2 ;;
 	--parts) need_arg "$@"; parts=$2; shift 2 ;;
-	--markdown) need_arg "$@"; markdown=$2; shift 2 ;;
-	--timeout) need_arg "$@"; timeout_s=$2; shift 2 ;;
-	--wait) need_arg "$@"; wait_s=$2; shift 2 ;;
-	--logdir) need_arg "$@"; logdir=$2; shift 2 ;;
-	-h | --help) help; exit 0 ;;
-	*) usage_err "unknown argument $1" ;;
+	*) common_flag "$@"; shift 2 ;;
 	esac
 done
 
@@ -171,165 +166,13 @@ command -v go >/dev/null 2>&1 || die "go is not on PATH"
 [ "$do_bridge$do_ddp" = 00 ] || "$PY" -c 'import torch' 2>/dev/null ||
 	die "$PY cannot import torch (scripts/setup.sh installs python3-torch)"
 
-# --- work directory, cleanup -----------------------------------------------------
+# --- hosts, daemons, cleanup (bench/cluster.sh) --------------------------------------
 
-host_ns() { echo "$PREFIX-h$1"; }
-host_ip() { echo "$SUBNET.$((10 + $1))"; }
-our_namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$PREFIX-(h[0-9]+|br|probe)\$" || true; }
-
-start_s=$SECONDS
-status=1
-built=0
-pids=()
-if [ -n "$logdir" ]; then
-	mkdir -p "$logdir"
-	work=$(cd "$logdir" && pwd)
-	keep_work=1
-else
-	work=$(mktemp -d /tmp/p2pt-torch-bridge.XXXXXX)
-	keep_work=0
-fi
-
-kill_ours() {
-	local p
-	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	pids=()
-}
-
-on_exit() {
-	local rc=$?
-	trap - EXIT INT TERM
-	[ "$status" = 0 ] || [ "$rc" = 0 ] || status=$rc
-	kill_ours
-	if [ "$built" = 1 ]; then
-		"$ROOT/bench/netns.sh" --cleanup >/dev/null 2>&1 || say "bench/netns.sh --cleanup failed; run it by hand"
-	fi
-	if { [ "$status" = 0 ] && [ "$keep_work" = 0 ]; } || [ -z "$(ls -A "$work")" ]; then
-		[ "$keep_work" = 1 ] || rm -rf "$work"
-	else
-		say "logs in $work"
-	fi
-	exit "$status"
-}
-trap on_exit EXIT
-trap 'say "interrupted"; status=130; exit 130' INT
-trap 'say "terminated"; status=143; exit 143' TERM
-
-# --- build, network ----------------------------------------------------------------
-
-left=$(our_namespaces | paste -sd ' ')
-if [ -n "$left" ]; then
-	[ "$wait_s" -gt 0 ] || die "namespaces $left exist (another run uses them; bench/netns.sh --cleanup removes leftovers); --wait S waits for them"
-	say "namespaces $left exist: waiting up to ${wait_s}s for them to go"
-	deadline=$((SECONDS + wait_s))
-	while [ -n "$(our_namespaces)" ]; do
-		[ "$SECONDS" -lt "$deadline" ] || die "namespaces $(our_namespaces | paste -sd ' ') still exist after ${wait_s}s"
-		sleep 20
-	done
-fi
-say "building bin/p2ptrain"
-(cd "$ROOT" && timeout 600 go build -o bin/p2ptrain ./cmd/p2ptrain) || die "go build ./cmd/p2ptrain failed"
-BIN=$ROOT/bin/p2ptrain
-
-built=1
-"$ROOT/bench/netns.sh" --up --hosts "$hosts" --rate "$rate" 2>"$work/netns.err" ||
-	{ cat "$work/netns.err" >&2; die "bench/netns.sh --up failed"; }
+WORK_NAME=p2pt-torch-bridge CLUSTER_TAG=torch-bench
+# shellcheck source=bench/cluster.sh
+. "$ROOT/bench/cluster.sh"
+cluster_up --rate "$rate"
 say "$hosts hosts at $rate, MLP 784-$hidden-$hidden-10 ($params parameters, fp32 ring ≈ $(awk -v t="$ring_s" 'BEGIN { printf "%.0f", t * 1000 }') ms/step at the link rate), batch $batch, $steps steps, timeout ${timeout_s}s per run; logs in $work"
-
-"$BIN" keygen --swarm-key "$work/swarm.key" >/dev/null 2>&1 || die "p2ptrain keygen --swarm-key failed"
-ids=()
-for ((i = 1; i <= hosts; i++)); do
-	ids+=("$("$BIN" keygen --identity "$work/h$i.identity")") || die "p2ptrain keygen --identity failed"
-done
-boot="/ip4/$(host_ip 1)/tcp/$PORT/p2p/${ids[0]}"
-
-# --- running one configuration on every host ---------------------------------------
-
-# bg NAME HOST CMD...: runs CMD in host's namespace, bounded by the run's timeout,
-# stdout/stderr to $work/NAME.out/.err; its pid is appended to pids.
-bg() {
-	local name=$1 i=$2
-	shift 2
-	echo "ip netns exec $(host_ns "$i") $*" >"$work/$name.cmd"
-	timeout -k 5 "$timeout_s" ip netns exec "$(host_ns "$i")" "$@" >"$work/$name.out" 2>"$work/$name.err" </dev/null &
-	pids+=($!)
-}
-
-show_tail() { # name
-	say "--- $1 stderr, last lines:"
-	tail -n 12 "$work/$1.err" >&2 || true
-	say "--- $1 stdout, last lines:"
-	tail -n 5 "$work/$1.out" >&2 || true
-}
-
-# wait_all NAME...: waits for every process in pids (their log names in order);
-# when one fails, the others are stopped and the run fails.
-wait_all() {
-	local names=("$@") n=${#pids[@]} k code failed="" done_n=0
-	local -A rc=()
-	while [ "$done_n" -lt "$n" ]; do
-		for ((k = 0; k < n; k++)); do
-			[ -z "${rc[$k]:-}" ] || continue
-			kill -0 "${pids[k]}" 2>/dev/null && continue
-			code=0
-			wait "${pids[k]}" || code=$?
-			rc[$k]=$code
-			done_n=$((done_n + 1))
-			[ "$code" = 0 ] || [ -n "$failed" ] || failed=$k
-		done
-		[ -z "$failed" ] || break
-		sleep 0.3
-	done
-	if [ -n "$failed" ]; then
-		code=${rc[$failed]}
-		show_tail "${names[failed]}"
-		kill_ours
-		if [ "$code" = 124 ] || [ "$code" = 137 ]; then
-			die "${names[failed]} still running after ${timeout_s}s (timeout)"
-		fi
-		die "${names[failed]} failed: exit status $code"
-	fi
-	pids=()
-}
-
-# quiesce: nothing of the previous run may still run on a host (a daemon
-# lingering for its peers would take CPU from the next run).
-quiesce() {
-	local i t p
-	for ((t = 0; t < 50; t++)); do
-		p=""
-		for ((i = 1; i <= hosts; i++)); do p+=$(ip netns pids "$(host_ns "$i")" 2>/dev/null || true); done
-		[ -n "$p" ] || return 0
-		sleep 0.3
-	done
-	for ((i = 1; i <= hosts; i++)); do
-		p=$(ip netns pids "$(host_ns "$i")" 2>/dev/null || true)
-		# shellcheck disable=SC2086 # one pid per word; only this script starts processes there
-		[ -z "$p" ] || kill -KILL $p 2>/dev/null || true
-	done
-}
-
-# start_daemons RUN CONFIG FLAGS...: a daemon on every host, host 1 first (the
-# others once it listens); log names RUN-hI-d; {host} in FLAGS becomes hI.
-start_daemons() {
-	local run=$1 cfg=$2 i t args
-	shift 2
-	for ((i = 1; i <= hosts; i++)); do
-		args=(join --config "$cfg" --listen "/ip4/$(host_ip "$i")/tcp/$PORT" --swarm-key "$work/swarm.key"
-			--identity "$work/h$i.identity" --name "h$i" --cluster "torch-bench-$run" --mdns=false
-			--api 127.0.0.1:7420 --log-format json --steps "$steps" --min-peers "$hosts" "${@//\{host\}/h$i}")
-		[ "$i" = 1 ] || args+=(--bootstrap "$boot")
-		bg "$run-h$i-d" "$i" "$BIN" "${args[@]}"
-		if [ "$i" = 1 ]; then
-			for ((t = 0; t < 150; t++)); do
-				ip netns exec "$(host_ns 1)" ss -Hltn "sport = :$PORT" 2>/dev/null | grep -q . && break
-				kill -0 "${pids[0]}" 2>/dev/null || { show_tail "$run-h1-d"; die "$run: the daemon on h1 exited at start"; }
-				sleep 0.2
-			done
-		fi
-	done
-}
 
 # script_ms FILE: ms/step over steps 50..last from the script's "step S loss L X ms/step"
 # lines (X: mean since its start, so t(S) = S·X).
@@ -337,12 +180,6 @@ script_ms() {
 	awk -v a=50 -v b="$last_step" '$1 == "step" && $NF == "ms/step" {
 		if ($2 == a) ta = $2 * $(NF - 1); if ($2 == b) tb = $2 * $(NF - 1) }
 		END { if (ta == "" || tb == "") exit 1; printf "%.2f\n", (tb - ta) / (b - a) }' "$1"
-}
-
-# progress_ts FILE STEP: the "ts" of the first JSON progress line of STEP.
-progress_ts() {
-	awk -v s="\"step\":$2," 'index($0, "\"msg\":\"progress\"") && index($0, s) {
-		if (match($0, /"ts":"[^"]+"/)) print substr($0, RSTART + 6, RLENGTH - 7); exit }' "$1"
 }
 
 # progress_ms FILE: the same from a daemon's JSON progress lines (their "ts").
@@ -361,8 +198,6 @@ progress_bytes() {
 		awk '$1 >= 50 { s += $2; n++ } END { if (!n) exit 1; printf "%.0f\n", s / n }'
 }
 
-median() { sort -g | awk '{ v[NR] = $1 } END { if (!NR) exit 1; m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f\n", m }'; }
-field() { sed -nE "s/.*[[:space:]]$1=([^[:space:]]+).*/\1/p" <<<"$2"; } # name line
 
 declare -A r_ms=() r_acc=() r_bytes=() r_label=()
 rows=()
