@@ -228,15 +228,17 @@ func TestProcessesAgreeOnRing(t *testing.T) {
 	took = eventually(t, 1500*time.Millisecond+3*time.Second, "3 processes agree after kill -9", func() error { return sameRing(peers, 3) })
 	t.Logf("after kill -9: 3 processes agreed %s after the kill (failure timeout 1.5s)", took)
 
-	// SIGTERM leaves cleanly: exit code 0 and the others re-form without waiting for the timeout.
+	// SIGTERM leaves cleanly: exit code 143 (128 + SIGTERM, what shells
+	// expect of an interrupted command) and the others re-form without
+	// waiting for the timeout.
 	leaver := peers[2]
 	if err := leaver.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-leaver.done:
-		if leaver.err != nil {
-			t.Fatalf("SIGTERM: %v", leaver.err)
+		if code := leaver.cmd.ProcessState.ExitCode(); code != 143 {
+			t.Fatalf("SIGTERM: exit code %d (%v), want 143", code, leaver.err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("peer did not exit within 10s of SIGTERM")

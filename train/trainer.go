@@ -942,7 +942,7 @@ func (t *Trainer) finish(ctx context.Context) (Result, error) {
 	if math.IsNaN(st.Loss) || math.IsInf(st.Loss, 0) {
 		// Finite parameters so large that the loss overflows: the model
 		// diverged (a member's huge gradient, or a learning rate too high).
-		// A done line with loss=NaN would pass for a result.
+		// A done line with test_loss=NaN would pass for a result.
 		return Result{}, fmt.Errorf("%w: its loss after step %d is %v although every parameter is finite (lower train.lr, set train.clip_norm, or set allreduce.robust against a member's huge gradients)", errDiverged, t.step, st.Loss)
 	}
 	if t.cfg.CheckpointDir != "" {
@@ -985,9 +985,9 @@ func (r Result) String() string {
 		return fmt.Sprintf("done step=%d train_loss=%.4f param_hash=%s", r.Step, r.Loss, r.ParamHash)
 	}
 	if r.BitsPerByte > 0 {
-		return fmt.Sprintf("done step=%d loss=%.4f accuracy=%.4f bits_per_byte=%.4f param_hash=%s", r.Step, r.Loss, r.Accuracy, r.BitsPerByte, r.ParamHash)
+		return fmt.Sprintf("done step=%d test_loss=%.4f accuracy=%.4f bits_per_byte=%.4f param_hash=%s", r.Step, r.Loss, r.Accuracy, r.BitsPerByte, r.ParamHash)
 	}
-	return fmt.Sprintf("done step=%d loss=%.4f accuracy=%.4f param_hash=%s", r.Step, r.Loss, r.Accuracy, r.ParamHash)
+	return fmt.Sprintf("done step=%d test_loss=%.4f accuracy=%.4f param_hash=%s", r.Step, r.Loss, r.Accuracy, r.ParamHash)
 }
 
 // lateMembers sorts the members of ep that are not in ready: slow ones

@@ -35,7 +35,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // cmdBenchCodecs runs `p2ptrain bench codecs`: every codec (or the --codecs
 // list) on a seeded gradient-like input, as a table or a JSON list.
 func cmdBenchCodecs(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench codecs", stderr)
+	fs := newFlagSet("bench codecs", stdout)
 	size := &sizeFlag{n: codecbench.DefaultSize}
 	fs.Var(size, "size", "number of float32 `VALUES` to encode (e.g. 4096, 1Mi)")
 	asJSON := fs.Bool("json", false, "print a JSON list of {codec, ratio, encode_gbps, decode_gbps, rel_error}")

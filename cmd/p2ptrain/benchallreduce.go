@@ -76,7 +76,7 @@ func addBenchAllreduceFlags(fs *flag.FlagSet) *benchAllreduceFlags {
 // cmdBenchAllreduce runs `p2ptrain bench allreduce`, in-process or as a
 // member of a real cluster.
 func cmdBenchAllreduce(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench allreduce", stderr)
+	fs := newFlagSet("bench allreduce", stdout)
 	f := addBenchAllreduceFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err

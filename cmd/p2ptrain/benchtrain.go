@@ -38,7 +38,7 @@ type trainBenchResult struct {
 // backward, the host optimizer and the copy of the parameters back to every
 // device) on each device set given, without peers, and prints samples/s.
 func cmdBenchTrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench train", stderr)
+	fs := newFlagSet("bench train", stdout)
 	var sets stringList
 	fs.Var(&sets, "devices", "comma-separated device `SPECS` trained together, e.g. cpu, cuda (every GPU) or cuda:0,cuda:1; "+
 		"repeat the flag to measure several sets (default cpu)")

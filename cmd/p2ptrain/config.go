@@ -23,22 +23,33 @@ func loadConfig(path string) (config.Config, error) {
 		return cfg, usagef("config: %v", err)
 	}
 	if err := decodeConfig(data, &cfg); err != nil {
+		var uk unknownKeys
+		if errors.As(err, &uk) {
+			return cfg, usageError{uk} // the rest was decoded: resolve reports these with the others
+		}
 		return cfg, usagef("config %s: %v", path, err)
 	}
 	return cfg, nil
 }
+
+// unknownKeys are a config file's keys that no setting has. go-toml decodes
+// the rest of the document before it reports them, so the range checks can
+// still run and every problem is reported in one pass.
+type unknownKeys []string
+
+func (u unknownKeys) Error() string { return strings.Join(u, "\n") }
 
 func decodeConfig(data []byte, cfg *config.Config) error {
 	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
 	err := dec.Decode(cfg)
 	var strict *toml.StrictMissingError
 	if errors.As(err, &strict) {
-		var msgs []string
+		var msgs unknownKeys
 		for _, e := range strict.Errors {
 			row, _ := e.Position()
-			msgs = append(msgs, fmt.Sprintf("unknown key %q (line %d)", strings.Join(e.Key(), "."), row))
+			msgs = append(msgs, fmt.Sprintf("  unknown key %q (line %d)", strings.Join(e.Key(), "."), row))
 		}
-		return errors.New(strings.Join(msgs, "; "))
+		return msgs
 	}
 	var de *toml.DecodeError
 	if errors.As(err, &de) {

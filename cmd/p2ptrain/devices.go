@@ -48,7 +48,7 @@ type cudaStatus struct {
 }
 
 func cmdDevices(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("devices", stderr)
+	fs := newFlagSet("devices", stdout)
 	asJSON := fs.Bool("json", false, "print the list as JSON")
 	if err := parseFlags(fs, args); err != nil {
 		return err

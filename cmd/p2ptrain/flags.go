@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"strings"
 )
@@ -21,21 +20,29 @@ func (s *stringList) Set(v string) error {
 	return nil
 }
 
-// newFlagSet returns a flag set that reports errors instead of exiting.
-func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+// newFlagSet returns a flag set that reports errors instead of exiting and
+// prints its help (-h) to stdout.
+func newFlagSet(name string, stdout io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(stdout)
 	return fs
 }
 
 // parseFlags parses args, turning flag errors into usage errors and rejecting
-// stray positional arguments.
+// stray positional arguments. -h prints the usage to the flag set's output
+// (stdout); an error prints nothing here: main prints it once, with a hint
+// where the usage is.
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return errHelp
-		}
-		return usageError{fmt.Errorf("%s: %w", fs.Name(), err)}
+	out := fs.Output()
+	fs.SetOutput(io.Discard) // the flag package prints errors and the usage on its own
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	if errors.Is(err, flag.ErrHelp) {
+		fs.Usage()
+		return errHelp
+	}
+	if err != nil {
+		return usagef("%s: %w\n  (p2ptrain help %s lists the flags)", fs.Name(), err, fs.Name())
 	}
 	if fs.NArg() > 0 {
 		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))

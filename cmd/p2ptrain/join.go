@@ -59,7 +59,7 @@ func addPeerFlags(fs *flag.FlagSet) *peerFlags {
 	fs.BoolVar(&p.mdns, "mdns", true, "discover peers on the LAN with mDNS")
 	fs.StringVar(&p.logLevel, "log-level", "", "log `LEVEL`: debug, info, warn, error")
 	fs.StringVar(&p.logFormat, "log-format", "", "log `FORMAT`: console or json")
-	fs.StringVar(&p.model, "model", "", "model to train: `NAME` mlp or cnn")
+	fs.StringVar(&p.model, "model", "", "model to train: `NAME` mlp, cnn or gpt")
 	fs.StringVar(&p.codec, "codec", "", "gradient codec `SPEC` (e.g. none, sint8, qsgd:bits=4)")
 	fs.IntVar(&p.steps, "steps", 0, "training steps (0: join without training)")
 	fs.IntVar(&p.minPeers, "min-peers", 0, "peers to wait for before the first step")
@@ -71,7 +71,8 @@ func addPeerFlags(fs *flag.FlagSet) *peerFlags {
 // resolve loads the config file and applies the flags given on the command line.
 func (p *peerFlags) resolve() (config.Config, error) {
 	cfg, err := loadConfig(p.config)
-	if err != nil {
+	var unknown unknownKeys
+	if err != nil && !errors.As(err, &unknown) {
 		return cfg, err
 	}
 	set := setFlags(p.fs)
@@ -103,8 +104,13 @@ func (p *peerFlags) resolve() (config.Config, error) {
 			apply()
 		}
 	}
-	if err := cfg.Validate(); err != nil {
-		return cfg, usageError{fmt.Errorf("invalid configuration:\n%w", err)}
+	verr := cfg.Validate()
+	if unknown != nil || verr != nil {
+		errs := []error{verr}
+		if unknown != nil {
+			errs = []error{fmt.Errorf("%s: %w", p.config, unknown), verr}
+		}
+		return cfg, usageError{fmt.Errorf("invalid configuration:\n%w", errors.Join(errs...))}
 	}
 	return cfg, nil
 }
@@ -135,7 +141,7 @@ func newLogger(cfg config.Log, stderr io.Writer) (*zap.Logger, error) {
 }
 
 func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("join", stderr)
+	fs := newFlagSet("join", stdout)
 	pf := addPeerFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err

@@ -8,7 +8,7 @@ import (
 )
 
 func cmdKeygen(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("keygen", stderr)
+	fs := newFlagSet("keygen", stdout)
 	swarm := fs.String("swarm-key", "", "write a private-network key (libp2p PSK v1) to `FILE`")
 	ident := fs.String("identity", "", "write an Ed25519 peer identity to `FILE` and print its peer ID")
 	if err := parseFlags(fs, args); err != nil {

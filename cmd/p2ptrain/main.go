@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -41,11 +42,33 @@ Usage:
   p2ptrain version                     print the version
 `
 
+// main runs the command. SIGINT and SIGTERM cancel it; a command they
+// ended exits 128 + the signal's number (130, 143) once it has left
+// cleanly, unless it failed for another reason (1 or 2).
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	var got atomic.Int32
+	go func() {
+		if s, ok := (<-sigs).(syscall.Signal); ok {
+			got.Store(int32(s))
+		}
+		cancel()
+	}()
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
+	signal.Stop(sigs)
+	cancel()
+	os.Exit(exitCode(code, syscall.Signal(got.Load())))
+}
+
+// exitCode is the process's exit status for a command that returned code
+// after signal sig (0: none) asked it to stop.
+func exitCode(code int, sig syscall.Signal) int {
+	if code == 0 && sig != 0 {
+		return 128 + int(sig)
+	}
+	return code
 }
 
 // run executes one command line and returns the process exit code.
@@ -70,6 +93,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "p2ptrain", version())
 		return 0
 	case "help", "-h", "--help":
+		if len(args) > 1 && args[0] == "help" && args[1] != "help" {
+			return run(ctx, append(args[1:len(args):len(args)], "--help"), stdout, stderr) // help CMD [SUB]: their own
+		}
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:

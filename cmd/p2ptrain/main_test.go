@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/p2ptrain/p2ptrain/config"
@@ -37,6 +38,8 @@ func TestConfigAndFlagErrors(t *testing.T) {
 	}{
 		{"unknown key", []string{"join", "--config", writeFile(t, "c.toml", "[node]\nlisten = [\"/ip4/127.0.0.1/tcp/0\"]\ncolour = \"red\"\n")},
 			[]string{`unknown key "node.colour"`, "line 3"}},
+		{"unknown key beside a bad value", []string{"join", "--listen", "/ip4/127.0.0.1/tcp/0", "--config", writeFile(t, "c.toml", "[train]\nlrr = 1\nlr = -5\n")},
+			[]string{`unknown key "train.lrr" (line 2)`, "train.lr: -5 must be in (0, 100)"}},
 		{"unknown section", []string{"join", "--config", writeFile(t, "c.toml", "[nodes]\nx = 1\n")},
 			[]string{`unknown key "nodes"`}},
 		{"bad duration", []string{"join", "--config", writeFile(t, "c.toml", "[gossip]\nheartbeat = \"soon\"\n")},
@@ -100,6 +103,59 @@ func TestConfigAndFlagErrors(t *testing.T) {
 				t.Errorf("stderr has a stack trace:\n%s", stderr)
 			}
 		})
+	}
+}
+
+// TestHelpGoesToStdout: every command's help, asked for with -h, --help or
+// `help CMD`, is printed on stdout with exit 0 and nothing on stderr.
+func TestHelpGoesToStdout(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"join", "--help"}, "-steps"},
+		{[]string{"help", "join"}, "-steps"},
+		{[]string{"keygen", "-h"}, "-swarm-key"},
+		{[]string{"help", "status"}, "-api"},
+		{[]string{"help", "bench", "allreduce"}, "-codec"},
+		{[]string{"help", "bench"}, "bench codecs"},
+		{[]string{"help"}, "p2ptrain join"},
+	} {
+		code, stdout, stderr := runCLI(t, tc.args...)
+		if code != 0 || !strings.Contains(stdout, tc.want) || stderr != "" {
+			t.Errorf("%v: exit %d, stdout %q…, stderr %q; want 0, a usage naming %s, nothing", tc.args, code, first(stdout, 80), stderr, tc.want)
+		}
+	}
+}
+
+func first(s string, n int) string { return s[:min(n, len(s))] }
+
+// TestFlagErrorPrintedOnce: a bad flag is reported once, naming the flag,
+// with a one-line hint and no usage dump.
+func TestFlagErrorPrintedOnce(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "join", "--colour")
+	if code != 2 || stdout != "" {
+		t.Fatalf("exit %d, stdout %q; want 2 and nothing", code, stdout)
+	}
+	if n := strings.Count(stderr, "flag provided but not defined: -colour"); n != 1 {
+		t.Errorf("the error appears %d times in stderr:\n%s", n, stderr)
+	}
+	if strings.Contains(stderr, "Usage of") || strings.Count(stderr, "\n") > 2 || !strings.Contains(stderr, "p2ptrain help join") {
+		t.Errorf("stderr should be the error and a one-line hint:\n%s", stderr)
+	}
+}
+
+// TestInterruptedRunExitCode: a command that a signal stopped and that
+// otherwise succeeded exits 128 + the signal; a failure keeps its code.
+func TestInterruptedRunExitCode(t *testing.T) {
+	for _, tc := range []struct {
+		code int
+		sig  syscall.Signal
+		want int
+	}{{0, syscall.SIGINT, 130}, {0, syscall.SIGTERM, 143}, {1, syscall.SIGTERM, 1}, {2, syscall.SIGINT, 2}, {0, 0, 0}} {
+		if got := exitCode(tc.code, tc.sig); got != tc.want {
+			t.Errorf("exitCode(%d, %v) = %d, want %d", tc.code, tc.sig, got, tc.want)
+		}
 	}
 }
 

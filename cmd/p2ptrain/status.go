@@ -14,7 +14,7 @@ import (
 )
 
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("status", stderr)
+	fs := newFlagSet("status", stdout)
 	api := fs.String("api", "127.0.0.1:7420", "the peer's local API `HOST:PORT`")
 	asJSON := fs.Bool("json", false, "print the raw /status document")
 	if err := parseFlags(fs, args); err != nil {

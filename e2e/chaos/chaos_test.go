@@ -476,7 +476,7 @@ func (c *cluster) waitSurvivors(t *testing.T, within time.Duration) {
 }
 
 var (
-	doneRe     = regexp.MustCompile(`^done step=(\d+) loss=(\S+) accuracy=(\S+) .*param_hash=(\w+)`)
+	doneRe     = regexp.MustCompile(`^done step=(\d+) test_loss=(\S+) accuracy=(\S+) .*param_hash=(\w+)`)
 	lostRe     = regexp.MustCompile(`step failed|step not applied|cancelled the step in flight`)
 	discardRe  = regexp.MustCompile(`"steps_discarded":(\d+)`)
 	fatalWords = []string{"panic:", "DATA RACE"}

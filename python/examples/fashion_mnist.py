@@ -16,7 +16,7 @@ The changes from a single-process PyTorch script are the three lines marked ``p2
 DistributedDataParallel (gloo) instead: the baseline that ``bench/torch-bridge.sh`` compares with;
 with ``--local`` alone, with a plain ``opt.step()``.
 
-The last line printed is ``done step=S loss=L accuracy=A param_hash=H`` (H: the SHA-256 of the
+The last line printed is ``done step=S test_loss=L accuracy=A param_hash=H`` (H: the SHA-256 of the
 float32 parameters in the daemon's flat order, the same hash the daemon prints).
 """
 
@@ -186,7 +186,7 @@ def main() -> None:
     test_loss, acc = evaluate(model, tx, ty)
     steps = col.completed_steps
     col.close()
-    print(f"done step={steps} loss={test_loss:.4f} accuracy={acc:.4f} param_hash={flat_hash(model, order)}", flush=True)
+    print(f"done step={steps} test_loss={test_loss:.4f} accuracy={acc:.4f} param_hash={flat_hash(model, order)}", flush=True)
 
 
 def run_baseline(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer,
@@ -216,7 +216,7 @@ def run_baseline(args: argparse.Namespace, model: torch.nn.Module, opt: torch.op
     test_loss, acc = evaluate(model, tx, ty)
     if args.ddp:
         dist.destroy_process_group()
-    print(f"done step={args.steps} loss={test_loss:.4f} accuracy={acc:.4f}", flush=True)
+    print(f"done step={args.steps} test_loss={test_loss:.4f} accuracy={acc:.4f}", flush=True)
 
 
 if __name__ == "__main__":
