@@ -641,15 +641,18 @@ func (v *View) Tick(now time.Time) []Event {
 }
 
 // checkCoordinator excludes the coordinator when it has proposed nothing
-// for Timing.ProposeTimeout although this view needs a new epoch (no
-// epoch yet, the live members differ from the epoch's, or a member asked
-// for one) and counts a quorum for it. A member that heartbeats with the
-// lowest peer ID but never proposes would otherwise hold every other peer
-// out of training for as long as it stays. Any adopted epoch, or another
-// coordinator, starts the wait again. Observers need no ring and wait for
-// nothing. Members the coordinator's heartbeat says it excludes are not
-// held against it: exclusions differ from view to view, and leaving out a
-// member it excludes is what an honest coordinator does.
+// for Timing.ProposeTimeout although a new epoch is needed in a way every
+// view sees alike (no epoch yet, or a live member asks for one after a
+// failed step) and this view counts a quorum. A member that heartbeats
+// with the lowest peer ID but never proposes would otherwise hold every
+// other peer out of training for as long as it stays. A membership that
+// merely looks different from here is not held against it: failure
+// detection differs from view to view (a flooded coordinator once missed
+// heartbeats the others got, proposed nothing they needed, and was
+// excluded by all of them). Any adopted epoch, or another coordinator,
+// starts the wait again. Observers need no ring and wait for nothing.
+// Members the coordinator's heartbeat says it excludes are not held
+// against it either: leaving them out is its job.
 func (v *View) checkCoordinator(now time.Time) []Event {
 	live := v.ringable()
 	c := ""
@@ -663,7 +666,7 @@ func (v *View) checkCoordinator(now time.Time) []Event {
 	want := slices.DeleteFunc(slices.Clone(live), func(id string) bool {
 		return slices.Contains(v.members[c].Excluded, id)
 	})
-	if !v.needsEpoch(want) || v.quorum(live) != nil {
+	if !(v.epoch.Number == 0 || v.wantsNewEpoch(want)) || v.quorum(live) != nil {
 		v.stalled.coordinator = ""
 		return nil
 	}

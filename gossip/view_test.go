@@ -950,3 +950,31 @@ func TestCoordinatorLeavingOutItsExclusionsIsNotBlamed(t *testing.T) {
 		}
 	}
 }
+
+// TestCoordinatorSeeingOtherMembersIsNotBlamed: a coordinator whose ring
+// leaves out a member this view holds alive (its failure detector holds
+// it dead: views differ) is not excluded for that; only a need every view
+// sees alike counts. (Under the chaos suite's frame flood, the others once
+// excluded a coordinator that had missed a member's heartbeats.)
+func TestCoordinatorSeeingOtherMembersIsNotBlamed(t *testing.T) {
+	v := NewView(hb("b", 0), testTiming, t0)
+	e := Epoch{Number: 1, Order: []string{"a", "b", "c"}, Coordinator: "a"}
+	now := t0
+	for seq := uint64(1); seq <= 40; seq++ {
+		now = now.Add(time.Second)
+		for _, id := range []string{"a", "c", "x"} {
+			h := hb(id, seq)
+			if id == "a" {
+				h.Epoch = e
+			}
+			v.Heartbeat(h, now)
+		}
+		v.Tick(now)
+	}
+	if v.Epoch().Number != 1 {
+		t.Fatalf("epoch %d, want a's epoch 1", v.Epoch().Number)
+	}
+	if until, why := v.Excluded("a"); !until.IsZero() {
+		t.Fatalf("the coordinator was excluded: %s", why)
+	}
+}
