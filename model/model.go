@@ -492,7 +492,7 @@ func (m *Model) CheckReplicas() error {
 }
 
 // ParamBytes returns the parameters as little-endian fp32 bytes, in flat order.
-func (m *Model) ParamBytes() []byte { return floatsToBytes(m.params) }
+func (m *Model) ParamBytes() []byte { return FloatBytes(m.params) }
 
 // SetParamBytes replaces the parameters with little-endian fp32 bytes (as
 // ParamBytes makes them) and copies them to every replica.
@@ -500,7 +500,7 @@ func (m *Model) SetParamBytes(p []byte) error {
 	if len(p) != 4*len(m.params) {
 		return fmt.Errorf("model: %s parameter state is %d bytes, want %d", m.name, len(p), 4*len(m.params))
 	}
-	bytesToFloats(m.params, p)
+	BytesToFloats(m.params, p)
 	m.syncReplicas()
 	return nil
 }
@@ -523,7 +523,9 @@ func HashFloats(v []float32) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-func floatsToBytes(v []float32) []byte {
+// FloatBytes returns v as little-endian fp32 bytes (the layout of
+// checkpoints and parameter states).
+func FloatBytes(v []float32) []byte {
 	b := make([]byte, 4*len(v))
 	for i, x := range v {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
@@ -531,7 +533,9 @@ func floatsToBytes(v []float32) []byte {
 	return b
 }
 
-func bytesToFloats(dst []float32, b []byte) {
+// BytesToFloats fills dst from little-endian fp32 bytes b (FloatBytes's
+// layout); b must hold at least 4·len(dst) bytes.
+func BytesToFloats(dst []float32, b []byte) {
 	for i := range dst {
 		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 	}

@@ -269,8 +269,8 @@ func (o *Optimizer) State() []byte {
 	b = append(b, byte(len(name)))
 	b = append(b, name...)
 	b = binary.LittleEndian.AppendUint64(b, uint64(o.n))
-	b = append(b, floatsToBytes(o.m)...)
-	b = append(b, floatsToBytes(o.v)...)
+	b = append(b, FloatBytes(o.m)...)
+	b = append(b, FloatBytes(o.v)...)
 	return b
 }
 
@@ -297,8 +297,8 @@ func (o *Optimizer) SetState(b []byte) error {
 	if want := 4 * (len(o.m) + len(o.v)); len(b) != want {
 		return fmt.Errorf("%w: optimizer state has %d bytes of moments, want %d", ErrBadState, len(b), want)
 	}
-	bytesToFloats(o.m, b)
-	bytesToFloats(o.v, b[4*len(o.m):])
+	BytesToFloats(o.m, b)
+	BytesToFloats(o.v, b[4*len(o.m):])
 	return nil
 }
 

@@ -364,11 +364,9 @@ func (d *DiLoCo) State(step uint64) (*model.Checkpoint, error) {
 	opt := make([]byte, 0, len(diLoCoMagic)+8+4*len(d.velocity)+len(c.Optimizer))
 	opt = append(opt, diLoCoMagic...)
 	opt = binary.LittleEndian.AppendUint64(opt, uint64(len(d.velocity)))
-	for _, v := range d.velocity {
-		opt = binary.LittleEndian.AppendUint32(opt, math.Float32bits(v))
-	}
+	opt = append(opt, model.FloatBytes(d.velocity)...)
 	c.Optimizer = append(opt, c.Optimizer...)
-	c.Params = floatBytes(d.anchor)
+	c.Params = model.FloatBytes(d.anchor)
 	c.Step = int64(step)
 	return c, nil
 }
@@ -399,10 +397,8 @@ func (d *DiLoCo) Restore(ctx context.Context, c *model.Checkpoint) error {
 	if err != nil {
 		return err
 	}
-	for i := range d.velocity {
-		d.velocity[i] = math.Float32frombits(binary.LittleEndian.Uint32(o[head+4*i:]))
-		d.anchor[i] = math.Float32frombits(binary.LittleEndian.Uint32(c.Params[4*i:]))
-	}
+	model.BytesToFloats(d.velocity, o[head:])
+	model.BytesToFloats(d.anchor, c.Params)
 	d.done, d.drifted = false, false
 	return nil
 }
@@ -439,13 +435,4 @@ func (d *DiLoCo) Close() error {
 	d.stop()
 	d.wait()
 	return d.inner.Close()
-}
-
-// floatBytes returns v as little-endian fp32 bytes.
-func floatBytes(v []float32) []byte {
-	b := make([]byte, 0, 4*len(v))
-	for _, x := range v {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
-	}
-	return b
 }

@@ -59,12 +59,10 @@ func (f *fakeInner) SetParams(_ context.Context, p []float32) error {
 	return nil
 }
 func (f *fakeInner) State(step uint64) (*model.Checkpoint, error) {
-	return &model.Checkpoint{Step: int64(step), Params: floatBytes(f.params), Optimizer: append([]byte(nil), f.opt...)}, nil
+	return &model.Checkpoint{Step: int64(step), Params: model.FloatBytes(f.params), Optimizer: append([]byte(nil), f.opt...)}, nil
 }
 func (f *fakeInner) Restore(_ context.Context, c *model.Checkpoint) error {
-	for i := range f.params {
-		f.params[i] = math.Float32frombits(uint32(c.Params[4*i]) | uint32(c.Params[4*i+1])<<8 | uint32(c.Params[4*i+2])<<16 | uint32(c.Params[4*i+3])<<24)
-	}
+	model.BytesToFloats(f.params, c.Params)
 	f.opt = append([]byte(nil), c.Optimizer...)
 	return nil
 }
