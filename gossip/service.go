@@ -423,7 +423,7 @@ func (s *Service) Exclude(peer, reason string) {
 	if d == 0 {
 		return
 	}
-	s.log.Warn("excluding a member from ring epochs", zap.String("peer", peer), zap.Duration("for", d), zap.String("reason", reason))
+	s.emit([]Event{{Exclusion: &ExclusionChange{Peer: peer, For: d, Reason: reason}}}) // logged there
 	s.Beat()
 }
 

@@ -69,9 +69,9 @@ type Event struct {
 	Exclusion *ExclusionChange
 }
 
-// ExclusionChange is a member the view excluded on its own evidence (a
-// forged epoch, a coordinator that proposes nothing); exclusions the
-// trainer asks for are logged by Service.Exclude.
+// ExclusionChange is a member excluded from ring epochs: by the view on
+// its own evidence (a forged epoch, a coordinator that proposes nothing)
+// or at the trainer's request (Service.Exclude).
 type ExclusionChange struct {
 	Peer   string
 	For    time.Duration

@@ -7,14 +7,25 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+
+	"github.com/p2ptrain/p2ptrain/telemetry"
 )
 
-// apiServer serves /status and /metrics on a local address.
+// historyDoc is the /history document: the records after ?since=N (all
+// those kept without it), oldest first, and the number to pass as since
+// next time.
+type historyDoc struct {
+	Records []telemetry.Record `json:"records"`
+	Last    uint64             `json:"last"`
+}
+
+// apiServer serves /status, /history and /metrics on a local address.
 type apiServer struct {
 	ln   net.Listener
 	srv  *http.Server
@@ -35,6 +46,21 @@ func startAPI(addr string, n *Node, log *zap.Logger) (*apiServer, error) {
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(n.Status()); err != nil {
 			log.Debug("write /status", zap.Error(err))
+		}
+	})
+	mux.HandleFunc("GET /history", func(w http.ResponseWriter, r *http.Request) {
+		var since uint64
+		if v := r.URL.Query().Get("since"); v != "" {
+			var err error
+			if since, err = strconv.ParseUint(v, 10, 64); err != nil {
+				http.Error(w, "since: not a record number: "+v, http.StatusBadRequest)
+				return
+			}
+		}
+		recs, last := n.History(since)
+		w.Header().Set("Content-Type", "application/json")
+		if err := json.NewEncoder(w).Encode(historyDoc{Records: recs, Last: last}); err != nil {
+			log.Debug("write /history", zap.Error(err))
 		}
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))

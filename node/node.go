@@ -37,6 +37,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/protocol/probe"
 	"github.com/p2ptrain/p2ptrain/protocol/ringstream"
 	"github.com/p2ptrain/p2ptrain/protocol/statesync"
+	"github.com/p2ptrain/p2ptrain/telemetry"
 )
 
 // Version is the software version, reported in heartbeats and /status.
@@ -66,6 +67,9 @@ type Node struct {
 	app       []byte
 	wantEpoch uint64
 	training  Training
+	// history keeps the run's timeline for /history; sinks get it too.
+	history *telemetry.History
+	sinks   telemetry.Tee
 
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -103,7 +107,7 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 	if cfg.Node.Name == "" {
 		cfg.Node.Name, _ = os.Hostname()
 	}
-	n := &Node{cfg: cfg, log: log, bw: metrics.NewBandwidthCounter()}
+	n := &Node{cfg: cfg, log: log, bw: metrics.NewBandwidthCounter(), history: telemetry.NewHistory(historyRecords)}
 	n.host, n.cm, err = newHost(hostParams{identity: identity, psk: psk, listen: listen, maxPeers: cfg.Node.MaxPeers, bw: n.bw})
 	if err != nil {
 		return nil, err
@@ -263,6 +267,7 @@ func (n *Node) watch(ctx context.Context, events <-chan gossip.Event) {
 			if !ok {
 				return
 			}
+			n.recordEvent(ev)
 			if ev.Epoch != nil {
 				n.protectNeighbors(*ev.Epoch)
 			}

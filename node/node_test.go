@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/node/nodetest"
+	"github.com/p2ptrain/p2ptrain/telemetry"
 )
 
 const (
@@ -306,3 +308,60 @@ func get(url string) ([]byte, error) {
 	}
 	return io.ReadAll(resp.Body)
 }
+
+func TestAPIHistoryHasTheRingsEventsAndTheTrainersRecords(t *testing.T) {
+	cfg := testConfig()
+	cfg.Node.API = "127.0.0.1:0"
+	n := startNode(t, cfg, nil)
+	var sunk []telemetry.Record
+	var mu sync.Mutex
+	n.AddSink(sinkFunc(func(r telemetry.Record) {
+		mu.Lock()
+		sunk = append(sunk, r)
+		mu.Unlock()
+	}))
+	type doc struct {
+		Records []telemetry.Record `json:"records"`
+		Last    uint64             `json:"last"`
+	}
+	read := func(url string) (doc, error) {
+		var d doc
+		body, err := get(url)
+		if err == nil {
+			err = json.Unmarshal(body, &d)
+		}
+		return d, err
+	}
+	var d doc
+	eventually(t, 10*time.Second, "history shows the first epoch", func() (err error) {
+		if d, err = read("http://" + n.APIAddr() + "/history"); err != nil {
+			return err
+		}
+		for _, r := range d.Records {
+			if r.Event == telemetry.EventEpoch && r.Peer == n.ID().String() && r.Peers == 1 {
+				return nil
+			}
+		}
+		return fmt.Errorf("no epoch event in %+v", d.Records)
+	})
+	n.Add(telemetry.Record{Kind: telemetry.KindStep, Step: 1, Loss: 2.5})
+	d2, err := read(fmt.Sprintf("http://%s/history?since=%d", n.APIAddr(), d.Last))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d2.Records) == 0 || d2.Records[len(d2.Records)-1].Loss != 2.5 || d2.Records[0].Seq != d.Last+1 {
+		t.Fatalf("history since %d = %+v; want the newer records, ending with the step", d.Last, d2)
+	}
+	mu.Lock()
+	if len(sunk) == 0 || sunk[len(sunk)-1].Loss != 2.5 {
+		t.Errorf("the added sink did not get the step record: %+v", sunk)
+	}
+	mu.Unlock()
+	if _, err := get("http://" + n.APIAddr() + "/history?since=x"); err == nil || !strings.Contains(err.Error(), "400") {
+		t.Errorf("a bad since: %v, want 400 Bad Request", err)
+	}
+}
+
+type sinkFunc func(telemetry.Record)
+
+func (f sinkFunc) Add(r telemetry.Record) { f(r) }

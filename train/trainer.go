@@ -14,6 +14,7 @@ import (
 	"hash/fnv"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/model"
 	"github.com/p2ptrain/p2ptrain/plan"
 	"github.com/p2ptrain/p2ptrain/protocol/statesync"
+	"github.com/p2ptrain/p2ptrain/telemetry"
 )
 
 // pollInterval is how often the trainer re-reads the membership view while it
@@ -59,6 +61,9 @@ type Result struct {
 	// BitsPerByte is the held-out loss in bits per byte of a byte-level
 	// language model (gpt; 0 for the others): Loss / ln 2.
 	BitsPerByte float64
+	// Retries counts failed attempts at a step (each was retried), and
+	// Resyncs the training states this peer took over from a member.
+	Retries, Resyncs int
 }
 
 // Trainer runs the data-parallel step loop of one peer: local gradients on
@@ -74,6 +79,13 @@ type Trainer struct {
 	progress func(Progress)
 	report   func(Status)
 	linger   time.Duration
+	// timeline receives a record per step, evaluation and event (never nil).
+	timeline telemetry.Sink
+	// idleSince is when the last step ended (or Run began): the time until
+	// the next step starts is waiting (Record.WaitS).
+	idleSince time.Time
+	// retries counts failed attempts at a step.
+	retries int
 
 	l      Learner
 	codecs []compress.Codec
@@ -140,6 +152,10 @@ type Options struct {
 	// GradHook, when set (tests), sees every local gradient bucket before
 	// it is sent.
 	GradHook func(step uint64, bucket int, g []float32)
+	// Telemetry, when set, receives a record for every step, evaluation and
+	// training event (failed steps and who was blamed, re-syncs,
+	// checkpoints).
+	Telemetry telemetry.Sink
 }
 
 // New builds the built-in model, optimizer and data of the [train]
@@ -183,7 +199,10 @@ func NewWithLearner(c Cluster, l Learner, cfg config.Train, ar config.Allreduce,
 		o.Log = zap.NewNop()
 	}
 	t := &Trainer{c: c, self: c.Self(), l: l, step: l.Step(), cfg: cfg, arCfg: ar, log: o.Log.Named("train"), progress: o.Progress,
-		report: o.Status, linger: o.Linger, gradHook: o.GradHook, lastEval: -1, loss: -1}
+		report: o.Status, linger: o.Linger, gradHook: o.GradHook, lastEval: -1, loss: -1, timeline: o.Telemetry}
+	if t.timeline == nil {
+		t.timeline = telemetry.Tee(nil)
+	}
 	for b := range l.Buckets() {
 		c, err := t.newCodec(t.arCfg.Codec, b)
 		if err != nil {
@@ -315,6 +334,7 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	}
 	t.publish()
 	t.c.ServeState(t.serveState)
+	t.idleSince = time.Now()
 	for t.step < uint64(t.cfg.Steps) {
 		ep, err := t.waitEpoch(ctx)
 		if err != nil {
@@ -536,6 +556,7 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64, want st
 	}
 	t.publish()
 	t.log.Info("training state synchronised", zap.String("from", src), zap.Uint64("step", step), zap.String("param_hash", hash))
+	t.event(telemetry.EventResync, src, "took over its training state at step "+strconv.FormatUint(step, 10))
 	return nil
 }
 
@@ -646,6 +667,8 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 			}
 			if errors.Is(context.Cause(stepCtx), errEpochChanged) {
 				t.log.Info("a newer ring epoch cancelled the step in flight; retrying it there", zap.Uint64("step", t.step))
+				t.retries++
+				t.event(telemetry.EventStepFailed, "", "a newer ring epoch cancelled the step in flight")
 				plan.ResetCodecs(t.codecs)
 				failed = true
 				break
@@ -666,11 +689,15 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 				} else {
 					t.log.Warn("step not applied; retrying it in a new ring epoch", zap.Uint64("step", t.step), zap.Error(err))
 				}
+				t.retries++
+				t.event(telemetry.EventStepFailed, "", err.Error())
 				plan.ResetCodecs(t.codecs)
 				retry = true
 				break
 			}
 			t.log.Warn("step failed; retrying it in a new ring epoch", zap.Uint64("step", t.step), zap.Error(err))
+			t.retries++
+			t.event(telemetry.EventStepFailed, blamed(err), err.Error())
 			t.blame(err, ep)
 			plan.ResetCodecs(t.codecs)
 			failed = true
@@ -736,7 +763,9 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 			addErr = err
 		}
 	})
+	computed := time.Now()
 	werr := round.Wait()
+	reduced := time.Now()
 	if err := errors.Join(cerr, addErr, werr); err != nil {
 		return err
 	}
@@ -755,9 +784,15 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 	if err != nil {
 		return err
 	}
-	elapsed := time.Since(start).Seconds()
+	end := time.Now()
+	elapsed := end.Sub(start).Seconds()
 	sent := float64(tr.Sent() - sentBefore)
 	samples := float64(sh.Global)
+	allreduceS := reduced.Sub(computed).Seconds()
+	t.timeline.Add(telemetry.Record{Kind: telemetry.KindStep, Time: end, Step: t.step, Steps: uint64(t.cfg.Steps),
+		Loss: loss, SamplesPerS: samples / elapsed, BytesSent: sent, StepS: elapsed, ComputeS: elapsed - allreduceS,
+		AllreduceS: allreduceS, WaitS: max(start.Sub(t.idleSince).Seconds(), 0), Codec: t.codecs[0].Spec(), Peers: world, Epoch: epoch})
+	t.idleSince = end
 	t.loss = loss
 	t.status.Step, t.status.Loss, t.status.SamplesPerS, t.status.BytesPerStep = t.step, loss, samples/elapsed, sent
 	if err := t.afterStep(ctx); err != nil {
@@ -769,6 +804,20 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 			SamplesPerS: samples / elapsed, BytesPerStep: sent, Peers: world, Epoch: epoch})
 	}
 	return nil
+}
+
+// event records a training event about member peer ("" for none).
+func (t *Trainer) event(name, peer, msg string) {
+	t.timeline.Add(telemetry.Record{Kind: telemetry.KindEvent, Step: t.step, Event: name, Peer: peer, Message: msg})
+}
+
+// blamed returns the member a failed step's error names, or "".
+func blamed(err error) string {
+	var pe *allreduce.PeerError
+	if errors.As(err, &pe) {
+		return string(pe.Peer)
+	}
+	return ""
 }
 
 // errNonFinite marks a run stopped because its parameters are not finite.
@@ -874,6 +923,14 @@ func (t *Trainer) evaluate() (model.Stats, error) {
 		fields = append(fields, zap.Float64("bits_per_byte", data.BitsPerByte(st.Loss)))
 	}
 	t.log.Info("evaluation", fields...)
+	rec := telemetry.Record{Kind: telemetry.KindEval, Step: t.step, TestLoss: &st.Loss}
+	if acc := st.Accuracy(); t.cfg.Model != "gpt" {
+		rec.Accuracy = &acc
+	} else {
+		bpb := data.BitsPerByte(st.Loss)
+		rec.BitsPerByte = &bpb
+	}
+	t.timeline.Add(rec)
 	return st, nil
 }
 
@@ -892,6 +949,7 @@ func (t *Trainer) checkpoint() {
 		return
 	}
 	t.log.Info("checkpoint written", zap.String("path", path), zap.Uint64("step", t.step))
+	t.event(telemetry.EventCheckpoint, "", path)
 }
 
 // checkParams compares this peer's last parameter hash with the coordinator's
@@ -948,7 +1006,7 @@ func (t *Trainer) finish(ctx context.Context) (Result, error) {
 	if t.cfg.CheckpointDir != "" {
 		t.checkpoint()
 	}
-	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.hash}
+	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.hash, Retries: t.retries, Resyncs: t.syncs}
 	if t.cfg.Model == "gpt" {
 		res.BitsPerByte = data.BitsPerByte(st.Loss)
 	}

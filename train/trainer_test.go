@@ -26,6 +26,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/node/nodetest"
 	"github.com/p2ptrain/p2ptrain/plan"
 	"github.com/p2ptrain/p2ptrain/protocol/probe"
+	"github.com/p2ptrain/p2ptrain/telemetry"
 )
 
 // These tests train a small mlp on a slice of Fashion-MNIST (Debian's
@@ -91,6 +92,8 @@ type trainPeer struct {
 
 	mu       sync.Mutex
 	progress []Progress
+	// timeline holds the trainer's telemetry records.
+	timeline *telemetry.History
 }
 
 func startTrainer(t *testing.T, cfg config.Config, onProgress func(*trainPeer, Progress)) *trainPeer {
@@ -113,7 +116,7 @@ func startTrainerWrapped(t *testing.T, cfg config.Config, onProgress func(*train
 		t.Fatalf("start node: %v", err)
 	}
 	t.Cleanup(func() { n.Kill() })
-	p := &trainPeer{n: n, done: make(chan struct{})}
+	p := &trainPeer{n: n, done: make(chan struct{}), timeline: telemetry.NewHistory(1 << 14)}
 	var c Cluster = n
 	if wrap != nil {
 		c = wrap(n)
@@ -131,7 +134,8 @@ func startTrainerWrapped(t *testing.T, cfg config.Config, onProgress func(*train
 		Linger:   2 * cfg.Gossip.FailureTimeout.D(),
 		Train:    fashion.train,
 		Test:     fashion.test,
-		GradHook: gradHook,
+		GradHook:  gradHook,
+		Telemetry: p.timeline,
 	})
 	if err != nil {
 		t.Fatalf("trainer: %v", err)
@@ -302,6 +306,12 @@ func survivesKilledPeer(t *testing.T, config func(int, int, ...string) config.Co
 		p.wait(t, 60*time.Second)
 	}
 	res := sameResult(t, peers[:2], steps)
+	// The operator sees why: a survivor's timeline records the failed step.
+	recs, _ := peers[0].timeline.Since(0)
+	if !slices.ContainsFunc(recs, func(r telemetry.Record) bool { return r.Event == telemetry.EventStepFailed }) &&
+		!slices.ContainsFunc(recs, func(r telemetry.Record) bool { return r.Event == telemetry.EventResync }) {
+		t.Errorf("a survivor's timeline records no failed step nor re-sync after a member died")
+	}
 	t.Logf("2 survivors finished with hash %s", res.ParamHash[:16])
 }
 

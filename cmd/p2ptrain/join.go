@@ -17,6 +17,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/data"
 	"github.com/p2ptrain/p2ptrain/node"
+	"github.com/p2ptrain/p2ptrain/telemetry"
 	"github.com/p2ptrain/p2ptrain/train"
 )
 
@@ -166,10 +167,11 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return nil
 	}
 	opts := train.Options{
-		Log:      log,
-		Progress: progressPrinter(stderr, log),
-		Status:   func(s train.Status) { n.SetTraining(trainingStatus(s)) },
-		Linger:   2 * cfg.Gossip.FailureTimeout.D(),
+		Log:       log,
+		Progress:  progressPrinter(stderr, log),
+		Status:    func(s train.Status) { n.SetTraining(trainingStatus(s)) },
+		Linger:    2 * cfg.Gossip.FailureTimeout.D(),
+		Telemetry: n,
 	}
 	var res train.Result
 	if cfg.Train.Trainer == config.TrainerExternal {
@@ -184,6 +186,7 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	clearProgress(stderr)
+	n.Add(telemetry.Record{Kind: telemetry.KindEvent, Step: res.Step, Event: telemetry.EventDone, Message: res.String()})
 	fmt.Fprintln(stdout, res)
 	return nil
 }
