@@ -168,3 +168,10 @@ func (n *Node) AliveCount() int {
 	}
 	return c
 }
+
+// Traffic returns the bytes this peer has sent and received over libp2p
+// since it started, all protocols together.
+func (n *Node) Traffic() (sent, received int64) {
+	t := n.bw.GetBandwidthTotals()
+	return t.TotalOut, t.TotalIn
+}

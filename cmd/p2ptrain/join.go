@@ -157,7 +157,14 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// A trainer enters rings once it is running (its first payload), not
 	// while it loads data or waits for its training process.
 	cfg.Node.AwaitApp = true
-	n, log, leave, err := startPeer(ctx, cfg, stdout, stderr)
+	// On a terminal the progress line stays at the bottom, below the logs.
+	var live *liveLine
+	logOut := stderr
+	if isTerminal(stderr) && cfg.Train.Steps > 0 {
+		live = &liveLine{w: stderr}
+		logOut = live
+	}
+	n, log, leave, err := startPeer(ctx, cfg, stdout, logOut)
 	if err != nil {
 		return err
 	}
@@ -168,12 +175,13 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	opts := train.Options{
 		Log:       log,
-		Progress:  progressPrinter(stderr, log),
+		Progress:  progressPrinter(live, log),
 		Status:    func(s train.Status) { n.SetTraining(trainingStatus(s)) },
 		Linger:    2 * cfg.Gossip.FailureTimeout.D(),
 		Telemetry: n,
 	}
 	var res train.Result
+	start := time.Now()
 	if cfg.Train.Trainer == config.TrainerExternal {
 		res, err = runExternal(ctx, n, cfg, opts, stdout)
 	} else {
@@ -185,9 +193,11 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		return err
 	}
-	clearProgress(stderr)
+	clearProgress(live)
 	n.Add(telemetry.Record{Kind: telemetry.KindEvent, Step: res.Step, Event: telemetry.EventDone, Message: res.String()})
-	fmt.Fprintln(stdout, res)
+	sent, received := n.Traffic()
+	fmt.Fprintln(stdout, runSummary(res, time.Since(start), sent, received))
+	fmt.Fprintln(stdout, res) // the last line, for scripts
 	return nil
 }
 
