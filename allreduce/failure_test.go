@@ -27,13 +27,7 @@ func failRound(t *testing.T, w int, cfg allreduce.Config, opts memtransport.Opti
 	c := newCluster(t, w, 5, cfg, opts)
 	defer c.close()
 	setup(c)
-	d := randData(1, w, 1000)
-	data := make([][][]float32, w)
-	codecs := make([][]compress.Codec, w)
-	for i := range data {
-		data[i] = [][]float32{d[i]}
-		codecs[i] = []compress.Codec{fakeFP32{}}
-	}
+	d, data, codecs := oneBucket(w)
 	outs, errs := c.round(9, data, codecs)
 	pes := make([]*allreduce.PeerError, w)
 	for i, err := range errs {
@@ -61,6 +55,19 @@ func failRound(t *testing.T, w int, cfg allreduce.Config, opts memtransport.Opti
 		}
 	}
 	return pes
+}
+
+// oneBucket is the data of a step of one 1000-value fp32 bucket on w peers:
+// each peer's gradient, and the same as the buckets and codecs of c.round.
+func oneBucket(w int) (d [][]float32, data [][][]float32, codecs [][]compress.Codec) {
+	d = randData(1, w, 1000)
+	data = make([][][]float32, w)
+	codecs = make([][]compress.Codec, w)
+	for i := range data {
+		data[i] = [][]float32{d[i]}
+		codecs[i] = []compress.Codec{fakeFP32{}}
+	}
+	return d, data, codecs
 }
 
 func TestPeerDiesMidRound(t *testing.T) {

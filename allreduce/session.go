@@ -232,6 +232,7 @@ func (s *Session) wakeFlush() {
 
 // fail records the session's first failure and returns it (or the earlier one).
 func (s *Session) fail(err error) error {
+	s.noteRejected(err)
 	s.mu.Lock()
 	if s.err != nil {
 		e := s.err
@@ -247,6 +248,26 @@ func (s *Session) fail(err error) error {
 	s.log.Warn("all-reduce failed, aborting epoch", zap.Error(err))
 	go s.abort(err)
 	return err
+}
+
+// noteRejected passes err to the transport's FrameRejecter when it is the
+// refusal of a peer's frame detected here (not a local failure, a timeout,
+// a broken link, or a neighbour's abort notice).
+func (s *Session) noteRejected(err error) {
+	fr, ok := s.t.(FrameRejecter)
+	if !ok {
+		return
+	}
+	var pe *PeerError
+	if !errors.As(err, &pe) || pe.Reporter != s.ep.Self || pe.Peer == s.ep.Self {
+		return
+	}
+	for _, refused := range []error{ErrBadFrame, ErrEpochMismatch, ErrCodecMismatch, ErrFrameTooLarge} {
+		if errors.Is(pe.Err, refused) {
+			fr.FrameRejected(pe.Peer, err)
+			return
+		}
+	}
 }
 
 func (s *Session) errNow() error {

@@ -144,3 +144,15 @@ func ReadFrame(r io.Reader, max int, buf []byte) ([]byte, error) {
 	}
 	return buf, nil
 }
+
+// FrameRejecter is an optional interface of a Transport: a Session tells it
+// of every frame from a peer that it refused (one that failed validation,
+// named another epoch or codec, fell outside the round's step window, or was
+// too large), just before the refusal fails the session. Package
+// protocol/ringstream counts them for the node's metrics.
+type FrameRejecter interface {
+	// FrameRejected reports a frame from peer from refused with err (which
+	// wraps ErrBadFrame, ErrEpochMismatch, ErrCodecMismatch or
+	// ErrFrameTooLarge). It must not block.
+	FrameRejected(from PeerID, err error)
+}

@@ -63,8 +63,9 @@ type Service struct {
 	notifiee   network.Notifiee
 	learnAddrs func(peer.ID)
 	// sent counts all-reduce bytes written (frames and their length
-	// prefixes), over every epoch.
-	sent atomic.Uint64
+	// prefixes), over every epoch; rejected counts the frames the epochs'
+	// sessions refused.
+	sent, rejected atomic.Uint64
 
 	mu      sync.Mutex
 	epochs  map[epochKey]*Transport
@@ -238,6 +239,11 @@ func (rn *Service) forget(t *Transport) {
 // Sent returns the all-reduce bytes written successfully, over every epoch.
 func (rn *Service) Sent() uint64 { return rn.sent.Load() }
 
+// Rejected returns the frames that all-reduce sessions over this service's
+// transports refused (invalid, of another epoch or codec, too large), over
+// every epoch.
+func (rn *Service) Rejected() uint64 { return rn.rejected.Load() }
+
 // Transport implements allreduce.Transport for one epoch over libp2p streams.
 type Transport struct {
 	rn    *Service
@@ -253,7 +259,10 @@ type Transport struct {
 	done chan struct{}
 }
 
-var _ allreduce.Transport = (*Transport)(nil)
+var (
+	_ allreduce.EpochTransport = (*Transport)(nil)
+	_ allreduce.FrameRejecter  = (*Transport)(nil)
+)
 
 type outLink struct {
 	mu  sync.Mutex
@@ -398,6 +407,10 @@ func (t *Transport) Send(ctx context.Context, to allreduce.PeerID, frame []byte)
 // Sent returns the bytes this epoch's Send calls wrote successfully
 // (frames and their length prefixes).
 func (t *Transport) Sent() uint64 { return t.sent.Load() }
+
+// FrameRejected implements allreduce.FrameRejecter: the session refused a
+// frame that came over this transport; the service counts it.
+func (t *Transport) FrameRejected(allreduce.PeerID, error) { t.rn.rejected.Add(1) }
 
 // Recv reads the next frame from peer from, waiting for its stream if needed.
 func (t *Transport) Recv(ctx context.Context, from allreduce.PeerID) ([]byte, error) {

@@ -3,6 +3,7 @@ package ringstream
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
+	"github.com/p2ptrain/p2ptrain/compress"
 	"github.com/p2ptrain/p2ptrain/internal/p2ptest"
 )
 
@@ -106,5 +108,39 @@ func TestReadHello(t *testing.T) {
 	short := appendHello(nil, k)
 	if _, err := readHello(bytes.NewReader(short[:len(short)-1])); err == nil {
 		t.Fatal("truncated digest accepted")
+	}
+}
+
+// TestRejectedCountsRefusedFrames: a frame that the receiving session
+// refuses is counted by the receiver's service, not by the sender's.
+func TestRejectedCountsRefusedFrames(t *testing.T) {
+	a, b, sa, sb := servicePair(t)
+	defer sa.Close()
+	defer sb.Close()
+	ep := allreduce.Ring{Number: 3, Peers: []allreduce.PeerID{allreduce.PeerID(a.ID().String()), allreduce.PeerID(b.ID().String())}}
+	ea, eb := ep, ep
+	ea.Self, eb.Self = ep.Peers[0], ep.Peers[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := sa.Open(ea).Send(ctx, eb.Self, []byte("not an all-reduce frame, but long enough to have a header")); err != nil {
+		t.Fatal(err)
+	}
+	sess, err := allreduce.NewSession(eb, sb.Open(eb), allreduce.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	const n = 1000
+	codec, err := compress.New("none", compress.Options{Layout: compress.FlatLayout(n)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := sess.NewRound(ctx, 0)
+	_ = r.Add(allreduce.Bucket{Codec: codec, Data: make([]float32, n), Out: make([]float32, n)})
+	if err := r.Wait(); !errors.Is(err, allreduce.ErrBadFrame) {
+		t.Fatalf("round over a garbage frame: %v, want ErrBadFrame", err)
+	}
+	if sb.Rejected() != 1 || sa.Rejected() != 0 {
+		t.Fatalf("rejected frames: receiver %d, sender %d; want 1 and 0", sb.Rejected(), sa.Rejected())
 	}
 }
