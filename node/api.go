@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
@@ -37,8 +36,7 @@ func startAPI(addr string, n *Node, log *zap.Logger) (*apiServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: local API on %s: %w (set node.api or --api to another address, or \"\" to turn it off)", addr, err)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(newCollector(n))
+	reg := newRegistry(n)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -88,43 +86,4 @@ func (s *apiServer) close() error {
 	err := s.srv.Shutdown(ctx)
 	<-s.done
 	return err
-}
-
-// collector exports the node's figures to Prometheus at scrape time.
-type collector struct {
-	n                                   *Node
-	alive, epoch, gossipMsgs, protoByte *prometheus.Desc
-}
-
-func newCollector(n *Node) *collector {
-	return &collector{
-		n:          n,
-		alive:      prometheus.NewDesc("p2ptrain_alive_peers", "Alive members of the cluster, this peer included.", nil, nil),
-		epoch:      prometheus.NewDesc("p2ptrain_ring_epoch", "Number of the adopted ring epoch.", nil, nil),
-		gossipMsgs: prometheus.NewDesc("p2ptrain_gossip_messages_total", "Gossip messages by direction (in, out, rejected).", []string{"direction"}, nil),
-		protoByte:  prometheus.NewDesc("p2ptrain_protocol_bytes_total", "Bytes sent and received per libp2p protocol.", []string{"protocol", "direction"}, nil),
-	}
-}
-
-func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.alive, c.epoch, c.gossipMsgs, c.protoByte} {
-		ch <- d
-	}
-}
-
-func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	_, epoch := c.n.gsp.Snapshot()
-	ch <- prometheus.MustNewConstMetric(c.alive, prometheus.GaugeValue, float64(c.n.AliveCount()))
-	ch <- prometheus.MustNewConstMetric(c.epoch, prometheus.GaugeValue, float64(epoch.Number))
-	st := c.n.gsp.Stats()
-	ch <- prometheus.MustNewConstMetric(c.gossipMsgs, prometheus.CounterValue, float64(st.In), "in")
-	ch <- prometheus.MustNewConstMetric(c.gossipMsgs, prometheus.CounterValue, float64(st.Out), "out")
-	ch <- prometheus.MustNewConstMetric(c.gossipMsgs, prometheus.CounterValue, float64(st.Rejected), "rejected")
-	for proto, s := range c.n.bw.GetBandwidthByProtocol() {
-		if proto == "" {
-			proto = "(connection setup)"
-		}
-		ch <- prometheus.MustNewConstMetric(c.protoByte, prometheus.CounterValue, float64(s.TotalIn), string(proto), "in")
-		ch <- prometheus.MustNewConstMetric(c.protoByte, prometheus.CounterValue, float64(s.TotalOut), string(proto), "out")
-	}
 }
