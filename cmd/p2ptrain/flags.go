@@ -33,6 +33,35 @@ func newFlagSet(name string, stdout io.Writer) *flag.FlagSet {
 // (stdout); an error prints nothing here: main prints it once, with a hint
 // where the usage is.
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := parseOnce(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	}
+	return nil
+}
+
+// parseFlagsAndArgs is parseFlags for commands that take positional
+// arguments: they may come before, between or after the flags, and are
+// returned in order.
+func parseFlagsAndArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := parseOnce(fs, args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// parseOnce runs fs.Parse, printing the usage for -h and turning errors
+// into usage errors.
+func parseOnce(fs *flag.FlagSet, args []string) error {
 	out := fs.Output()
 	fs.SetOutput(io.Discard) // the flag package prints errors and the usage on its own
 	err := fs.Parse(args)
@@ -43,9 +72,6 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	}
 	if err != nil {
 		return usagef("%s: %w\n  (p2ptrain help %s lists the flags)", fs.Name(), err, fs.Name())
-	}
-	if fs.NArg() > 0 {
-		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
 	}
 	return nil
 }

@@ -39,6 +39,8 @@ Usage:
   p2ptrain bench train [--devices SET]... [--model M] [--batch N] [--steps N] [--json]
                                        local training speed (samples/s) per device set, e.g. cpu or cuda
   p2ptrain devices [--json]            list the CPU and the CUDA GPUs found, or why none is usable
+  p2ptrain plot FILE... -o OUT.svg|OUT.png [--label NAME]... [--title T]
+                                       draw training curves from metrics files (join --metrics-file)
   p2ptrain version                     print the version
 `
 
@@ -89,6 +91,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdBench(ctx, args[1:], stdout, stderr)
 	case "devices":
 		err = cmdDevices(args[1:], stdout, stderr)
+	case "plot":
+		err = cmdPlot(args[1:], stdout)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "p2ptrain", version())
 		return 0
