@@ -297,6 +297,28 @@ type Log struct {
 	Level string `toml:"level"`
 	// Format: console or json.
 	Format string `toml:"format"`
+	// MetricsFile, when set, receives every step, evaluation and event
+	// record of the run as JSON Lines (created or truncated at start; its
+	// directory must exist).
+	MetricsFile string `toml:"metrics_file"`
+}
+
+// validateMetricsFile checks that log.metrics_file, when set, names a file
+// in a directory that exists, and not a directory itself.
+func (l *Log) validateMetricsFile(bad func(key, format string, args ...any)) {
+	if l.MetricsFile == "" {
+		return
+	}
+	if st, err := os.Stat(l.MetricsFile); err == nil && st.IsDir() {
+		bad("log.metrics_file", "%q is a directory; name a file in it", l.MetricsFile)
+		return
+	}
+	dir := filepath.Dir(l.MetricsFile)
+	if st, err := os.Stat(dir); err != nil {
+		bad("log.metrics_file", "directory of %q: %v", l.MetricsFile, err)
+	} else if !st.IsDir() {
+		bad("log.metrics_file", "%q: %s is not a directory", l.MetricsFile, dir)
+	}
 }
 
 // DefaultConfig returns the defaults documented in config.toml.
@@ -477,6 +499,7 @@ func (c *Config) Validate() error {
 	default:
 		bad("log.format", "%q is not one of console, json", c.Log.Format)
 	}
+	c.Log.validateMetricsFile(bad)
 	return errors.Join(errs...)
 }
 

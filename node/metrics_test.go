@@ -3,7 +3,9 @@ package node
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -222,5 +224,28 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	for _, p := range problems {
 		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+}
+
+// TestSinksGetTheRecordsTime: a record made without a time reaches the
+// added sinks with the time /history shows for it.
+func TestSinksGetTheRecordsTime(t *testing.T) {
+	n := startNode(t, testConfig(), nil)
+	var mu sync.Mutex
+	var sunk []telemetry.Record
+	n.AddSink(sinkFunc(func(r telemetry.Record) {
+		if r.Event == telemetry.EventCheckpoint {
+			mu.Lock()
+			sunk = append(sunk, r)
+			mu.Unlock()
+		}
+	}))
+	n.Add(telemetry.Record{Kind: telemetry.KindEvent, Event: telemetry.EventCheckpoint, Message: "ckpt"})
+	recs, _ := n.History(0)
+	i := slices.IndexFunc(recs, func(r telemetry.Record) bool { return r.Event == telemetry.EventCheckpoint })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sunk) != 1 || sunk[0].Time.IsZero() || i < 0 || !recs[i].Time.Equal(sunk[0].Time) {
+		t.Fatalf("sink got %+v, history %+v: want the checkpoint once, with the history's time", sunk, recs)
 	}
 }

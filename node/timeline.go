@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/telemetry"
@@ -11,10 +12,14 @@ import (
 // second, over an hour of a run.
 const historyRecords = 1 << 12
 
-// Add implements telemetry.Sink: the node keeps the record for /history
-// and passes it to the sinks given to AddSink. The trainer sends its step,
-// evaluation and event records here; the node adds the ring's events.
+// Add implements telemetry.Sink: the node stamps the record with the time
+// now if it has none, keeps it for /history and passes it to the sinks
+// given to AddSink. The trainer sends its step, evaluation and event
+// records here; the node adds the ring's events.
 func (n *Node) Add(r telemetry.Record) {
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
 	n.mu.Lock()
 	if r.Kind == telemetry.KindEvent && r.Step == 0 {
 		r.Step = n.step

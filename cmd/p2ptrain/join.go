@@ -43,6 +43,7 @@ type peerFlags struct {
 	minPeers  int
 	trainer   string
 	socket    string
+	metrics   string
 }
 
 func addPeerFlags(fs *flag.FlagSet) *peerFlags {
@@ -66,6 +67,7 @@ func addPeerFlags(fs *flag.FlagSet) *peerFlags {
 	fs.IntVar(&p.minPeers, "min-peers", 0, "peers to wait for before the first step")
 	fs.StringVar(&p.trainer, "trainer", "", "`KIND` builtin, or external: all-reduce for a local PyTorch process (docs/pytorch.md)")
 	fs.StringVar(&p.socket, "socket", "", "Unix socket `PATH` the external training process connects to")
+	fs.StringVar(&p.metrics, "metrics-file", "", "write every step, evaluation and event record to `FILE` as JSON Lines (docs/operating.md)")
 	return p
 }
 
@@ -84,22 +86,23 @@ func (p *peerFlags) resolve() (config.Config, error) {
 		cfg.Node.Listen = p.listen
 	}
 	for name, apply := range map[string]func(){
-		"swarm-key":  func() { cfg.Node.SwarmKey = p.swarmKey },
-		"identity":   func() { cfg.Node.Identity = p.identity },
-		"api":        func() { cfg.Node.API = p.api },
-		"api-public": func() { cfg.Node.APIPublic = p.apiPublic },
-		"name":       func() { cfg.Node.Name = p.name },
-		"cluster":    func() { cfg.Node.Cluster = p.cluster },
-		"open":       func() { cfg.Node.Open = p.open },
-		"mdns":       func() { cfg.Node.MDNS = p.mdns },
-		"log-level":  func() { cfg.Log.Level = p.logLevel },
-		"log-format": func() { cfg.Log.Format = p.logFormat },
-		"model":      func() { cfg.Train.Model = p.model },
-		"codec":      func() { cfg.Allreduce.Codec = p.codec },
-		"steps":      func() { cfg.Train.Steps = p.steps },
-		"min-peers":  func() { cfg.Train.MinPeers = p.minPeers },
-		"trainer":    func() { cfg.Train.Trainer = p.trainer },
-		"socket":     func() { cfg.Train.Socket = p.socket },
+		"swarm-key":    func() { cfg.Node.SwarmKey = p.swarmKey },
+		"identity":     func() { cfg.Node.Identity = p.identity },
+		"api":          func() { cfg.Node.API = p.api },
+		"api-public":   func() { cfg.Node.APIPublic = p.apiPublic },
+		"name":         func() { cfg.Node.Name = p.name },
+		"cluster":      func() { cfg.Node.Cluster = p.cluster },
+		"open":         func() { cfg.Node.Open = p.open },
+		"mdns":         func() { cfg.Node.MDNS = p.mdns },
+		"log-level":    func() { cfg.Log.Level = p.logLevel },
+		"log-format":   func() { cfg.Log.Format = p.logFormat },
+		"model":        func() { cfg.Train.Model = p.model },
+		"codec":        func() { cfg.Allreduce.Codec = p.codec },
+		"steps":        func() { cfg.Train.Steps = p.steps },
+		"min-peers":    func() { cfg.Train.MinPeers = p.minPeers },
+		"trainer":      func() { cfg.Train.Trainer = p.trainer },
+		"socket":       func() { cfg.Train.Socket = p.socket },
+		"metrics-file": func() { cfg.Log.MetricsFile = p.metrics },
 	} {
 		if set[name] {
 			apply()
@@ -169,6 +172,15 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer leave()
+	mf, err := openMetricsFile(n, cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := mf.Close(); err != nil {
+			log.Error("metrics file", zap.Error(err))
+		}
+	}()
 	if cfg.Train.Steps == 0 {
 		<-ctx.Done()
 		return nil
@@ -198,7 +210,7 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	sent, received := n.Traffic()
 	fmt.Fprintln(stdout, runSummary(res, time.Since(start), sent, received))
 	fmt.Fprintln(stdout, res) // the last line, for scripts
-	return nil
+	return mf.Close()
 }
 
 // runBuiltin trains train.model.
