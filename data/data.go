@@ -38,49 +38,69 @@ type IDX struct {
 // bytes. A gzip stream (magic 1f 8b) is decompressed first. Every size is
 // checked before it is trusted; malformed input is an ErrBadIDX error.
 func ReadIDX(r io.Reader) (*IDX, error) {
+	s, err := idxStream(r)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	return readIDX(s)
+}
+
+// idxStream returns the IDX bytes of r: r's own, or, for a gzip stream
+// (magic 1f 8b), their decompression.
+func idxStream(r io.Reader) (io.ReadCloser, error) {
 	br := bufio.NewReader(r)
 	if head, err := br.Peek(2); err == nil && head[0] == 0x1f && head[1] == 0x8b {
 		zr, err := gzip.NewReader(br)
 		if err != nil {
 			return nil, fmt.Errorf("%w: gzip: %v", ErrBadIDX, err)
 		}
-		defer zr.Close()
-		return readIDX(zr)
+		return zr, nil
 	}
-	return readIDX(br)
+	return io.NopCloser(br), nil
 }
 
-func readIDX(r io.Reader) (*IDX, error) {
+// readIDXHeader reads an IDX header, the magic and the dimensions, and
+// returns the dimensions and their product (the data bytes that follow).
+func readIDXHeader(r io.Reader) (dims []int, total uint64, err error) {
 	var magic [4]byte
 	if _, err := io.ReadFull(r, magic[:]); err != nil {
-		return nil, fmt.Errorf("%w: reading magic: %v", ErrBadIDX, err)
+		return nil, 0, fmt.Errorf("%w: reading magic: %v", ErrBadIDX, err)
 	}
 	if magic[0] != 0 || magic[1] != 0 {
-		return nil, fmt.Errorf("%w: magic %x does not start with two zero bytes", ErrBadIDX, magic)
+		return nil, 0, fmt.Errorf("%w: magic %x does not start with two zero bytes", ErrBadIDX, magic)
 	}
 	if magic[2] != 0x08 {
-		return nil, fmt.Errorf("%w: element type 0x%02x, only unsigned bytes (0x08) are supported", ErrBadIDX, magic[2])
+		return nil, 0, fmt.Errorf("%w: element type 0x%02x, only unsigned bytes (0x08) are supported", ErrBadIDX, magic[2])
 	}
 	nd := int(magic[3])
 	if nd < 1 || nd > 4 {
-		return nil, fmt.Errorf("%w: %d dimensions (want 1 to 4)", ErrBadIDX, nd)
+		return nil, 0, fmt.Errorf("%w: %d dimensions (want 1 to 4)", ErrBadIDX, nd)
 	}
-	dims := make([]int, nd)
-	total := uint64(1)
+	dims = make([]int, nd)
+	total = 1
 	for i := range dims {
 		var b [4]byte
 		if _, err := io.ReadFull(r, b[:]); err != nil {
-			return nil, fmt.Errorf("%w: reading dimension %d: %v", ErrBadIDX, i, err)
+			return nil, 0, fmt.Errorf("%w: reading dimension %d: %v", ErrBadIDX, i, err)
 		}
 		d := binary.BigEndian.Uint32(b[:])
 		if d == 0 {
-			return nil, fmt.Errorf("%w: dimension %d is zero", ErrBadIDX, i)
+			return nil, 0, fmt.Errorf("%w: dimension %d is zero", ErrBadIDX, i)
 		}
 		total *= uint64(d)
 		if total > maxIDXBytes {
-			return nil, fmt.Errorf("%w: declared size exceeds %d bytes", ErrBadIDX, maxIDXBytes)
+			return nil, 0, fmt.Errorf("%w: declared size exceeds %d bytes", ErrBadIDX, maxIDXBytes)
 		}
 		dims[i] = int(d)
+	}
+	return dims, total, nil
+}
+
+func readIDX(r io.Reader) (*IDX, error) {
+	dims, total, err := readIDXHeader(r)
+	if err != nil {
+		return nil, err
 	}
 	// Grow with the data actually present, never trusting the header alone.
 	var buf bytes.Buffer

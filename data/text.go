@@ -144,18 +144,22 @@ func LoadText(path string, opts TextOptions) (*TextCorpus, error) {
 	return c, nil
 }
 
-// readTree reads the matching files under root in walk order.
-func readTree(root string, opts TextOptions) ([]byte, int, error) {
+// textFile is a file of a corpus directory and its size.
+type textFile struct {
+	path string
+	size int64
+}
+
+// listTree lists the non-empty matching files under root in walk order,
+// until their sizes add up to opts.MaxBytes (when it is positive), and
+// returns their total size.
+func listTree(root string, opts TextOptions) ([]textFile, int64, error) {
 	// Walk a symlinked root: WalkDir does not follow a link, even at the root.
 	real, err := filepath.EvalSymlinks(root)
 	if err != nil {
 		return nil, 0, fmt.Errorf("data: text: %w", err)
 	}
-	type file struct {
-		path string
-		size int64
-	}
-	var list []file
+	var list []textFile
 	var sum int64
 	err = filepath.WalkDir(real, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -171,13 +175,22 @@ func readTree(root string, opts TextOptions) ([]byte, int, error) {
 		if info.Size() == 0 {
 			return nil
 		}
-		list = append(list, file{p, info.Size()})
+		list = append(list, textFile{p, info.Size()})
 		sum += info.Size()
 		if opts.MaxBytes > 0 && sum >= opts.MaxBytes {
 			return filepath.SkipAll
 		}
 		return nil
 	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return list, sum, nil
+}
+
+// readTree reads the matching files under root in walk order.
+func readTree(root string, opts TextOptions) ([]byte, int, error) {
+	list, sum, err := listTree(root, opts)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -571,12 +584,18 @@ func GoSourceDir() (string, error) {
 // LoadGoSource loads the default text corpus, the Go standard library's
 // source (GoSourceDir), with opts; Extensions defaults to ".go".
 func LoadGoSource(opts TextOptions) (*TextCorpus, error) {
-	dir, err := GoSourceDir()
+	dir, opts, err := goSource(opts)
 	if err != nil {
 		return nil, err
 	}
+	return LoadText(dir, opts)
+}
+
+// goSource returns GoSourceDir and opts with Extensions defaulting to ".go".
+func goSource(opts TextOptions) (string, TextOptions, error) {
+	dir, err := GoSourceDir()
 	if len(opts.Extensions) == 0 {
 		opts.Extensions = []string{".go"}
 	}
-	return LoadText(dir, opts)
+	return dir, opts, err
 }
