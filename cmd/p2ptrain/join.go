@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/libp2p/go-libp2p/gologshim"
@@ -25,6 +26,7 @@ import (
 type peerFlags struct {
 	fs        *flag.FlagSet
 	config    string
+	sets      stringList
 	bootstrap stringList
 	listen    stringList
 	swarmKey  string
@@ -49,6 +51,8 @@ type peerFlags struct {
 func addPeerFlags(fs *flag.FlagSet) *peerFlags {
 	p := &peerFlags{fs: fs}
 	fs.StringVar(&p.config, "config", "", "read settings from TOML `FILE` (see config.toml)")
+	fs.Var(&p.sets, "set", "set a config key, over the file and P2PTRAIN_<SECTION>_<KEY> variables: `SECTION.KEY=VALUE` "+
+		"(repeatable; e.g. train.steps=100, train.hidden=256,256; docs/configuration.md)")
 	fs.Var(&p.bootstrap, "bootstrap", "bootstrap `MULTIADDR` ending in /p2p/<peer-id> (repeatable)")
 	fs.Var(&p.listen, "listen", "listen on TCP `MULTIADDR` (repeatable; default /ip4/0.0.0.0/tcp/4001)")
 	fs.StringVar(&p.swarmKey, "swarm-key", "", "private-network key `FILE` (p2ptrain keygen --swarm-key)")
@@ -71,12 +75,17 @@ func addPeerFlags(fs *flag.FlagSet) *peerFlags {
 	return p
 }
 
-// resolve loads the config file and applies the flags given on the command line.
+// resolve loads the config file, applies the P2PTRAIN_ environment
+// variables, --set and the other flags given on the command line, in that
+// order, and checks the result (Validate, then preflight). Every problem is
+// reported at once, as a usage error.
 func (p *peerFlags) resolve() (config.Config, error) {
 	cfg, err := loadConfig(p.config)
 	var unknown unknownKeys
+	oerr := applyOverrides(&cfg, os.Environ(), p.sets)
 	if err != nil && !errors.As(err, &unknown) {
-		return cfg, err
+		// Without the file's settings the rest cannot be checked meaningfully.
+		return cfg, usageError{errors.Join(err, oerr)}
 	}
 	set := setFlags(p.fs)
 	if set["bootstrap"] {
@@ -108,13 +117,12 @@ func (p *peerFlags) resolve() (config.Config, error) {
 			apply()
 		}
 	}
-	verr := cfg.Validate()
-	if unknown != nil || verr != nil {
-		errs := []error{verr}
-		if unknown != nil {
-			errs = []error{fmt.Errorf("%s: %w", p.config, unknown), verr}
-		}
-		return cfg, usageError{fmt.Errorf("invalid configuration:\n%w", errors.Join(errs...))}
+	errs := []error{oerr, cfg.Validate(), preflight(cfg)}
+	if unknown != nil {
+		errs = append([]error{fmt.Errorf("%s: %w", p.config, unknown)}, errs...)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return cfg, usageError{fmt.Errorf("invalid configuration:\n%w", err)}
 	}
 	return cfg, nil
 }

@@ -91,18 +91,25 @@ func TestConfigAndFlagErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			code, _, stderr := runCLI(t, tt.args...)
-			if code != 2 {
-				t.Fatalf("exit code %d, want 2; stderr:\n%s", code, stderr)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(stderr, w) {
-					t.Errorf("stderr lacks %q:\n%s", w, stderr)
-				}
-			}
-			if strings.Contains(stderr, "goroutine ") || strings.Contains(stderr, "panic") {
-				t.Errorf("stderr has a stack trace:\n%s", stderr)
-			}
+			wantUsageError(t, code, stderr, tt.want)
 		})
+	}
+}
+
+// wantUsageError checks that a command exited 2 with every fragment of
+// want in its stderr, and no stack trace.
+func wantUsageError(t *testing.T, code int, stderr string, want []string) {
+	t.Helper()
+	if code != 2 {
+		t.Fatalf("exit code %d, want 2; stderr:\n%s", code, stderr)
+	}
+	for _, w := range want {
+		if !strings.Contains(stderr, w) {
+			t.Errorf("stderr lacks %q:\n%s", w, stderr)
+		}
+	}
+	if strings.Contains(stderr, "goroutine ") || strings.Contains(stderr, "panic") {
+		t.Errorf("stderr has a stack trace:\n%s", stderr)
 	}
 }
 

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/p2ptrain/p2ptrain/config"
+	"github.com/p2ptrain/p2ptrain/data"
+	"github.com/p2ptrain/p2ptrain/gpu"
+	"github.com/p2ptrain/p2ptrain/gpu/cuda"
+	"github.com/p2ptrain/p2ptrain/model"
+	"github.com/p2ptrain/p2ptrain/node"
+)
+
+// preflight checks what config.Validate cannot see in the values alone:
+// that the files and devices the configuration names can be read and
+// opened, so a peer with a bad configuration exits 2 before it starts and
+// announces itself. It reads the swarm key and the identity (as node.New
+// will), and for a peer that trains with the built-in trainer finds its
+// dataset (IDX headers, or the corpus's size; a small corpus is loaded)
+// and its devices (CUDA's driver and libraries, and the GPU indices).
+// Every problem is reported, each naming its key; values Validate rejects
+// are left to it.
+func preflight(cfg config.Config) error {
+	var errs []error
+	if p := cfg.Node.SwarmKey; p != "" {
+		if _, err := node.LoadSwarmKey(p); err != nil {
+			errs = append(errs, keyError("node.swarm_key", err))
+		}
+	}
+	if p := cfg.Node.Identity; p != "" {
+		if _, err := node.LoadIdentity(p); err != nil {
+			errs = append(errs, keyError("node.identity", err))
+		}
+	}
+	if cfg.Train.Steps > 0 && cfg.Train.Trainer == config.TrainerBuiltin {
+		errs = append(errs, checkDataset(cfg.Train), checkDevices(cfg.Train.Devices))
+	}
+	return errors.Join(errs...)
+}
+
+// keyError names key in err, dropping the package prefix ("node: ") its
+// message starts with.
+func keyError(key string, err error) error {
+	msg := err.Error()
+	if pkg, rest, ok := strings.Cut(msg, ": "); ok && !strings.ContainsAny(pkg, " /") {
+		msg = rest
+	}
+	return fmt.Errorf("%s: %s", key, msg)
+}
+
+// checkDataset finds train.model's data: the gpt's text corpus
+// (train.data), or Fashion-MNIST (train.data_dir) for the others.
+func checkDataset(t config.Train) error {
+	switch {
+	case t.Model == "gpt":
+		opts := data.TextOptions{Extensions: t.DataExt, HeldOut: data.DefaultHeldOut, MaxBytes: t.DataMaxBytes, Context: t.GPT.Context}
+		var err error
+		if t.Data == "" {
+			err = data.CheckGoSource(opts)
+		} else if _, serr := os.Stat(t.Data); serr == nil { // Validate reports a path it cannot stat
+			err = data.CheckText(t.Data, opts)
+		}
+		if err != nil {
+			return keyError("train.data", err)
+		}
+	case slices.Contains(model.Names(), t.Model):
+		if err := data.CheckFashionMNIST(t.DataDir); err != nil {
+			if t.DataDir == "" && errors.Is(err, data.ErrNoDataset) {
+				err = fmt.Errorf("%w, or set train.data_dir", err)
+			}
+			return keyError("train.data_dir", err)
+		}
+	}
+	return nil
+}
+
+// checkDevices reports the train.devices that cannot be opened, without
+// opening them: a CPU index out of range, a device listed twice, or a CUDA
+// device when no GPU is usable (no driver, no device, no cuBLAS or NVRTC)
+// or the driver has no such index. Specs Validate rejects are skipped.
+func checkDevices(specs []string) error {
+	var errs []error
+	var gpus []cuda.DeviceInfo
+	var gpuErr error
+	probed := false
+	seen := map[string]bool{}
+	for i, spec := range specs {
+		s, err := gpu.ParseSpec(spec)
+		if err != nil {
+			continue
+		}
+		key := fmt.Sprintf("train.devices[%d]", i)
+		var names []string
+		switch s.Kind {
+		case "cpu":
+			if s.Index >= gpu.MaxCPUDevices {
+				errs = append(errs, fmt.Errorf("%s: %q: cpu index %d out of range [0, %d)", key, spec, s.Index, gpu.MaxCPUDevices))
+				continue
+			}
+			names = []string{gpu.NewCPU(s.Index).Name()}
+		case "cuda":
+			if !probed {
+				gpus, gpuErr = usableGPUs()
+				probed = true
+			}
+			switch {
+			case gpuErr != nil:
+				errs = append(errs, fmt.Errorf("%s: %q: no usable GPU: %v\n  `p2ptrain devices` shows what this machine has; use \"cpu\" to train on the processor", key, spec, gpuErr))
+				continue
+			case !s.All && s.Index >= len(gpus):
+				errs = append(errs, fmt.Errorf("%s: %q: no such GPU: the CUDA driver sees %d (cuda:0 to cuda:%d)", key, spec, len(gpus), len(gpus)-1))
+				continue
+			}
+			for _, g := range gpus {
+				if s.All || g.Index == s.Index {
+					names = append(names, g.Spec())
+				}
+			}
+		}
+		for _, n := range names {
+			if seen[n] {
+				errs = append(errs, fmt.Errorf("%s: %q: device %s listed twice", key, spec, n))
+			}
+			seen[n] = true
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// usableGPUs returns the CUDA devices training can use: the driver's, when
+// cuBLAS and NVRTC load as well (what `p2ptrain devices` checks).
+func usableGPUs() ([]cuda.DeviceInfo, error) {
+	drv, err := cuda.Load()
+	if err != nil {
+		return nil, err
+	}
+	devs, err := drv.Devices()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := cuda.LoadBLAS(drv.Version()); err != nil {
+		return nil, err
+	}
+	if _, err := cuda.LoadNVRTC(drv.Version()); err != nil {
+		return nil, err
+	}
+	return devs, nil
+}
