@@ -13,7 +13,7 @@ the parameters) and copies the parameters back to every device, as a peer
 must to all-reduce between machines.
 
   python3 bench/torch_train.py --device cuda --batch 256 --steps 200
-  p2ptrain bench train --devices cuda:0 --model mlp --batch 256 --steps 200
+  p2ptrain bench train --devices cuda:0 --model mlp --batch-size 256 --steps 200
 """
 import argparse
 import json

@@ -237,7 +237,7 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"allreduce schedule", []string{"bench", "allreduce", "--inproc", "--schedule", "star"}, `--schedule: allreduce: invalid configuration: schedule "star"`},
 		{"allreduce rounds", []string{"bench", "allreduce", "--inproc", "--rounds", "-1"}, "--rounds"},
 		{"allreduce cpuprofile", []string{"bench", "allreduce", "--inproc", "--cpuprofile", "/nonexistent/dir/cpu.pprof"}, "--cpuprofile: open /nonexistent/dir/cpu.pprof"},
-		{"allreduce chunk", []string{"bench", "allreduce", "--inproc", "--chunk", "0"}, "--chunk"},
+		{"allreduce chunk", []string{"bench", "allreduce", "--inproc", "--chunk-bytes", "0"}, "--chunk-bytes must be a positive multiple of 4"},
 		{"allreduce buckets", []string{"bench", "allreduce", "--inproc", "--buckets", "0"}, "--buckets"},
 		{"allreduce bandwidth unit", []string{"bench", "allreduce", "--inproc", "--bandwidth", "10mbps"}, "flag -bandwidth"},
 		{"allreduce bandwidth count", []string{"bench", "allreduce", "--inproc", "--peers", "3", "--bandwidth", "1gbit,1gbit"}, "--bandwidth has 2 rates for 3 peers"},

@@ -58,7 +58,7 @@ func addBenchAllreduceFlags(fs *flag.FlagSet) *benchAllreduceFlags {
 		"(a cluster member: [allreduce] schedule of --config, where auto means the codec's own)")
 	fs.IntVar(&f.rounds, "rounds", 5, "timed `ROUNDS` after one warm-up round (the median counts)")
 	fs.BoolVar(&f.json, "json", false, "print one JSON object {size_bytes, codec, schedule, peers, median_s, algbw_gbps, busbw_gbps}")
-	fs.Var(&f.chunk, "chunk", "pipeline chunk `BYTES` of fp32 per frame (default 256KiB; a cluster member: [allreduce] chunk_bytes)")
+	fs.Var(&f.chunk, "chunk-bytes", "pipeline chunk `BYTES` of fp32 per frame, as allreduce.chunk_bytes (default 256KiB; a cluster member: allreduce.chunk_bytes of its configuration)")
 	fs.IntVar(&f.buckets, "buckets", 1, "split the buffer into `N` fusion buckets, handed over in backward order")
 	fs.BoolVar(&f.inproc, "inproc", false, "run every peer in this process over simulated links (--peers, --bandwidth, --latency)")
 	fs.IntVar(&f.peers, "peers", 4, "with --inproc: number of simulated `PEERS`")
@@ -128,8 +128,8 @@ func (f *benchAllreduceFlags) validate() error {
 		return usagef("%s: --size must be a positive multiple of 4 bytes (fp32), got %d", cmd, f.size.n)
 	case f.rounds <= 0:
 		return usagef("%s: --rounds must be positive, got %d", cmd, f.rounds)
-	case f.chunk.n < 0 || f.chunk.n%4 != 0 || set["chunk"] && f.chunk.n == 0:
-		return usagef("%s: --chunk must be a positive multiple of 4 bytes, got %d", cmd, f.chunk.n)
+	case f.chunk.n < 0 || f.chunk.n%4 != 0 || set["chunk-bytes"] && f.chunk.n == 0:
+		return usagef("%s: --chunk-bytes must be a positive multiple of 4 bytes, got %d", cmd, f.chunk.n)
 	case f.buckets <= 0 || f.buckets > f.size.n/4:
 		return usagef("%s: --buckets must be between 1 and the number of values (%d), got %d", cmd, f.size.n/4, f.buckets)
 	}

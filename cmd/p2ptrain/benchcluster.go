@@ -78,7 +78,7 @@ func (f *benchAllreduceFlags) runCluster(ctx context.Context, stdout, stderr io.
 		return err
 	}
 	set := setFlags(f.fs)
-	if set["chunk"] {
+	if set["chunk-bytes"] {
 		cfg.Allreduce.ChunkBytes = f.chunk.n
 	}
 	schedule := f.schedule
@@ -500,7 +500,7 @@ func (b *clusterBench) agree(ctx context.Context, ctrlEpoch uint64) (benchPlan, 
 	for k := range fpLen {
 		if s, sq := sum(k), sum(fpLen+k); int64(w)*sq != s*s {
 			return local, fmt.Errorf("the peers were started with different benchmark settings " +
-				"(--size, --codec, --schedule, --rounds, --buckets or --chunk): give every peer the same")
+				"(--size, --codec, --schedule, --rounds, --buckets or --chunk-bytes): give every peer the same")
 		}
 	}
 	got := benchPlan{order: make([]int, w)}

@@ -43,7 +43,7 @@ func cmdBenchTrain(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.Var(&sets, "devices", "comma-separated device `SPECS` trained together, e.g. cpu, cuda (every GPU) or cuda:0,cuda:1; "+
 		"repeat the flag to measure several sets (default cpu)")
 	name := fs.String("model", "mlp", "`MODEL`: "+strings.Join(model.Names(), " or "))
-	batch := fs.Int("batch", 256, "samples per device per step (`N`), as train.batch_size")
+	batch := fs.Int("batch-size", 256, "samples per device per step (`N`), as train.batch_size")
 	steps := fs.Int("steps", 20, "timed `STEPS`, after --warmup untimed ones")
 	warmup := fs.Int("warmup", 2, "untimed `STEPS` first (kernel compilation, allocation, caches)")
 	data := fs.String("data", "auto", "`DATA`: fashion (Fashion-MNIST), synthetic (random images), or auto (fashion when found)")
@@ -52,7 +52,7 @@ func cmdBenchTrain(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	if *batch <= 0 || *steps <= 0 || *warmup < 0 {
-		return usagef("bench train: --batch and --steps must be positive and --warmup not negative")
+		return usagef("bench train: --batch-size and --steps must be positive and --warmup not negative")
 	}
 	if len(sets) == 0 {
 		sets = stringList{"cpu"}

@@ -30,7 +30,7 @@ func benchTrainJSON(t *testing.T, args ...string) []trainBenchResult {
 // the samples counted over every device, and finite losses.
 func TestBenchTrainCPU(t *testing.T) {
 	rs := benchTrainJSON(t, "--devices", "cpu", "--devices", "cpu:0,cpu:1", "--model", "mlp",
-		"--batch", "16", "--steps", "2", "--warmup", "1", "--data", "synthetic")
+		"--batch-size", "16", "--steps", "2", "--warmup", "1", "--data", "synthetic")
 	if len(rs) != 2 {
 		t.Fatalf("%d results, want 2", len(rs))
 	}
@@ -48,7 +48,7 @@ func TestBenchTrainCPU(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if code := run(context.Background(), []string{"bench", "train", "--batch", "8", "--steps", "1", "--data", "synthetic"}, &out, &out); code != 0 ||
+	if code := run(context.Background(), []string{"bench", "train", "--batch-size", "8", "--steps", "1", "--data", "synthetic"}, &out, &out); code != 0 ||
 		!strings.Contains(out.String(), "SAMPLES/S") || !strings.Contains(out.String(), "cpu:0") {
 		t.Errorf("table output (exit %d):\n%s", code, out.String())
 	}
@@ -89,7 +89,7 @@ func TestBenchTrainEmulatedCUDA(t *testing.T) {
 	t.Setenv(cuda.EnvBLAS, f.BLAS)
 	t.Setenv(cuda.EnvNVRTC, f.NVRTC)
 	t.Setenv(cuda.EnvCacheDir, t.TempDir())
-	args := []string{"--model", "cnn", "--batch", "4", "--steps", "2", "--warmup", "0", "--data", "synthetic"}
+	args := []string{"--model", "cnn", "--batch-size", "4", "--steps", "2", "--warmup", "0", "--data", "synthetic"}
 	rs := benchTrainJSON(t, append(args, "--devices", "cpu:0,cpu:1", "--devices", "cuda")...)
 	if len(rs) != 2 || strings.Join(rs[1].Devices, ",") != "cuda:0,cuda:1" {
 		t.Fatalf("results %+v", rs)

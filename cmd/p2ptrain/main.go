@@ -36,7 +36,7 @@ Usage:
                                        all-reduce over simulated links in this process
   p2ptrain bench allreduce --expect N [join flags] [--size S] [--codec C] [--json]
                                        all-reduce as a member of a real cluster
-  p2ptrain bench train [--devices SET]... [--model M] [--batch N] [--steps N] [--json]
+  p2ptrain bench train [--devices SET]... [--model M] [--batch-size N] [--steps N] [--json]
                                        local training speed (samples/s) per device set, e.g. cpu or cuda
   p2ptrain devices [--json]            list the CPU and the CUDA GPUs found, or why none is usable
   p2ptrain plot FILE... -o OUT.svg|OUT.png [--label NAME]... [--title T]
