@@ -5,10 +5,12 @@
 # It shows progress while they train, then every peer's final accuracy and
 # parameter hash, which agree bit for bit.
 #
-#   PEERS=4 STEPS=500 CODEC=sint8 MODEL=mlp [BINARY=path] [IDENTITIES=dir] [CONFIG=file] [LOGDIR=dir] scripts/demo.sh
+#   PEERS=4 STEPS=500 CODEC=sint8 MODEL=mlp [BINARY=path] [IDENTITIES=dir] [CONFIG=file] [LOGDIR=dir] [METRICS=dir] scripts/demo.sh
 #
 # CONFIG is a config file every peer reads (the flags above override it);
-# LOGDIR keeps every peer's stdout (I.out) and JSON log (I.log) there.
+# LOGDIR keeps every peer's stdout (I.out) and JSON log (I.log) there;
+# METRICS names a folder where peer I writes its metrics file I.jsonl
+# (join --metrics-file; p2ptrain plot draws them).
 #
 # TRAINER=external runs the PyTorch bridge instead: every daemon all-reduces
 # for a PyTorch process beside it (python/examples/fashion_mnist.py in
@@ -40,6 +42,7 @@ fi
 
 work="${LOGDIR:-$(mktemp -d)}"
 mkdir -p "$work"
+[ -z "${METRICS:-}" ] || mkdir -p "$METRICS"
 pids=()
 scripts=()
 cleanup() {
@@ -54,6 +57,7 @@ start_peer() {
   local i="$1"; shift
   [ -z "${IDENTITIES:-}" ] || set -- --identity "$IDENTITIES/$i.key" "$@"
   [ -z "${CONFIG:-}" ] || set -- --config "$CONFIG" "$@"
+  [ -z "${METRICS:-}" ] || set -- --metrics-file "$METRICS/$i.jsonl" "$@"
   [ "$trainer" = builtin ] || set -- --trainer external --socket "$work/$i.sock" "$@"
   "$bin" join --name "peer$i" --cluster demo --listen /ip4/127.0.0.1/tcp/0 \
     --api 127.0.0.1:0 --mdns=false --log-format json \
