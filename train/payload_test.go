@@ -105,3 +105,43 @@ func TestFirstNonFinite(t *testing.T) {
 		}
 	}
 }
+
+// TestMajorityBehindAFinishedPeer: a peer that completed the last step
+// while the round failed for the others trains it again with them when
+// they are the epoch's majority, and not when it is not outvoted or not
+// every member has announced its Ready yet.
+func TestMajorityBehindAFinishedPeer(t *testing.T) {
+	type st struct {
+		id   string
+		step uint64
+		hash string
+	}
+	for _, tc := range []struct {
+		name   string
+		others []st // members besides "a", which finished step 60 with hash F
+		ready  int  // how many of them announced their Ready
+		want   bool
+	}{
+		{"two members a step behind", []st{{"b", 59, "E"}, {"j", 59, "E"}}, 2, true},
+		{"one member behind, one finished", []st{{"b", 59, "E"}, {"j", 60, "F"}}, 2, false},
+		{"every member finished", []st{{"b", 60, "F"}, {"j", 60, "F"}}, 2, false},
+		{"a member not ready yet", []st{{"b", 59, "E"}, {"j", 59, "E"}}, 1, false},
+		{"a lone member behind (a tie goes to the higher step)", []st{{"b", 59, "E"}}, 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ep := gossip.Epoch{Number: 5, Order: []string{"a"}, Coordinator: "a"}
+			for _, o := range tc.others {
+				ep.Order = append(ep.Order, o.id)
+			}
+			var members []gossip.Member
+			for _, o := range tc.others[:tc.ready] {
+				p := Payload{Ready: &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: o.step, Hash: o.hash}}
+				members = append(members, gossip.Member{Heartbeat: gossip.Heartbeat{PeerID: o.id, App: p.Encode(), Step: o.step}, State: gossip.Alive})
+			}
+			own := &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: 60, Hash: "F"}
+			if got := majorityBehind(ep, members, "a", own, 60); got != tc.want {
+				t.Fatalf("majorityBehind = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

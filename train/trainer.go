@@ -143,8 +143,13 @@ type Options struct {
 	Progress func(Progress)
 	// Status, when set, is called whenever the trainer's status changes.
 	Status func(Status)
-	// Linger is how long Run keeps serving the final state after the last
-	// step, so that a peer whose last round failed can still catch up.
+	// Linger bounds how long Run keeps serving the final state after the
+	// last step while a live member of the ring is behind, so that a peer
+	// whose last round failed can still catch up (or, when the ring's
+	// majority failed it, this peer trains it again with them). Run
+	// returns at once when every live member has the final step. Give it
+	// time for a new epoch and a state transfer: train.ready_timeout and
+	// a few failure timeouts.
 	Linger time.Duration
 	// Train and Test, when set, are the datasets (else they are loaded
 	// from train.data_dir); they are only read, so peers may share them.
@@ -335,33 +340,61 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	t.publish()
 	t.c.ServeState(t.serveState)
 	t.idleSince = time.Now()
-	for t.step < uint64(t.cfg.Steps) {
-		ep, err := t.waitEpoch(ctx)
-		if err != nil {
-			return Result{}, err
-		}
-		if err := t.enter(ctx, ep); err != nil {
-			if errors.Is(err, errEpochChanged) {
-				continue
-			}
-			if errors.Is(err, ErrSettingsDiffer) || errors.Is(err, ErrLearner) {
+	// rejoin is an epoch whose majority lacks the last step this peer
+	// finished: it enters that epoch again (finish).
+	var rejoin *gossip.Epoch
+	for {
+		for t.step < uint64(t.cfg.Steps) || rejoin != nil {
+			if err := t.trainIn(ctx, rejoin); err != nil {
 				return Result{}, err
 			}
-			if ctx.Err() != nil {
-				return Result{}, ctx.Err()
-			}
-			t.log.Warn("could not enter the ring epoch; asking for a new one", zap.Uint64("epoch", ep.Number), zap.Error(err))
-			t.requestEpoch(ep.Number)
-			continue
+			rejoin = nil
 		}
-		if err := t.runEpoch(ctx, ep); err != nil {
-			return Result{}, err
+		res, behind, err := t.finish(ctx)
+		if !errors.Is(err, errMajorityBehind) {
+			return res, err
 		}
-		if ctx.Err() != nil {
-			return Result{}, ctx.Err()
+		t.log.Warn("the ring's majority did not complete the last step: training it again with them",
+			zap.Uint64("epoch", behind.Number), zap.Uint64("step", t.step))
+		rejoin = &behind
+	}
+}
+
+// errMajorityBehind is finish's answer when an epoch this peer is a
+// member of holds a majority one step or more behind its final state.
+var errMajorityBehind = errors.New("train: the ring's majority is behind this peer's final step")
+
+// trainIn waits for a ring epoch (or takes rejoin when it is not nil),
+// enters it and trains in it until it ends. It returns an error only when
+// training cannot go on.
+func (t *Trainer) trainIn(ctx context.Context, rejoin *gossip.Epoch) error {
+	var ep gossip.Epoch
+	if rejoin != nil {
+		ep = *rejoin
+	} else {
+		var err error
+		if ep, err = t.waitEpoch(ctx); err != nil {
+			return err
 		}
 	}
-	return t.finish(ctx)
+	if err := t.enter(ctx, ep); err != nil {
+		if errors.Is(err, errEpochChanged) {
+			return nil
+		}
+		if errors.Is(err, ErrSettingsDiffer) || errors.Is(err, ErrLearner) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		t.log.Warn("could not enter the ring epoch; asking for a new one", zap.Uint64("epoch", ep.Number), zap.Error(err))
+		t.requestEpoch(ep.Number)
+		return nil
+	}
+	if err := t.runEpoch(ctx, ep); err != nil {
+		return err
+	}
+	return ctx.Err()
 }
 
 // waitEpoch waits for an adopted epoch that includes this peer and has at
@@ -467,7 +500,11 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 		t.log.Warn("the epoch's majority holds another state: discarding this peer's own",
 			zap.Uint64("own_step", t.step), zap.Uint64("majority_step", target), zap.Uint64("steps_discarded", t.step-target))
 	}
-	if !behind && !(force && ep.Coordinator != self) {
+	// A forced re-sync (this peer's hash differed from the coordinator's)
+	// is moot once both announce the same state: one of them took the
+	// other's meanwhile.
+	force = force && ep.Coordinator != self && hashes[ep.Coordinator] != hashes[self]
+	if !behind && !force {
 		t.mu.Lock()
 		t.forceSync = false
 		t.mu.Unlock()
@@ -551,6 +588,12 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64, want st
 	clear(t.checks)            // hashes of the replaced state mean nothing now
 	plan.ResetCodecs(t.codecs) // a peer that takes over someone's state starts with zero residuals
 	hash := t.hash
+	// The check this peer gossiped was of the state it just replaced: a
+	// member fetching from it would refuse the new state for not matching.
+	t.payload.Check = nil
+	if t.cfg.CheckEvery > 0 && step%uint64(t.cfg.CheckEvery) == 0 {
+		t.payload.Check = &ParamCheck{Step: step, Hash: hash}
+	}
 	if t.payload.Ready != nil {
 		t.payload.Ready.Step, t.payload.Ready.Hash = step, hash
 	}
@@ -988,20 +1031,24 @@ func (t *Trainer) checkParams(ep gossip.Epoch) bool {
 }
 
 // finish evaluates, writes the final checkpoint, and keeps serving state for a
-// while so a peer whose last round failed can still catch up.
-func (t *Trainer) finish(ctx context.Context) (Result, error) {
+// while so a peer whose last round failed can still catch up. A round can
+// complete here and fail elsewhere (a newer epoch cancelled it there): when
+// the members of an epoch this peer is in agree on an earlier state by
+// majority (chooseState), this peer's last step does not count, and finish
+// returns that epoch with errMajorityBehind for Run to train in again.
+func (t *Trainer) finish(ctx context.Context) (Result, gossip.Epoch, error) {
 	if err := t.checkFinite(ctx); err != nil {
-		return Result{}, err
+		return Result{}, gossip.Epoch{}, err
 	}
 	st, err := t.evaluate()
 	if de := (*model.DeviceError)(nil); errors.As(err, &de) {
-		return Result{}, fmt.Errorf("train: final evaluation: %w", err)
+		return Result{}, gossip.Epoch{}, fmt.Errorf("train: final evaluation: %w", err)
 	}
 	if math.IsNaN(st.Loss) || math.IsInf(st.Loss, 0) {
 		// Finite parameters so large that the loss overflows: the model
 		// diverged (a member's huge gradient, or a learning rate too high).
 		// A done line with test_loss=NaN would pass for a result.
-		return Result{}, fmt.Errorf("%w: its loss after step %d is %v although every parameter is finite (lower train.lr, set train.clip_norm, or set allreduce.robust against a member's huge gradients)", errDiverged, t.step, st.Loss)
+		return Result{}, gossip.Epoch{}, fmt.Errorf("%w: its loss after step %d is %v although every parameter is finite (lower train.lr, set train.clip_norm, or set allreduce.robust against a member's huge gradients)", errDiverged, t.step, st.Loss)
 	}
 	if t.cfg.CheckpointDir != "" {
 		t.checkpoint()
@@ -1026,15 +1073,38 @@ func (t *Trainer) finish(ctx context.Context) (Result, error) {
 		}
 		done := true
 		for _, m := range members {
-			if slices.Contains(ep.Order, m.PeerID) && m.Step < t.step {
+			if m.PeerID != self && slices.Contains(ep.Order, m.PeerID) && m.Step < t.step && (m.State == gossip.Alive || m.State == gossip.Suspect) {
 				done = false
 			}
+		}
+		if t.payload.Ready.In(ep) && majorityBehind(ep, members, t.self, t.payload.Ready, uint64(t.cfg.Steps)) {
+			return res, ep, errMajorityBehind
 		}
 		if done || !ctxutil.Sleep(ctx, pollInterval) {
 			break
 		}
 	}
-	return res, nil
+	return res, gossip.Epoch{}, nil
+}
+
+// majorityBehind reports whether every member of ep announced its Ready
+// for it and the state they continue from (chooseState) is before the step
+// of own, the Ready of self.
+func majorityBehind(ep gossip.Epoch, members []gossip.Member, self string, own *Ready, limit uint64) bool {
+	steps, hashes := map[string]uint64{}, map[string]string{}
+	for _, m := range members {
+		if r := payloadOf(m).Ready; r.In(ep) {
+			steps[m.PeerID], hashes[m.PeerID] = r.Step, r.Hash
+		}
+	}
+	steps[self], hashes[self] = own.Step, own.Hash
+	for _, p := range ep.Order {
+		if _, ok := steps[p]; !ok {
+			return false
+		}
+	}
+	target, _ := chooseState(ep.Order, steps, hashes, limit)
+	return target < own.Step
 }
 
 // String formats a result as the final line of a run.

@@ -131,9 +131,9 @@ func startTrainerWrapped(t *testing.T, cfg config.Config, onProgress func(*train
 				onProgress(p, pr)
 			}
 		},
-		Linger:   2 * cfg.Gossip.FailureTimeout.D(),
-		Train:    fashion.train,
-		Test:     fashion.test,
+		Linger:    cfg.Train.ReadyTimeout.D() + 2*cfg.Gossip.FailureTimeout.D(),
+		Train:     fashion.train,
+		Test:      fashion.test,
 		GradHook:  gradHook,
 		Telemetry: p.timeline,
 	})

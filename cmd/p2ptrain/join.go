@@ -197,7 +197,7 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Log:       log,
 		Progress:  progressPrinter(live, log),
 		Status:    func(s train.Status) { n.SetTraining(trainingStatus(s)) },
-		Linger:    2 * cfg.Gossip.FailureTimeout.D(),
+		Linger:    cfg.Train.ReadyTimeout.D() + 2*cfg.Gossip.FailureTimeout.D(),
 		Telemetry: n,
 	}
 	var res train.Result
