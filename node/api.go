@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/p2ptrain/p2ptrain/telemetry"
+	"github.com/p2ptrain/p2ptrain/web"
 )
 
 // historyDoc is the /history document: the records after ?since=N (all
@@ -24,7 +25,8 @@ type historyDoc struct {
 	Last    uint64             `json:"last"`
 }
 
-// apiServer serves /status, /history and /metrics on a local address.
+// apiServer serves the live page (/), /status, /history and /metrics on a
+// local address.
 type apiServer struct {
 	ln   net.Listener
 	srv  *http.Server
@@ -62,6 +64,9 @@ func startAPI(addr string, n *Node, log *zap.Logger) (*apiServer, error) {
 		}
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	page := web.Handler() // the live page: / and its assets
+	mux.Handle("GET /{$}", page)
+	mux.Handle("GET "+web.AssetPrefix, page)
 	s := &apiServer{
 		ln: ln,
 		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
