@@ -602,19 +602,22 @@
     if (ring.schedule) parts.push('schedule ' + ring.schedule);
     if (ring.final_codec) parts.push('all-gather ' + ring.final_codec);
     if (ring.waiting) parts.push('waiting: ' + ring.waiting);
-    info.textContent = parts.join(' · ') + '. Arrows: the reduce-scatter direction, labelled with the link\'s codec and, from this peer, its measured throughput.';
+    info.textContent = parts.join(' · ');
 
     const self = st.peer_id;
     const names = memberNames(st);
     const links = new Map(((st && st.links) || []).map((l) => [l.peer, l]));
     const n = order.length;
-    const cx = w / 2, cy = h / 2 - 6;
-    const R = n === 1 ? 0 : Math.max(30, Math.min(w / 2 - 80, h / 2 - 44));
+    // Members go clockwise from the top; the circle's radius and centre
+    // fit the members' extent between room above the top one (for the
+    // coordinator's mark) and below the lowest (for its name).
     const nodeR = n > 12 ? 9 : 15;
-    const pos = order.map((_, k) => {
-      const a = -Math.PI / 2 + 2 * Math.PI * k / n;
-      return [cx + R * Math.cos(a), cy + R * Math.sin(a)];
-    });
+    const angles = order.map((_, k) => -Math.PI / 2 + 2 * Math.PI * k / n);
+    const lo = Math.min(...angles.map(Math.sin)), hi = Math.max(...angles.map(Math.sin));
+    const top = 24, bottom = h - 34;
+    const R = n === 1 ? 0 : Math.max(30, Math.min(w / 2 - 80, (bottom - top) / (hi - lo)));
+    const cx = w / 2, cy = n === 1 ? h / 2 : top - R * lo;
+    const pos = angles.map((a) => [cx + R * Math.cos(a), cy + R * Math.sin(a)]);
 
     const defs = svgEl('defs', {}, svg);
     for (const id of ['ring-arrow', 'ring-arrow-measured']) {
@@ -653,22 +656,19 @@
           (measured && isFinite(fig.rtt_ms) ? ', rtt ' + fig.rtt_ms.toFixed(2) + ' ms' : '') + (codec ? ', codec ' + codec : '') +
           (measured ? '' : ' (each peer measures the links it sends on; open that peer\'s page)');
         if (n <= 12) {
-          // The label sits at the curve's midpoint, a little further out:
-          // beside a steep link in two lines (speed, codec), above or below
-          // a flat one in one line. Links measured elsewhere show the codec only.
+          // The label (speed, then codec; links measured elsewhere show the
+          // codec only) sits by the curve's midpoint: outside a steep link,
+          // above a flat one (inside the ring for a link along the bottom,
+          // whose nodes have their names below them).
           const mx = 0.25 * sx + 0.5 * qx + 0.25 * ex, my = 0.25 * sy + 0.5 * qy + 0.25 * ey;
           const flat = Math.abs(dy) < len * 0.3;
-          // (Below a flat link at the bottom, clear of the nodes' names.)
-          const ox = mx + dy / len * 12, oy = my - dx / len * 12 + (flat && dx < 0 ? 16 : 0);
-          const anchor = flat ? 'middle' : (dy > 0 ? 'start' : 'end');
-          const t = svgText(fix(ox), fix(oy), '', { class: 'link-label', 'text-anchor': anchor }, svg);
           const lines = [];
           if (measured) lines.push([fmtSI(fig.mbit_s * 1e6, 'bit/s'), '']);
           if (codec) lines.push([codec, 'codec']);
-          if (flat && lines.length === 2) {
-            lines[0][0] += ' · ' + lines[1][0];
-            lines.pop();
-          }
+          const ox = flat ? mx : mx + dy / len * 12;
+          const oy = flat ? my - 6 - 12 * (lines.length - 1) : my - dx / len * 12;
+          const anchor = flat ? 'middle' : (dy > 0 ? 'start' : 'end');
+          const t = svgText(fix(ox), fix(oy), '', { class: 'link-label', 'text-anchor': anchor }, svg);
           lines.forEach(([text, cls], i) => {
             const span = svgEl('tspan', { x: fix(ox), dy: i ? 12 : 0, class: cls || undefined }, t);
             span.textContent = text;
@@ -688,13 +688,9 @@
       if (id === ring.coordinator) svgEl('circle', { class: 'coord', r: nodeR + 4 }, g);
       svgEl('circle', { class: 'dot', r: nodeR }, g);
       svgText(0, 0, String(k), { class: 'rank' }, g);
-      // The name, then the roles, below the node.
-      const ny = nodeR + (id === ring.coordinator ? 16 : 13);
-      svgText(0, ny, names.get(id) || shortID(id), { class: 'name' }, g);
-      const roles = [];
-      if (id === ring.coordinator) roles.push('coordinator');
-      if (id === self) roles.push('this peer');
-      if (roles.length) svgText(0, ny + 11, roles.join(', '), { class: 'role' }, g);
+      // The name below the node (its roles are in the tooltip and the
+      // members table; the drawing marks them).
+      svgText(0, nodeR + (id === ring.coordinator ? 16 : 13), names.get(id) || shortID(id), { class: 'name' }, g);
     });
   }
 
