@@ -268,6 +268,26 @@ type Node struct {
 	APIPublic bool `toml:"api_public"`
 	// MaxPeers bounds the cluster size this peer connects to in full mesh.
 	MaxPeers int `toml:"max_peers"`
+	// RelayClient lets this peer reach and be reached through circuit
+	// relay v2 relays (bootstrap peers and members that run RelayService)
+	// when it cannot accept inbound connections (docs/nat.md).
+	RelayClient bool `toml:"relay_client"`
+	// HolePunching upgrades relayed connections to direct ones with DCUtR.
+	HolePunching bool `toml:"hole_punching"`
+	// RelayService relays for the cluster's members behind NAT while this
+	// peer is publicly reachable; it needs a swarm key (its relayed
+	// connections have no data or time limit, docs/nat.md).
+	RelayService bool `toml:"relay_service"`
+	// Reachability is ReachabilityAuto (AutoNAT finds out), or
+	// ReachabilityPublic / ReachabilityPrivate when the operator knows.
+	Reachability string `toml:"reachability"`
+	// Announce lists addresses advertised besides the listen and observed
+	// ones (a public address forwarded to this peer's listen port).
+	Announce []string `toml:"announce"`
+	// PublicNets are IPv4 ranges inside the private ranges that are
+	// routable between the cluster's sites; NAT traversal treats them as
+	// public. Process-wide (it changes what go-multiaddr calls private).
+	PublicNets []string `toml:"public_nets"`
 	// Observer keeps this peer out of ring epochs: it follows the cluster
 	// but never trains or coordinates (`p2ptrain join` without train.steps).
 	// Not a file key: the command sets it.
@@ -331,6 +351,12 @@ func DefaultConfig() Config {
 			MDNS:      true,
 			API:       "127.0.0.1:7420",
 			MaxPeers:  64,
+
+			RelayClient:  true,
+			HolePunching: true,
+			Reachability: ReachabilityAuto,
+			Announce:     []string{},
+			PublicNets:   []string{},
 		},
 		Gossip: Gossip{
 			Heartbeat:      Duration(time.Second),
@@ -448,6 +474,7 @@ func (c *Config) Validate() error {
 	if c.Node.MaxPeers < 1 || c.Node.MaxPeers > 1024 {
 		bad("node.max_peers", "%d is outside 1..1024", c.Node.MaxPeers)
 	}
+	c.Node.validateNAT(bad)
 	hb, ft := c.Gossip.Heartbeat.D(), c.Gossip.FailureTimeout.D()
 	hbOK := checkDuration(bad, "gossip.heartbeat", hb, MinHeartbeat, time.Minute)
 	if checkDuration(bad, "gossip.failure_timeout", ft, 2*MinHeartbeat, 10*time.Minute) && hbOK && ft < 2*hb {

@@ -29,6 +29,7 @@ type hostParams struct {
 	listen   []ma.Multiaddr
 	maxPeers int
 	bw       *metrics.BandwidthCounter
+	nat      natParams
 }
 
 // resourceLimits returns libp2p's auto-scaled defaults with explicit limits for
@@ -105,10 +106,10 @@ func newHost(p hostParams) (host.Host, *connmgr.BasicConnMgr, error) {
 		libp2p.ConnectionManager(cm),
 		libp2p.ResourceManager(rm),
 		libp2p.BandwidthReporter(p.bw),
-		libp2p.DisableRelay(),
 		libp2p.DisableMetrics(),
 		libp2p.UserAgent("p2ptrain/" + Version),
 	}
+	opts = append(opts, natOptions(p.nat, p.maxPeers)...)
 	if p.psk != nil {
 		opts = append(opts, libp2p.PrivateNetwork(p.psk))
 	}

@@ -59,6 +59,8 @@ type Node struct {
 	ring  *ringstream.Service
 	state *statesync.Server
 	probe *probe.Prober
+	// relays feeds AutoRelay its candidates (node.relay_client).
+	relays *relaySource
 
 	mu        sync.Mutex
 	step      uint64
@@ -107,8 +109,28 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 	if cfg.Node.Name == "" {
 		cfg.Node.Name, _ = os.Hostname()
 	}
-	n := &Node{cfg: cfg, log: log, bw: metrics.NewBandwidthCounter(), history: telemetry.NewHistory(historyRecords)}
-	n.host, n.cm, err = newHost(hostParams{identity: identity, psk: psk, listen: listen, maxPeers: cfg.Node.MaxPeers, bw: n.bw})
+	nat, publicNets, err := natFromConfig(cfg.Node)
+	if err != nil {
+		return nil, err
+	}
+	treatAsPublic(publicNets)
+	var boot []peer.AddrInfo
+	for _, s := range cfg.Node.Bootstrap {
+		a, _ := config.ParseBootstrapAddr(s) // validated above
+		info, err := peer.AddrInfoFromP2pAddr(a)
+		if err != nil {
+			return nil, fmt.Errorf("node: bootstrap address %s: %w", s, err)
+		}
+		boot = append(boot, *info)
+	}
+	self, err := peer.IDFromPrivateKey(identity)
+	if err != nil {
+		return nil, fmt.Errorf("node: peer ID of the identity: %w", err)
+	}
+	n := &Node{cfg: cfg, log: log, bw: metrics.NewBandwidthCounter(), history: telemetry.NewHistory(historyRecords),
+		relays: &relaySource{self: self, bootstrap: boot}}
+	nat.relays = n.relays.source
+	n.host, n.cm, err = newHost(hostParams{identity: identity, psk: psk, listen: listen, maxPeers: cfg.Node.MaxPeers, bw: n.bw, nat: nat})
 	if err != nil {
 		return nil, err
 	}
@@ -134,6 +156,7 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 		n.host.Close()
 		return nil, err
 	}
+	n.relays.setMembers(func() []gossip.Member { members, _ := n.gsp.Snapshot(); return members })
 	if cfg.Node.API != "" {
 		if n.api, err = startAPI(cfg.Node.API, n, log.Named("api")); err != nil {
 			n.cancel()
@@ -156,17 +179,11 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 			n.probe.Run(ctx, n.probeTargets)
 		}()
 	}
-	for _, s := range cfg.Node.Bootstrap {
-		a, _ := config.ParseBootstrapAddr(s) // validated above
-		info, err := peer.AddrInfoFromP2pAddr(a)
-		if err != nil {
-			n.Close()
-			return nil, fmt.Errorf("node: bootstrap address %s: %w", s, err)
-		}
+	for _, info := range boot {
 		n.wg.Add(1)
 		go func() {
 			defer n.wg.Done()
-			n.bootstrap(ctx, *info)
+			n.bootstrap(ctx, info)
 		}()
 	}
 	if cfg.Node.MDNS {
