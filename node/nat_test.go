@@ -178,3 +178,23 @@ func TestSubtractPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusConnDirect: /status marks a member reached over TCP as direct
+// and leaves self without a connection kind.
+func TestStatusConnDirect(t *testing.T) {
+	a := startNode(t, testConfig(), nil)
+	b := startNode(t, testConfig(a.AddrStrings()[0]), nil)
+	eventually(t, 15*time.Second, "b sees a as a direct member", func() error {
+		for _, m := range b.Status().Members {
+			switch {
+			case m.PeerID == b.ID().String() && m.Conn != "":
+				return fmt.Errorf("self has connection kind %q", m.Conn)
+			case m.PeerID == a.ID().String() && m.Conn == ConnDirect:
+				return nil
+			case m.PeerID == a.ID().String():
+				return fmt.Errorf("a's connection kind %q", m.Conn)
+			}
+		}
+		return fmt.Errorf("a is not a member: %+v", b.Status().Members)
+	})
+}

@@ -266,7 +266,7 @@ func (n *Node) selfHeartbeat() gossip.Heartbeat {
 		App:       n.app,
 		WantEpoch: n.wantEpoch,
 		Observer:  n.cfg.Node.Observer || (n.cfg.Node.AwaitApp && n.app == nil),
-		Links:     n.probe.Figures(),
+		Links:     plan.MarkRelayed(n.probe.Figures(), relayedPeers(n.host)),
 	}
 }
 

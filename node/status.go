@@ -3,6 +3,8 @@ package node
 import (
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/p2ptrain/p2ptrain/gossip"
 )
 
@@ -44,6 +46,10 @@ type MemberStatus struct {
 	// GossipScore is gossipsub's score of the member: negative after
 	// messages the validator rejected; below -1000 it is graylisted.
 	GossipScore float64 `json:"gossip_score"`
+	// Conn is this peer's connection to the member: ConnDirect,
+	// ConnRelayed (only through a circuit relay: its link counts as slow
+	// in ring planning, plan.MarkRelayed), or absent when not connected.
+	Conn string `json:"conn,omitempty"`
 }
 
 // RingStatus is the adopted ring epoch.
@@ -148,6 +154,9 @@ func (n *Node) Status() Status {
 			Version:     m.Version,
 			Observer:    m.Observer,
 			GossipScore: n.gsp.Score(m.PeerID),
+		}
+		if id, err := peer.Decode(m.PeerID); err == nil && id != n.host.ID() {
+			ms.Conn = connKind(n.host, id)
 		}
 		if !m.ExcludedUntil.IsZero() {
 			ms.ExcludedForMS, ms.ExcludedFor = m.ExcludedUntil.Sub(now).Milliseconds(), m.ExcludedFor
