@@ -6,6 +6,7 @@ package nodetest
 import (
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,14 +37,50 @@ func Config(bootstrap ...string) config.Config {
 	return cfg
 }
 
-// Logger is the test logger of a peer started with cfg: warnings and above
-// ($P2PTRAIN_TEST_LOG=debug|info shows more), named after its bootstrap count.
+// Logger is the test logger of a peer started with cfg, named after its
+// bootstrap count: info and above ($P2PTRAIN_TEST_LOG=debug|warn|error
+// changes it). Lines logged after t's cleanups ran are dropped: libp2p's
+// goroutines (pubsub's loop) may log once more after a test killed its
+// peers, and testing panics on a log after a test completed.
 func Logger(t testing.TB, cfg config.Config) *zap.Logger {
-	level := zapcore.WarnLevel
+	level := zapcore.InfoLevel
 	if l, err := zapcore.ParseLevel(os.Getenv("P2PTRAIN_TEST_LOG")); err == nil {
 		level = l
 	}
-	return zaptest.NewLogger(t, zaptest.Level(level)).Named(fmt.Sprint(len(cfg.Node.Bootstrap)))
+	w := &untilCleanup{TB: t}
+	t.Cleanup(w.stop)
+	return zaptest.NewLogger(w, zaptest.Level(level)).Named(fmt.Sprint(len(cfg.Node.Bootstrap)))
+}
+
+// untilCleanup passes log lines to its test until stop.
+type untilCleanup struct {
+	testing.TB
+	mu      sync.Mutex
+	stopped bool
+}
+
+func (u *untilCleanup) stop() {
+	u.mu.Lock()
+	u.stopped = true
+	u.mu.Unlock()
+}
+
+// Logf logs to the test unless it stopped.
+func (u *untilCleanup) Logf(format string, args ...any) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if !u.stopped {
+		u.TB.Logf(format, args...)
+	}
+}
+
+// Errorf reports a logger error to the test unless it stopped.
+func (u *untilCleanup) Errorf(format string, args ...any) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if !u.stopped {
+		u.TB.Errorf(format, args...)
+	}
 }
 
 // Eventually polls cond until it returns nil, failing the test if the
