@@ -13,7 +13,9 @@ type recordingTB struct {
 	cleanups   []func()
 }
 
-func (r *recordingTB) Logf(format string, args ...any) { r.lines = append(r.lines, fmt.Sprintf(format, args...)) }
+func (r *recordingTB) Logf(format string, args ...any) {
+	r.lines = append(r.lines, fmt.Sprintf(format, args...))
+}
 func (r *recordingTB) Errorf(format string, args ...any) {
 	r.lines = append(r.lines, "ERROR "+fmt.Sprintf(format, args...))
 }
