@@ -28,6 +28,7 @@ func (h *History) Add(r Record) {
 	if r.Time.IsZero() {
 		r.Time = h.now()
 	}
+	r = r.finite()
 	r.Seq = h.next
 	h.buf[h.next%uint64(len(h.buf))] = r
 	h.next++

@@ -44,6 +44,7 @@ func (m *File) Add(r Record) {
 	if r.Run == "" {
 		r.Run = m.run
 	}
+	r = r.finite()
 	r.Seq = 0 // a History's numbering means nothing in a file
 	if err := m.enc.Encode(r); err != nil {
 		m.err = fmt.Errorf("telemetry: writing %s: %w", m.path, err)

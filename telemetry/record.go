@@ -3,7 +3,10 @@
 // local API's page and written as JSON Lines for offline curves.
 package telemetry
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Kind says what a Record describes.
 type Kind string
@@ -37,7 +40,8 @@ const (
 )
 
 // Record is one line of a run's timeline. Fields that do not apply to its
-// Kind are left zero and omitted from JSON, except Step and Time.
+// Kind are left zero and omitted from JSON, except Step and Time. History
+// and File leave out a figure that is not finite (a diverged loss).
 type Record struct {
 	// Seq numbers the records of one History from 1; 0 until added.
 	Seq  uint64    `json:"seq,omitempty"`
@@ -93,4 +97,21 @@ func (t Tee) Add(r Record) {
 	for _, s := range t {
 		s.Add(r)
 	}
+}
+
+// finite returns r with its non-finite figures (NaN, ±Inf: a diverged
+// loss) left out, as JSON has no way to write them: zero for the plain
+// fields, which JSON then omits, nil for the pointers.
+func (r Record) finite() Record {
+	for _, f := range []*float64{&r.Loss, &r.SamplesPerS, &r.BytesSent, &r.StepS, &r.ComputeS, &r.AllreduceS, &r.WaitS} {
+		if math.IsNaN(*f) || math.IsInf(*f, 0) {
+			*f = 0
+		}
+	}
+	for _, p := range []**float64{&r.TestLoss, &r.Accuracy, &r.BitsPerByte} {
+		if *p != nil && (math.IsNaN(**p) || math.IsInf(**p, 0)) {
+			*p = nil
+		}
+	}
+	return r
 }

@@ -1,6 +1,8 @@
 package telemetry
 
 import (
+	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -96,5 +98,34 @@ func TestCreateFileNamesThePath(t *testing.T) {
 	}
 	if _, err := os.Stat(path); err == nil {
 		t.Error("file created")
+	}
+}
+
+// TestNonFiniteFiguresAreLeftOut: a diverged loss (NaN, Inf) must not make
+// the record unwritable: JSON has no NaN, and one such record would break
+// /history and the metrics file for as long as it is kept.
+func TestNonFiniteFiguresAreLeftOut(t *testing.T) {
+	nan, inf := math.NaN(), math.Inf(1)
+	r := Record{Kind: KindStep, Step: 3, Loss: nan, StepS: 0.5, SamplesPerS: inf, TestLoss: &nan, Accuracy: &inf}
+	h := NewHistory(4)
+	h.Add(r)
+	recs, _ := h.Since(0)
+	if _, err := json.Marshal(recs); err != nil {
+		t.Fatalf("history records do not encode: %v", err)
+	}
+	if got := recs[0]; got.Loss != 0 || got.SamplesPerS != 0 || got.TestLoss != nil || got.Accuracy != nil || got.StepS != 0.5 {
+		t.Errorf("history kept %+v", got)
+	}
+	path := filepath.Join(t.TempDir(), "m.jsonl")
+	f, err := CreateFile(path, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Add(r)
+	if err := f.Close(); err != nil {
+		t.Fatalf("writing a record with a NaN loss: %v", err)
+	}
+	if recs, err := ReadFile(path); err != nil || len(recs) != 1 || recs[0].StepS != 0.5 {
+		t.Fatalf("read back %+v, %v", recs, err)
 	}
 }
