@@ -279,6 +279,7 @@ func announcePeer(stdout io.Writer, n *node.Node, cfg config.Config) {
 	}
 	if a := n.APIAddr(); a != "" {
 		fmt.Fprintf(stdout, "local API: http://%s/status\n", a)
+		fmt.Fprintf(stdout, "live page: http://%s/\n", a)
 	}
 }
 
