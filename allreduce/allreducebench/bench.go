@@ -61,12 +61,49 @@ type Result struct {
 	AlgBWGbps float64 `json:"algbw_gbps"`
 	// BusBWGbps is AlgBW · 2(W−1)/W (the nccl-tests convention), in Gbit/s.
 	BusBWGbps float64 `json:"busbw_gbps"`
+	// WireBytes is what one peer put on the wire per all-reduce (frames
+	// with their length prefixes; the most any peer sent).
+	WireBytes float64 `json:"wire_bytes_per_peer"`
+	// IdealS is the link-limited ideal: the time the busiest link needs
+	// for the bytes it carried at its rate (0: the rates are not known).
+	IdealS float64 `json:"ideal_s,omitempty"`
+	// Efficiency is IdealS / MedianS (0 when IdealS is not known).
+	Efficiency float64 `json:"efficiency,omitempty"`
+}
+
+// WithWire returns r with the bytes a peer sent per all-reduce and the
+// link-limited ideal time (0: unknown), and the efficiency they give.
+func (r Result) WithWire(bytesPerPeer, idealS float64) Result {
+	r.WireBytes, r.IdealS, r.Efficiency = bytesPerPeer, idealS, 0
+	if idealS > 0 && r.MedianS > 0 {
+		r.Efficiency = idealS / r.MedianS
+	}
+	return r
+}
+
+// IdealSeconds is the link-limited time of one all-reduce: each peer's
+// link carries sent[i] bytes out and received[i] bytes in at rate[i]
+// bytes/s in each direction, and the busiest link bounds the time. It is
+// 0 when a rate is not known (0).
+func IdealSeconds(sent, received, rate []float64) float64 {
+	ideal := 0.0
+	for i := range rate {
+		if rate[i] <= 0 {
+			return 0
+		}
+		ideal = max(ideal, sent[i]/rate[i], received[i]/rate[i])
+	}
+	return ideal
 }
 
 // String formats r on one line.
 func (r Result) String() string {
-	return fmt.Sprintf("size %s  codec %s  schedule %s  peers %d  median %.4fs  algbw %.3f Gbit/s  busbw %.3f Gbit/s",
-		FormatBytes(r.SizeBytes), r.Codec, r.Schedule, r.Peers, r.MedianS, r.AlgBWGbps, r.BusBWGbps)
+	line := fmt.Sprintf("size %s  codec %s  schedule %s  peers %d  median %.4fs  algbw %.3f Gbit/s  busbw %.3f Gbit/s  sent/peer %.2f MB",
+		FormatBytes(r.SizeBytes), r.Codec, r.Schedule, r.Peers, r.MedianS, r.AlgBWGbps, r.BusBWGbps, r.WireBytes/1e6)
+	if r.IdealS > 0 {
+		line += fmt.Sprintf("  ideal %.4fs  efficiency %.2f", r.IdealS, r.Efficiency)
+	}
+	return line
 }
 
 // FormatBytes writes n as B, KiB, MiB or GiB.
@@ -265,7 +302,16 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			times = append(times, time.Since(start).Seconds())
 		}
 	}
-	return NewResult(o.SizeBytes, spec, schedName, w, Median(times)), nil
+	// Every round sends the same bytes: the warm-up counts as one.
+	sent, received := make([]float64, w), make([]float64, w)
+	most := 0.0
+	for i, p := range peers {
+		s, r := net.Traffic(p)
+		sent[i], received[i] = float64(s)/float64(o.Rounds+1), float64(r)/float64(o.Rounds+1)
+		most = max(most, sent[i])
+	}
+	res := NewResult(o.SizeBytes, spec, schedName, w, Median(times))
+	return res.WithWire(most, IdealSeconds(sent, received, rates)), nil
 }
 
 // newCodec returns peer i's codec of spec for a bucket of n values.

@@ -112,3 +112,34 @@ func runModel(t *testing.T, o Options) Result {
 	t.Log(r)
 	return r
 }
+
+// TestWireBytesAndEfficiency: a peer of a 4-peer fp32 ring sends
+// 2(W−1)/W of the buffer (plus frame headers), the ideal is those bytes at
+// the link rate, and under the network model (virtual time) the ring runs
+// at 0.9 to 1.01 of it; sint8 sends about a quarter of that.
+func TestWireBytesAndEfficiency(t *testing.T) {
+	const size = 4 << 20
+	for _, tc := range []struct {
+		codec string
+		ratio float64 // wire bytes / fp32 bytes
+	}{{"none", 1}, {"sint8", 0.25}} {
+		r := runModel(t, Options{Peers: 4, SizeBytes: size, Codec: tc.codec, Rounds: 2, Bandwidth: []float64{1000 * mbit}, Schedule: "ring"})
+		want := 1.5 * size * tc.ratio
+		if r.WireBytes < want || r.WireBytes > 1.03*want {
+			t.Errorf("%s: %.0f bytes on the wire per peer, want %.0f plus headers", tc.codec, r.WireBytes, want)
+		}
+		if ideal := r.WireBytes / (1000 * mbit); r.IdealS < 0.999*ideal || r.IdealS > 1.001*ideal {
+			t.Errorf("%s: ideal %.4fs, want the wire bytes at the link rate, %.4fs", tc.codec, r.IdealS, ideal)
+		}
+		if r.Efficiency != r.IdealS/r.MedianS || (tc.codec == "none" && (r.Efficiency < 0.9 || r.Efficiency > 1.01)) {
+			t.Errorf("%s: efficiency %.3f (ideal %.4fs, median %.4fs)", tc.codec, r.Efficiency, r.IdealS, r.MedianS)
+		}
+		t.Log(r)
+	}
+	if got := IdealSeconds([]float64{10, 20}, []float64{30, 5}, []float64{10, 0}); got != 0 {
+		t.Errorf("ideal with an unknown rate = %v, want 0", got)
+	}
+	if got := IdealSeconds([]float64{10, 20}, []float64{30, 5}, []float64{10, 10}); got != 3 {
+		t.Errorf("ideal = %v, want 3 (30 bytes in at 10 bytes/s)", got)
+	}
+}

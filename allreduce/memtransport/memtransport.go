@@ -61,6 +61,9 @@ type Network struct {
 	delays map[[2]allreduce.PeerID]time.Duration
 	hook   Hook
 	sent   map[allreduce.PeerID]int
+	// bytesOut and bytesIn count the bytes of frames sent by and to each
+	// peer, with the 4-byte length prefix a stream transport adds.
+	bytesOut, bytesIn map[allreduce.PeerID]int64
 }
 
 type entry struct {
@@ -115,12 +118,14 @@ func New(opts Options) *Network {
 		opts.Capacity = 4096
 	}
 	return &Network{
-		opts:   opts,
-		links:  make(map[[2]allreduce.PeerID]*link),
-		shapes: make(map[allreduce.PeerID]*pacers),
-		dead:   make(map[allreduce.PeerID]error),
-		delays: make(map[[2]allreduce.PeerID]time.Duration),
-		sent:   make(map[allreduce.PeerID]int),
+		opts:     opts,
+		links:    make(map[[2]allreduce.PeerID]*link),
+		shapes:   make(map[allreduce.PeerID]*pacers),
+		dead:     make(map[allreduce.PeerID]error),
+		delays:   make(map[[2]allreduce.PeerID]time.Duration),
+		sent:     make(map[allreduce.PeerID]int),
+		bytesOut: make(map[allreduce.PeerID]int64),
+		bytesIn:  make(map[allreduce.PeerID]int64),
 	}
 }
 
@@ -153,6 +158,15 @@ func (n *Network) Sent(p allreduce.PeerID) int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.sent[p]
+}
+
+// Traffic returns the bytes of the frames p has sent and those sent to
+// it, each with the 4-byte length prefix allreduce.WriteFrame puts on a
+// stream: what p's link would carry, framing of the lower layers aside.
+func (n *Network) Traffic(p allreduce.PeerID) (sent, received int64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.bytesOut[p], n.bytesIn[p]
 }
 
 // Kill makes p dead: its pending and later Send/Recv fail with ErrDead and
@@ -281,6 +295,8 @@ func (e *Endpoint) Send(ctx context.Context, to allreduce.PeerID, frame []byte) 
 		if len(l.q) < n.opts.Capacity {
 			l.q = append(l.q, entry{frame: f, readyAt: time.Now().Add(lat)})
 			n.sent[e.self]++
+			n.bytesOut[e.self] += int64(len(f)) + 4
+			n.bytesIn[to] += int64(len(f)) + 4
 			l.notify()
 			return nil
 		}

@@ -165,9 +165,20 @@ func checkAllreduceJSON(t *testing.T, line string, peers, size int) map[string]a
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	want := []string{"algbw_gbps", "busbw_gbps", "codec", "median_s", "peers", "schedule", "size_bytes"}
+	want := []string{"algbw_gbps", "busbw_gbps", "codec", "median_s", "peers", "schedule", "size_bytes", "wire_bytes_per_peer"}
+	if _, ok := r["ideal_s"]; ok { // with the link rates known
+		want = []string{"algbw_gbps", "busbw_gbps", "codec", "efficiency", "ideal_s", "median_s", "peers", "schedule", "size_bytes", "wire_bytes_per_peer"}
+	}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("fields %v, want exactly %v", keys, want)
+	}
+	if w := r["wire_bytes_per_peer"].(float64); !(w > 0) {
+		t.Fatalf("wire_bytes_per_peer %v", w)
+	}
+	if ideal, ok := r["ideal_s"].(float64); ok {
+		if eff := r["efficiency"].(float64); math.Abs(eff-ideal/r["median_s"].(float64)) > 1e-9*eff {
+			t.Errorf("efficiency %v is not ideal_s/median_s", eff)
+		}
 	}
 	if r["peers"].(float64) != float64(peers) || r["size_bytes"].(float64) != float64(size) {
 		t.Fatalf("peers %v size %v, want %d and %d", r["peers"], r["size_bytes"], peers, size)
@@ -187,7 +198,7 @@ func checkAllreduceJSON(t *testing.T, line string, peers, size int) map[string]a
 }
 
 func TestBenchAllreduceInproc(t *testing.T) {
-	code, out, stderr := runCLI(t, "bench", "allreduce", "--inproc", "--peers", "3", "--size", "1MiB", "--rounds", "2", "--json")
+	code, out, stderr := runCLI(t, "bench", "allreduce", "--inproc", "--peers", "3", "--size", "1MiB", "--rounds", "2", "--bandwidth", "1gbit", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -303,7 +314,7 @@ func TestBenchAllreduceCluster(t *testing.T) {
 		codec    string
 		schedule string // prefix: auto picks from the links measured so far
 	}{
-		{"fp32 ring", nil, "none", "ring"},
+		{"fp32 ring", []string{"--link-rate", "1gbit"}, "none", "ring"},
 		{"sint8 auto", []string{"--codec", "sint8", "--schedule", "auto"}, "sint8:block=2048", "auto:"},
 		// onebit cannot be summed inside a ring: the direct schedule runs, and
 		// the result says so (it once reported the schedule asked for).
@@ -355,6 +366,9 @@ func TestBenchAllreduceCluster(t *testing.T) {
 				}
 				lines[i] = out[strings.LastIndexByte(out, '\n')+1:]
 				r := checkAllreduceJSON(t, lines[i], 3, size)
+				if _, ok := r["ideal_s"]; ok != slices.Contains(tt.extra, "--link-rate") {
+					t.Errorf("peer %d: ideal_s present %v with flags %v: want it exactly with --link-rate", i, ok, tt.extra)
+				}
 				if r["codec"] != tt.codec || !strings.HasPrefix(r["schedule"].(string), tt.schedule) {
 					t.Errorf("peer %d: codec %v schedule %v, want %s %s", i, r["codec"], r["schedule"], tt.codec, tt.schedule)
 				}

@@ -36,8 +36,9 @@ type benchAllreduceFlags struct {
 	latency   time.Duration
 	links     string
 
-	expect  int
-	timeout time.Duration
+	expect   int
+	timeout  time.Duration
+	linkRate rateValue
 
 	cpuProfile string
 }
@@ -45,7 +46,7 @@ type benchAllreduceFlags struct {
 // inprocOnly and clusterOnly name the flags of one mode.
 var (
 	inprocOnly  = []string{"peers", "bandwidth", "latency"}
-	clusterOnly = []string{"expect", "timeout"}
+	clusterOnly = []string{"expect", "timeout", "link-rate"}
 )
 
 func addBenchAllreduceFlags(fs *flag.FlagSet) *benchAllreduceFlags {
@@ -57,7 +58,7 @@ func addBenchAllreduceFlags(fs *flag.FlagSet) *benchAllreduceFlags {
 		"the ring with per-link codecs where predicted faster); default: the codec's own "+
 		"(a cluster member: [allreduce] schedule of --config, where auto means the codec's own)")
 	fs.IntVar(&f.rounds, "rounds", 5, "timed `ROUNDS` after one warm-up round (the median counts)")
-	fs.BoolVar(&f.json, "json", false, "print one JSON object {size_bytes, codec, schedule, peers, median_s, algbw_gbps, busbw_gbps}")
+	fs.BoolVar(&f.json, "json", false, "print one JSON object {size_bytes, codec, schedule, peers, median_s, algbw_gbps, busbw_gbps, wire_bytes_per_peer, ideal_s, efficiency}")
 	fs.Var(&f.chunk, "chunk-bytes", "pipeline chunk `BYTES` of fp32 per frame, as allreduce.chunk_bytes (default 256KiB; a cluster member: allreduce.chunk_bytes of its configuration)")
 	fs.IntVar(&f.buckets, "buckets", 1, "split the buffer into `N` fusion buckets, handed over in backward order")
 	fs.BoolVar(&f.inproc, "inproc", false, "run every peer in this process over simulated links (--peers, --bandwidth, --latency)")
@@ -69,6 +70,8 @@ func addBenchAllreduceFlags(fs *flag.FlagSet) *benchAllreduceFlags {
 		"else the probes' figures): `MODE` off, auto (stronger compression of the codec's family on slow links) or a codec spec used on slow links")
 	fs.IntVar(&f.expect, "expect", 0, "cluster member: wait until the ring has `N` peers, then measure with them (required without --inproc)")
 	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "cluster member: how long to wait for --expect peers")
+	fs.Var(&f.linkRate, "link-rate", "cluster member: this host's link `RATE` (e.g. 95.6mbit, the goodput TCP reaches on a 100 Mbit/s link), "+
+		"for the link-limited ideal time and the efficiency (ideal / median); with --inproc they come from --bandwidth")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the whole run to `FILE` (read it with `go tool pprof`)")
 	return f
 }

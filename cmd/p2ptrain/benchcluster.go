@@ -116,6 +116,7 @@ func (f *benchAllreduceFlags) runCluster(ctx context.Context, stdout, stderr io.
 		rounds:   f.rounds,
 		buckets:  f.buckets,
 		links:    f.links,
+		linkRate: f.linkRate.rate,
 	}
 	res, err := b.run(ctx)
 	if err != nil {
@@ -188,6 +189,9 @@ type clusterBench struct {
 	size     int
 	rounds   int
 	buckets  int
+	// linkRate is this host's link rate in bytes/s (--link-rate; 0: not
+	// known), for the link-limited ideal.
+	linkRate float64
 
 	self    allreduce.PeerID
 	members []string // ep.Order sorted: the control session's ring
@@ -246,7 +250,7 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 		tr.Reset(err)
 		return allreducebench.Result{}, fmt.Errorf("bench allreduce: --link-codecs: %w", err)
 	}
-	times, err := b.measure(ctx, s, rank, links)
+	times, sent, err := b.measure(ctx, s, tr, rank, links)
 	if err != nil {
 		s.Close()
 		tr.Reset(err)
@@ -269,7 +273,14 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 	if links != nil {
 		name += "+links"
 	}
-	return allreducebench.NewResult(b.size, b.spec, name, len(peers), allreducebench.Median(times)), nil
+	res := allreducebench.NewResult(b.size, b.spec, name, len(peers), allreducebench.Median(times))
+	// The mean bytes a peer sent at this host's link rate: the ideal of a
+	// ring whose links all run at that rate.
+	ideal := 0.0
+	if b.linkRate > 0 {
+		ideal = sent / b.linkRate
+	}
+	return res.WithWire(sent, ideal), nil
 }
 
 // watch fails the run (through cancel) when the members of the adopted ring
@@ -564,7 +575,7 @@ func (b *clusterBench) allReduce(ctx context.Context, s *allreduce.Session, data
 // measure runs the warm-up and timed rounds (step 3) and the averaging of
 // the times (step 4) on the measurement session; it returns the averaged
 // time of each timed round in seconds.
-func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, rank int, links []*allreduce.LinkCodecs) ([]float64, error) {
+func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr allreduce.EpochTransport, rank int, links []*allreduce.LinkCodecs) ([]float64, float64, error) {
 	n := b.size / 4
 	bounds := make([]int, b.buckets+1)
 	for i := range bounds {
@@ -581,21 +592,24 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, rank i
 		c, err := compress.New(b.spec, compress.Options{Layout: compress.FlatLayout(bounds[i+1] - bounds[i]),
 			Seed: uint64(rank + 1), SharedSeed: 7})
 		if err != nil {
-			return nil, fmt.Errorf("bench allreduce: --codec: %w", err)
+			return nil, 0, fmt.Errorf("bench allreduce: --codec: %w", err)
 		}
 		codecs[i] = c
 	}
 	barrier := make([]float32, barrierLen)
-	times := make([]float32, b.rounds)
+	// times holds each timed round's seconds, then the bytes this peer
+	// sent in the timed rounds: averaged over the peers in one all-reduce.
+	times := make([]float32, b.rounds+1)
 	for round := -1; round < b.rounds; round++ {
 		what := "the warm-up round"
 		if round >= 0 {
 			what = fmt.Sprintf("timed round %d of %d", round+1, b.rounds)
 		}
 		if _, err := b.allReduce(ctx, s, barrier); err != nil {
-			return nil, b.explain(ctx, "the barrier before "+what, err)
+			return nil, 0, b.explain(ctx, "the barrier before "+what, err)
 		}
 		b.step++
+		sentBefore := tr.Sent()
 		start := time.Now()
 		rd := s.NewRound(ctx, b.step)
 		for i := b.buckets - 1; i >= 0; i-- {
@@ -609,25 +623,26 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, rank i
 			}
 		}
 		if err := rd.Wait(); err != nil {
-			return nil, b.explain(ctx, what, err)
+			return nil, 0, b.explain(ctx, what, err)
 		}
 		if round >= 0 {
 			times[round] = float32(time.Since(start).Seconds())
+			times[b.rounds] += float32(tr.Sent() - sentBefore)
 		}
 	}
 	// Others may finish step 4 and leave while this peer still reads its
 	// last bytes: the epoch change that follows is no failure.
 	b.armed.Store(false)
 	if err := context.Cause(ctx); errors.Is(err, errMembersChanged) {
-		return nil, err
+		return nil, 0, err
 	}
 	avg, err := b.allReduce(ctx, s, times)
 	if err != nil {
-		return nil, b.explain(ctx, "averaging the round times", err)
+		return nil, 0, b.explain(ctx, "averaging the round times", err)
 	}
-	res := make([]float64, len(avg))
-	for i, t := range avg {
+	res := make([]float64, b.rounds)
+	for i, t := range avg[:b.rounds] {
 		res[i] = float64(t)
 	}
-	return res, nil
+	return res, float64(avg[b.rounds]) / float64(b.rounds), nil
 }

@@ -129,6 +129,21 @@ func (f *sizeFlag) Set(s string) error {
 	return nil
 }
 
+// rateValue is a flag.Value holding one rate in bytes/s (0: not given).
+type rateValue struct{ rate float64 }
+
+func (f *rateValue) String() string {
+	if f == nil || f.rate == 0 {
+		return ""
+	}
+	return formatRate(f.rate)
+}
+
+func (f *rateValue) Set(s string) (err error) {
+	f.rate, err = parseRate(s)
+	return err
+}
+
 // rateFlag is a flag.Value holding one rate or a comma-separated rate per peer (bytes/s).
 type rateFlag struct{ rates []float64 }
 
