@@ -11,11 +11,14 @@ import (
 
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/p2p/host/autorelay"
 	relayv2 "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
 	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
+	"go.uber.org/zap"
 
 	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/gossip"
@@ -75,13 +78,14 @@ func natOptions(p natParams, maxPeers int) []libp2p.Option {
 	if p.relayClient {
 		opts = append(opts, libp2p.EnableAutoRelayWithPeerSource(p.relays,
 			// One relay candidate is enough to start (the defaults wait
-			// for 4 or 3 minutes); ask the source again every 10 s, and
-			// retry a relay that refused after a minute (its relay service
-			// starts only once it knows it is reachable).
+			// for 4 or 3 minutes); ask the source (no IO) again every 2 s,
+			// as a candidate that does not relay yet is dropped, and retry
+			// a relay that refused after a minute (a relay service starts
+			// only once its peer knows it is reachable).
 			autorelay.WithMinCandidates(1),
 			autorelay.WithNumRelays(2),
 			autorelay.WithBootDelay(10*time.Second),
-			autorelay.WithMinInterval(10*time.Second),
+			autorelay.WithMinInterval(2*time.Second),
 			autorelay.WithBackoff(time.Minute)))
 	}
 	if p.holePunching {
@@ -269,4 +273,47 @@ func natFromConfig(cfg config.Node) (natParams, []netip.Prefix, error) {
 		nets = append(nets, n)
 	}
 	return p, nets, nil
+}
+
+// closeRedundantRelays closes the relayed connections to the peers this
+// host also reaches directly (after a hole punch), so that they stop taking
+// one of the relay's circuits per peer; it keeps a relayed connection that
+// carries a stream of protocol keep (a ring stream of the running epoch:
+// closing it would fail the step; later epochs open theirs on the direct
+// connection, which libp2p prefers). It returns how many it closed.
+func closeRedundantRelays(h host.Host, keep protocol.ID) int {
+	closed := 0
+	for _, id := range h.Network().Peers() {
+		if connKind(h, id) != ConnDirect {
+			continue
+		}
+		for _, c := range h.Network().ConnsToPeer(id) {
+			if !isRelayedAddr(c.RemoteMultiaddr()) || slices.ContainsFunc(c.GetStreams(), func(s network.Stream) bool { return s.Protocol() == keep }) {
+				continue
+			}
+			if c.Close() == nil {
+				closed++
+			}
+		}
+	}
+	return closed
+}
+
+// logConnKinds logs, through notifications of h's network, each peer first
+// reached through a relay and each direct connection to a peer that was
+// reached through one (a hole punch, or a dial that found a route).
+func logConnKinds(h host.Host, log *zap.Logger) {
+	h.Network().Notify(&network.NotifyBundle{ConnectedF: func(nw network.Network, c network.Conn) {
+		p := c.RemotePeer()
+		relayed := false
+		for _, o := range nw.ConnsToPeer(p) {
+			relayed = relayed || (o != c && isRelayedAddr(o.RemoteMultiaddr()))
+		}
+		switch {
+		case isRelayedAddr(c.RemoteMultiaddr()):
+			log.Info("connected through a relay", zap.Stringer("peer", p), zap.Stringer("addr", c.RemoteMultiaddr()))
+		case relayed:
+			log.Info("direct connection to a peer reached through a relay", zap.Stringer("peer", p), zap.Stringer("addr", c.RemoteMultiaddr()))
+		}
+	}})
 }

@@ -111,6 +111,14 @@ func TestRelayCarriesTrainingTraffic(t *testing.T) {
 		t.Fatal("bulk transfer through the relay did not finish")
 	}
 
+	// A stream of the kept protocol holds the relayed connection open.
+	const keep = protocol.ID("/p2ptrain/test/keep")
+	a.SetStreamHandler(keep, func(s network.Stream) { io.Copy(io.Discard, s); s.Close() })
+	held, err := b.NewStream(ctx, a.ID(), keep)
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	// Connect returns at once while a connection (relayed or not) exists.
 	direct := network.WithForceDirectDial(ctx, "test: direct after relayed")
 	if err := b.Connect(direct, peer.AddrInfo{ID: a.ID(), Addrs: a.Addrs()}); err != nil {
@@ -119,6 +127,17 @@ func TestRelayCarriesTrainingTraffic(t *testing.T) {
 	eventually(t, 5*time.Second, "direct connection", func() error {
 		if k := connKind(b, a.ID()); k != ConnDirect {
 			return fmt.Errorf("connection kind %q", k)
+		}
+		return nil
+	})
+	if c := closeRedundantRelays(b, keep); c != 0 {
+		t.Fatalf("closed %d relayed connections while one carries a kept stream", c)
+	}
+	held.Reset()
+	eventually(t, 5*time.Second, "relayed connection closed", func() error {
+		closeRedundantRelays(b, keep)
+		if conns := b.Network().ConnsToPeer(a.ID()); len(conns) != 1 || isRelayedAddr(conns[0].RemoteMultiaddr()) {
+			return fmt.Errorf("connections to a: %v", conns)
 		}
 		return nil
 	})

@@ -134,6 +134,7 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 	if err != nil {
 		return nil, err
 	}
+	logConnKinds(n.host, log)
 	n.ring = ringstream.New(n.host, cfg.Allreduce.Session(nil).MaxFrame(), n.learnAddrs, log.Named("allreduce"))
 	n.state = statesync.NewServer(n.host, log.Named("state"))
 	n.probe = probe.New(n.host, cfg.Probe.Prober(), log.Named("probe"))
@@ -293,6 +294,9 @@ func (n *Node) watch(ctx context.Context, events <-chan gossip.Event) {
 			}
 		case <-tick.C:
 			n.connectMembers(ctx)
+			if c := closeRedundantRelays(n.host, ringstream.ID); c > 0 {
+				n.log.Debug("closed relayed connections to peers reached directly", zap.Int("closed", c))
+			}
 		}
 	}
 }
