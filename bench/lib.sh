@@ -19,3 +19,55 @@ common_flag() {
 	*) usage_err "unknown argument $1" ;;
 	esac
 }
+# Network-namespace scripts (bench/netns.sh, bench/nat.sh) define
+# our_namespaces (the namespaces they own, one per line) and LOCK; then:
+# kill_ns_pids NS ends every process in namespace NS (only what the script
+# started runs there), teardown ends them in all its namespaces and deletes
+# those, lock holds LOCK so that two runs of one script do not meet.
+kill_ns_pids() {
+	local ns=$1 pids t
+	pids=$(ip netns pids "$ns" 2>/dev/null || true)
+	[ -n "$pids" ] || return 0
+	# shellcheck disable=SC2086 # one pid per word
+	kill -TERM $pids 2>/dev/null || true
+	for t in 1 2 3 4 5 6 7 8 9 10; do
+		pids=$(ip netns pids "$ns" 2>/dev/null || true)
+		[ -n "$pids" ] || return 0
+		sleep 0.3
+		: "$t"
+	done
+	# shellcheck disable=SC2086
+	kill -KILL $pids 2>/dev/null || true
+}
+teardown() {
+	local ns
+	for ns in $(our_namespaces); do kill_ns_pids "$ns"; done
+	for ns in $(our_namespaces); do ip netns del "$ns" 2>/dev/null || say "could not delete namespace $ns"; done
+}
+lock() {
+	command -v flock >/dev/null 2>&1 || return 0
+	mkdir -p "$(dirname "$LOCK")"
+	exec 9>"$LOCK"
+	flock -w 300 9 || die "another $(basename "$0") run holds $LOCK for more than 300 s"
+}
+# remove_leftovers tears down what an earlier run of the script left.
+remove_leftovers() {
+	local left
+	left=$(our_namespaces | tr '\n' ' ')
+	[ -n "$left" ] || return 0
+	say "removing leftovers of an earlier run: $left"
+	teardown
+}
+# work_dir NAME sets work to the directory of --logdir (logdir; kept:
+# keep_work=1) or to a new /tmp/NAME.XXXXXX (removed after a success:
+# keep_work=0).
+work_dir() {
+	if [ -n "$logdir" ]; then
+		mkdir -p "$logdir"
+		work=$(cd "$logdir" && pwd)
+		keep_work=1
+	else
+		work=$(mktemp -d "/tmp/$1.XXXXXX")
+		keep_work=0
+	fi
+}
