@@ -21,14 +21,7 @@ start_s=$SECONDS
 status=1
 built=0
 pids=()
-if [ -n "$logdir" ]; then
-	mkdir -p "$logdir"
-	work=$(cd "$logdir" && pwd)
-	keep_work=1
-else
-	work=$(mktemp -d "/tmp/$WORK_NAME.XXXXXX")
-	keep_work=0
-fi
+work_dir "$WORK_NAME"
 
 kill_ours() {
 	local p

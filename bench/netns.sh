@@ -154,40 +154,7 @@ our_namespaces() {
 	ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$PREFIX-(h[0-9]+|br|probe)\$" || true
 }
 
-# kill_ns_pids ends every process still running inside namespace $1: they can
-# only be daemons or probes that this script started there.
-kill_ns_pids() {
-	local ns=$1 pids t
-	pids=$(ip netns pids "$ns" 2>/dev/null || true)
-	[ -n "$pids" ] || return 0
-	# shellcheck disable=SC2086 # one pid per word
-	kill -TERM $pids 2>/dev/null || true
-	for t in 1 2 3 4 5 6 7 8 9 10; do
-		pids=$(ip netns pids "$ns" 2>/dev/null || true)
-		[ -n "$pids" ] || return 0
-		sleep 0.3
-		: "$t"
-	done
-	# shellcheck disable=SC2086
-	kill -KILL $pids 2>/dev/null || true
-}
-
-teardown() {
-	local ns
-	for ns in $(our_namespaces); do
-		kill_ns_pids "$ns"
-	done
-	for ns in $(our_namespaces); do
-		ip netns del "$ns" 2>/dev/null || say "could not delete namespace $ns"
-	done
-}
-
-lock() {
-	command -v flock >/dev/null 2>&1 || return 0
-	mkdir -p "$(dirname "$LOCK")"
-	exec 9>"$LOCK"
-	flock -w 300 9 || die "another bench/netns.sh run holds $LOCK for more than 300 s"
-}
+# kill_ns_pids, teardown and lock come from bench/lib.sh.
 
 if [ "$mode" = cleanup ]; then
 	lock
