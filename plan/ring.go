@@ -6,6 +6,8 @@ package plan
 
 import (
 	"math"
+	"math/bits"
+	"slices"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
 )
@@ -59,11 +61,28 @@ func Bottleneck(m Matrix, o []int) float64 {
 	return edges(m, o, nil)[0]
 }
 
+// localSearchMax is the largest ring RingOrder improves with 2-opt and
+// or-opt moves: a pass tries O(n²) moves at O(n log n) each, seconds at
+// 128 peers. Larger rings keep the greedy order and the threshold search.
+const localSearchMax = 16
+
+// greedyStarts bounds the greedy constructions of a ring larger than
+// localSearchMax (smaller rings start from every peer), and the starts of
+// the threshold search above thoroughMax.
+const greedyStarts = 8
+
+// thoroughMax is the largest ring whose threshold search starts from every
+// peer with a generous budget (a ring that must cross between clusters at
+// one pair of peers is found from few starts only); above it the search
+// is bounded to a few linear-cost attempts per threshold.
+const thoroughMax = 64
+
 // RingOrder returns a ring order of the len(m) peers that maximises the
-// slowest edge (a bottleneck travelling-salesman heuristic: greedy from
-// every start, then 2-opt and or-opt moves until no move helps; ties broken
-// by the next-slowest edges). It is deterministic and starts at peer 0.
-// Meant for ≤ 64 peers.
+// slowest edge (a bottleneck travelling-salesman heuristic): greedy
+// constructions, then for rings up to localSearchMax peers 2-opt and or-opt
+// moves until no move helps (ties broken by the next-slowest edges), then a
+// search for a ring whose every edge reaches a higher threshold. It is
+// deterministic and starts at peer 0; at 256 peers it takes milliseconds.
 func RingOrder(m Matrix) []int {
 	n := len(m)
 	if n <= 3 {
@@ -77,18 +96,57 @@ func RingOrder(m Matrix) []int {
 		return o
 	}
 	var best []int
-	var bestE, e1, e2 []float64
-	for s := 0; s < n; s++ {
-		o := greedy(m, s)
+	var bestE, e1 []float64
+	starts := n
+	if n > localSearchMax {
+		starts = greedyStarts
+	}
+	for k := range starts {
+		o := greedy(m, k*n/starts)
 		if best == nil || better(edges(m, o, e1), bestE) {
 			best = o
 			bestE = append(bestE[:0], edges(m, o, e1)...)
 		}
 	}
+	if n <= localSearchMax {
+		best, bestE = localSearch(m, best, bestE)
+	}
+	// Threshold search: the highest edge value v above the current
+	// bottleneck for which a ring with every edge ≥ v is found (binary
+	// search: a ring that reaches v also reaches every lower value).
+	vals := distinct(m)
+	lo := 0
+	for lo < len(vals) && vals[lo] <= bestE[0] {
+		lo++
+	}
+	hi := len(vals) - 1
+	for lo <= hi {
+		mid := (lo + hi) / 2
+		if found := thresholdRing(m, vals[mid]); found != nil {
+			best = found
+			bestE = append(bestE[:0], edges(m, best, e1)...)
+			lo = mid + 1
+		} else {
+			hi = mid - 1
+		}
+	}
+	// rotate so that peer 0 comes first.
+	for k, p := range best {
+		if p == 0 {
+			return append(append([]int(nil), best[k:]...), best[:k]...)
+		}
+	}
+	return best
+}
+
+// localSearch improves ring best (whose sorted edges are bestE) with 2-opt
+// (reverse a stretch) and or-opt (move one peer) moves until none helps.
+func localSearch(m Matrix, best []int, bestE []float64) ([]int, []float64) {
+	n := len(best)
+	var e2 []float64
 	cand := make([]int, n)
 	for pass := 0; pass < 100; pass++ {
 		improved := false
-		// 2-opt: reverse o[i..j].
 		for i := 1; i < n-1; i++ {
 			for j := i + 1; j < n; j++ {
 				copy(cand, best)
@@ -102,7 +160,6 @@ func RingOrder(m Matrix) []int {
 				}
 			}
 		}
-		// or-opt: move one peer to another position.
 		for i := 1; i < n; i++ {
 			for j := 1; j < n; j++ {
 				if i == j {
@@ -120,60 +177,80 @@ func RingOrder(m Matrix) []int {
 			break
 		}
 	}
-	// Threshold search: is there a ring whose every edge is at least v, for
-	// the distinct edge values v above the current bottleneck?
-	vals := distinct(m)
-	for _, v := range vals {
-		if v <= bestE[0] {
-			continue
-		}
-		var found []int
-		for s := 0; s < n && found == nil; s++ {
-			budget := 20000
-			found = hamCycle(m, v, s, &budget)
-		}
-		if found == nil {
-			break
-		}
-		best = found
-		bestE = append(bestE[:0], edges(m, best, e1)...)
-	}
-	// rotate so that peer 0 comes first.
-	for k, p := range best {
-		if p == 0 {
-			return append(append([]int(nil), best[k:]...), best[:k]...)
-		}
-	}
-	return best
+	return best, bestE
 }
 
+// thresholdRing looks for a ring whose every edge is ≥ tau, from a few
+// starting peers with a bounded search each (nil: none found).
+func thresholdRing(m Matrix, tau float64) []int {
+	n := len(m)
+	starts, budget := n, 20000
+	switch {
+	case n > thoroughMax:
+		starts, budget = greedyStarts, 4*n
+	case n > localSearchMax:
+		budget = 2000
+	}
+	adj := make([]bitset, n)
+	for i := range adj {
+		adj[i] = newBitset(n)
+		for j := 0; j < n; j++ {
+			if m.at(i, j) >= tau {
+				adj[i].set(j)
+			}
+		}
+	}
+	for k := range starts {
+		b := budget
+		if found := hamCycle(m, adj, tau, k*n/starts, &b); found != nil {
+			return found
+		}
+	}
+	return nil
+}
+
+// distinct returns the positive values of m, sorted ascending, once each.
 func distinct(m Matrix) []float64 {
 	var v []float64
-	seen := map[float64]bool{}
 	for i := range m {
 		for j := range m {
-			if x := m.at(i, j); x > 0 && !seen[x] {
-				seen[x] = true
+			if x := m.at(i, j); x > 0 {
 				v = append(v, x)
 			}
 		}
 	}
-	for i := 1; i < len(v); i++ {
-		for j := i; j > 0 && v[j] < v[j-1]; j-- {
-			v[j], v[j-1] = v[j-1], v[j]
-		}
+	slices.Sort(v)
+	return slices.Compact(v)
+}
+
+// bitset is a set of peer indices.
+type bitset []uint64
+
+func newBitset(n int) bitset    { return make(bitset, (n+63)/64) }
+func (b bitset) set(i int)      { b[i/64] |= 1 << (i % 64) }
+func (b bitset) clear(i int)    { b[i/64] &^= 1 << (i % 64) }
+func (b bitset) has(i int) bool { return b[i/64]&(1<<(i%64)) != 0 }
+func (b bitset) countAnd(c bitset) int {
+	n := 0
+	for w := range b {
+		n += bits.OnesCount64(b[w] & c[w])
 	}
-	return v
+	return n
 }
 
 // hamCycle looks for a directed Hamiltonian cycle from start using only
-// edges ≥ tau: depth-first, fewest onward options first (Warnsdorff), peers
-// that can close the cycle last; at most *budget expansions.
-func hamCycle(m Matrix, tau float64, start int, budget *int) []int {
+// edges ≥ tau (adj[i]: the peers i reaches so): depth-first, fewest onward
+// options first (Warnsdorff), peers that can close the cycle last; at most
+// *budget expansions.
+func hamCycle(m Matrix, adj []bitset, tau float64, start int, budget *int) []int {
 	n := len(m)
-	used := make([]bool, n)
+	unused := newBitset(n)
+	for i := range n {
+		unused.set(i)
+	}
+	unused.clear(start)
 	path := []int{start}
-	used[start] = true
+	type cand struct{ j, deg, closes int }
 	var rec func() bool
 	rec = func() bool {
 		*budget--
@@ -184,41 +261,32 @@ func hamCycle(m Matrix, tau float64, start int, budget *int) []int {
 		if len(path) == n {
 			return m.at(cur, start) >= tau
 		}
-		type cand struct{ j, deg, closes int }
 		var cs []cand
-		for j := 0; j < n; j++ {
-			if used[j] || m.at(cur, j) < tau {
-				continue
-			}
-			deg, closes := 0, 0
-			for k := 0; k < n; k++ {
-				if !used[k] && k != j && m.at(j, k) >= tau {
-					deg++
+		for w, word := range adj[cur] {
+			for word &= unused[w]; word != 0; word &= word - 1 {
+				j := w*64 + bits.TrailingZeros64(word)
+				closes := 0
+				if adj[j].has(start) {
+					closes = 1
 				}
-			}
-			if m.at(j, start) >= tau {
-				closes = 1
-			}
-			cs = append(cs, cand{j, deg, closes})
-		}
-		for i := 1; i < len(cs); i++ {
-			for k := i; k > 0; k-- {
-				a, b := cs[k], cs[k-1]
-				if a.closes < b.closes || (a.closes == b.closes && a.deg < b.deg) {
-					cs[k], cs[k-1] = b, a
-				} else {
-					break
-				}
+				// j's onward options among the unused peers other than j.
+				cs = append(cs, cand{j, adj[j].countAnd(unused) - b2i(adj[j].has(j)), closes})
 			}
 		}
+		slices.SortStableFunc(cs, func(a, b cand) int {
+			if a.closes != b.closes {
+				return a.closes - b.closes
+			}
+			return a.deg - b.deg
+		})
 		for _, c := range cs {
-			used[c.j] = true
+			unused.clear(c.j)
 			path = append(path, c.j)
 			if rec() {
 				return true
 			}
 			path = path[:len(path)-1]
-			used[c.j] = false
+			unused.set(c.j)
 			if *budget < 0 {
 				return false
 			}
@@ -229,6 +297,13 @@ func hamCycle(m Matrix, tau float64, start int, budget *int) []int {
 		return path
 	}
 	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func moveOne(dst, o []int, i, j int) []int {

@@ -260,3 +260,37 @@ func TestLinkRingSeconds(t *testing.T) {
 		}
 	}
 }
+
+// TestRingOrderLargeClusteredRing: 256 peers in racks of 8 with fast links
+// inside a rack and between neighbouring racks only (a chain of switches
+// closed into a loop); the ring must use fast links everywhere, found by the
+// bounded search that keeps planning at milliseconds for large rings.
+func TestRingOrderLargeClusteredRing(t *testing.T) {
+	const n, rack = 256, 8
+	racks := n / rack
+	m := uniform(n, 0)
+	for i := range m {
+		for j := range m {
+			d := (j/rack - i/rack + racks) % racks
+			if d == 0 || d == 1 {
+				m[i][j] = 100
+			} else {
+				m[i][j] = 1
+			}
+		}
+	}
+	o := RingOrder(m)
+	if b := Bottleneck(m, o); b != 100 {
+		t.Fatalf("bottleneck %v, want 100", b)
+	}
+	seen := make([]bool, n)
+	for _, p := range o {
+		if seen[p] {
+			t.Fatalf("peer %d twice in %v", p, o)
+		}
+		seen[p] = true
+	}
+	if len(o) != n || o[0] != 0 {
+		t.Fatalf("order of %d peers starting at %d, want %d from peer 0", len(o), o[0], n)
+	}
+}
