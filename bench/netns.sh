@@ -67,10 +67,12 @@
 # hosts share a swarm key and run
 #   p2ptrain bench allreduce --expect N --size S --codec C --schedule S --rounds N --json
 #     --listen /ip4/10.77.0.(10+i)/tcp/4001 --swarm-key K (--open with --open) --identity F --name hi
-#     --cluster netns-bench --mdns=false [--bootstrap <host 1>] [extra flags]
+#     --cluster netns-bench --mdns=false --link-rate <its rate> [--bootstrap <host 1>] [extra flags]
 # Each prints one JSON object {"size_bytes","codec","schedule","peers","median_s",
-# "algbw_gbps","busbw_gbps"} on stdout and exits; the script prints each host's line,
-# then a summary line with busbw over the slowest link's rate (gbps read as Gbit/s).
+# "algbw_gbps","busbw_gbps","wire_bytes_per_peer","ideal_s","efficiency"} on stdout
+# and exits; the script prints each host's line, then a summary line with busbw over
+# the slowest link's rate (gbps read as Gbit/s) and the efficiency: the ideal (the
+# bytes a peer sent at its shaped rate) over the median time.
 #
 # Needs root, iproute2 (ip, tc) and Go (to build p2ptrain and the netcheck probe).
 # Without root or network namespaces --smoke says why and exits 0 (skipped);
@@ -510,6 +512,8 @@ start_daemon() { # host
 		args+=(--swarm-key "$work/swarm.key")
 	fi
 	[ "$has_identity" = 0 ] || args+=(--identity "$work/h$i.identity")
+	# The shaped rate gives the link-limited ideal and the efficiency.
+	! grep -q -- "-link-rate" <<<"$help_out" || args+=(--link-rate "${rate_list[i - 1]}")
 	[ "$i" = 1 ] || args+=(--bootstrap "$boot")
 	args+=("${extra[@]//\{host\}/h$i}")
 	echo "ip netns exec $(host_ns "$i") $binary ${args[*]}" >"$work/h$i.cmd"
@@ -613,15 +617,18 @@ median=$(json_field median_s <<<"$first")
 busbw=$(json_field busbw_gbps <<<"$first")
 algbw=$(json_field algbw_gbps <<<"$first")
 peers=$(json_field peers <<<"$first")
+wire=$(json_field wire_bytes_per_peer <<<"$first")
+ideal=$(json_field ideal_s <<<"$first")
+efficiency=$(json_field efficiency <<<"$first")
 agree=yes
 for l in "${lines[@]}"; do
 	[ "$(json_field median_s <<<"$l")" = "$median" ] || agree=no
 done
 [ "$peers" = "$hosts" ] || say "warning: the daemons report $peers peers, $hosts hosts ran"
 [ "$agree" = yes ] || say "warning: the hosts report different median times"
-printf 'summary: hosts=%s rates=%s delay=%s loss=%s size=%s codec=%s schedule=%s rounds=%s median_s=%s algbw_gbps=%s busbw_gbps=%s busbw/slowest_link=%s hosts_agree=%s wall_s=%s\n' \
+printf 'summary: hosts=%s rates=%s delay=%s loss=%s size=%s codec=%s schedule=%s rounds=%s median_s=%s algbw_gbps=%s busbw_gbps=%s wire_bytes_per_peer=%s ideal_s=%s efficiency=%s busbw/slowest_link=%s hosts_agree=%s wall_s=%s\n' \
 	"$hosts" "$(IFS=,; echo "${rate_list[*]}")" "${delay:-0}" "${loss:-0%}" "$size" "$codec" "$schedule" \
-	"$rounds" "$median" "$algbw" "$busbw" \
+	"$rounds" "$median" "$algbw" "$busbw" "${wire:--}" "${ideal:--}" "${efficiency:--}" \
 	"$(awk -v g="$busbw" -v b="$min_bps" 'BEGIN { printf "%.3f\n", g * 1e9 / b }')" "$agree" \
 	"$((SECONDS - start_s))"
 status=0
