@@ -50,6 +50,15 @@ func TestProbeBackground(t *testing.T) {
 	if len(st.Links) != 1 || st.Links[0].Peer != b.ID().String() || !(st.Links[0].MbitS > 0) {
 		t.Fatalf("/status links %+v", st.Links)
 	}
+	// b's /status carries a's gossiped figures in a's member entry (the
+	// live page labels every ring link from them).
+	gossiped := false
+	for _, ms := range b.Status().Members {
+		gossiped = gossiped || (ms.PeerID == a.ID().String() && len(ms.Links) == 1 && ms.Links[0].Peer == b.ID().String())
+	}
+	if !gossiped {
+		t.Fatalf("b's /status members %+v lack a's link figures", b.Status().Members)
+	}
 	m := b.LinkMatrix([]string{a.ID().String(), b.ID().String()})
 	if !(m[0][1] > 0) || !(m[1][0] > 0) {
 		t.Fatalf("b's matrix %v: want both directions known (b's own or a's figure)", m)

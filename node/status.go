@@ -46,6 +46,9 @@ type MemberStatus struct {
 	// GossipScore is gossipsub's score of the member: negative after
 	// messages the validator rejected; below -1000 it is graylisted.
 	GossipScore float64 `json:"gossip_score"`
+	// Links are the member's own link measurements as it gossips them
+	// (this peer's are Status.Links).
+	Links []gossip.LinkFigure `json:"links,omitempty"`
 	// Conn is this peer's connection to the member: ConnDirect,
 	// ConnRelayed (only through a circuit relay: its link counts as slow
 	// in ring planning, plan.MarkRelayed), or absent when not connected.
@@ -154,6 +157,7 @@ func (n *Node) Status() Status {
 			Version:     m.Version,
 			Observer:    m.Observer,
 			GossipScore: n.gsp.Score(m.PeerID),
+			Links:       m.Links,
 		}
 		if id, err := peer.Decode(m.PeerID); err == nil && id != n.host.ID() {
 			ms.Conn = connKind(n.host, id)

@@ -607,6 +607,9 @@
     const self = st.peer_id;
     const names = memberNames(st);
     const links = new Map(((st && st.links) || []).map((l) => [l.peer, l]));
+    // Every member gossips the links it sends on: the others' come from
+    // their member entries.
+    const memberLinks = new Map(((st && st.members) || []).map((m) => [m.peer_id, new Map((m.links || []).map((l) => [l.peer, l]))]));
     const n = order.length;
     // Members go clockwise from the top; the circle's radius and centre
     // fit the members' extent between room above the top one (for the
@@ -640,7 +643,7 @@
         const toward = (px, py, tx, ty, d) => { const l = Math.hypot(tx - px, ty - py) || 1; return [px + (tx - px) / l * d, py + (ty - py) / l * d]; };
         const [sx, sy] = toward(ax, ay, qx, qy, nodeR + 3);
         const [ex, ey] = toward(bx, by, qx, qy, nodeR + 4);
-        const fig = from === self ? links.get(to) : undefined;
+        const fig = from === self ? links.get(to) : (memberLinks.get(from) || new Map()).get(to);
         const measured = fig && isFinite(fig.mbit_s);
         const codec = codecs[k] || runCodec || '';
         const path = svgEl('path', {
@@ -650,13 +653,13 @@
           'data-from': from, 'data-to': to, 'data-codec': codec,
           'data-mbit-s': measured ? fig.mbit_s : undefined,
         }, svg);
-        const speed = measured ? fmtSI(fig.mbit_s * 1e6, 'bit/s') : 'not measured here';
+        const speed = measured ? fmtSI(fig.mbit_s * 1e6, 'bit/s') : 'not measured yet';
         const tip = svgEl('title', {}, path);
         tip.textContent = (names.get(from) || shortID(from)) + ' → ' + (names.get(to) || shortID(to)) + ': ' + speed +
           (measured && isFinite(fig.rtt_ms) ? ', rtt ' + fig.rtt_ms.toFixed(2) + ' ms' : '') + (codec ? ', codec ' + codec : '') +
-          (measured ? '' : ' (each peer measures the links it sends on; open that peer\'s page)');
+          (measured ? '' : ' (each peer measures the links it sends on, in the background)');
         if (n <= 12) {
-          // The label (speed, then codec; links measured elsewhere show the
+          // The label (speed, then codec; links not measured yet show the
           // codec only) sits by the curve's midpoint: outside a steep link,
           // above a flat one (inside the ring for a link along the bottom,
           // whose nodes have their names below them).
