@@ -369,6 +369,12 @@ func TestBenchAllreduceCluster(t *testing.T) {
 				if _, ok := r["ideal_s"]; ok != slices.Contains(tt.extra, "--link-rate") {
 					t.Errorf("peer %d: ideal_s present %v with flags %v: want it exactly with --link-rate", i, ok, tt.extra)
 				}
+				// An fp32 ring peer sends 2(W−1)/W of the buffer, plus frame headers.
+				if want := 2.0 * 2 / 3 * size; tt.codec == "none" && tt.schedule == "ring" && len(tt.extra) == 2 {
+					if w := r["wire_bytes_per_peer"].(float64); w < want || w > 1.05*want {
+						t.Errorf("peer %d: %.0f bytes on the wire per round, want %.0f plus headers", i, w, want)
+					}
+				}
 				if r["codec"] != tt.codec || !strings.HasPrefix(r["schedule"].(string), tt.schedule) {
 					t.Errorf("peer %d: codec %v schedule %v, want %s %s", i, r["codec"], r["schedule"], tt.codec, tt.schedule)
 				}

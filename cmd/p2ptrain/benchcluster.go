@@ -600,16 +600,28 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 	// times holds each timed round's seconds, then the bytes this peer
 	// sent in the timed rounds: averaged over the peers in one all-reduce.
 	times := make([]float32, b.rounds+1)
+	// The bytes sent are counted from the barrier before the first timed
+	// round to one after the last: a round's last frames may still be
+	// going out when Wait returns here, and the barrier after a round
+	// completes only once they went (one stream per neighbour, in order).
+	// The barriers' own bytes, measured on the first, are taken off.
+	var sentFrom, barrierBytes uint64
 	for round := -1; round < b.rounds; round++ {
 		what := "the warm-up round"
 		if round >= 0 {
 			what = fmt.Sprintf("timed round %d of %d", round+1, b.rounds)
 		}
+		before := tr.Sent()
 		if _, err := b.allReduce(ctx, s, barrier); err != nil {
 			return nil, 0, b.explain(ctx, "the barrier before "+what, err)
 		}
+		switch round {
+		case -1:
+			barrierBytes = tr.Sent() - before
+		case 0:
+			sentFrom = tr.Sent()
+		}
 		b.step++
-		sentBefore := tr.Sent()
 		start := time.Now()
 		rd := s.NewRound(ctx, b.step)
 		for i := b.buckets - 1; i >= 0; i-- {
@@ -627,8 +639,13 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 		}
 		if round >= 0 {
 			times[round] = float32(time.Since(start).Seconds())
-			times[b.rounds] += float32(tr.Sent() - sentBefore)
 		}
+	}
+	if _, err := b.allReduce(ctx, s, barrier); err != nil {
+		return nil, 0, b.explain(ctx, "the barrier after the timed rounds", err)
+	}
+	if sent := tr.Sent() - sentFrom; sent > uint64(b.rounds)*barrierBytes {
+		times[b.rounds] = float32(sent - uint64(b.rounds)*barrierBytes)
 	}
 	// Others may finish step 4 and leave while this peer still reads its
 	// last bytes: the epoch change that follows is no failure.
@@ -644,5 +661,5 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 	for i, t := range avg[:b.rounds] {
 		res[i] = float64(t)
 	}
-	return res, float64(avg[b.rounds]) / float64(b.rounds), nil
+	return res, float64(avg[b.rounds]) / float64(b.rounds), nil // bytes per timed round
 }
