@@ -72,7 +72,7 @@
 # "algbw_gbps","busbw_gbps","wire_bytes_per_peer","ideal_s","efficiency"} on stdout
 # and exits; the script prints each host's line, then a summary line with busbw over
 # the slowest link's rate (gbps read as Gbit/s) and the efficiency: the ideal (the
-# bytes a peer sent at its shaped rate) over the median time.
+# bytes a peer sent at its link's TCP goodput) over the median time.
 #
 # Needs root, iproute2 (ip, tc) and Go (to build p2ptrain and the netcheck probe).
 # Without root or network namespaces --smoke says why and exits 0 (skipped);
@@ -512,8 +512,12 @@ start_daemon() { # host
 		args+=(--swarm-key "$work/swarm.key")
 	fi
 	[ "$has_identity" = 0 ] || args+=(--identity "$work/h$i.identity")
-	# The shaped rate gives the link-limited ideal and the efficiency.
-	! grep -q -- "-link-rate" <<<"$help_out" || args+=(--link-rate "${rate_list[i - 1]}")
+	# The link's TCP goodput (the shaped rate × (MTU − 52) / (MTU + 14): IP
+	# and TCP headers with timestamps, and the Ethernet header tc counts)
+	# gives the link-limited ideal and the efficiency.
+	if grep -q -- "-link-rate" <<<"$help_out"; then
+		args+=(--link-rate "$(awk -v b="$(rate_bps "${rate_list[i - 1]}")" -v m="$mtu" 'BEGIN { printf "%.0fbit", b * (m - 52) / (m + 14) }')")
+	fi
 	[ "$i" = 1 ] || args+=(--bootstrap "$boot")
 	args+=("${extra[@]//\{host\}/h$i}")
 	echo "ip netns exec $(host_ns "$i") $binary ${args[*]}" >"$work/h$i.cmd"
