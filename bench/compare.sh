@@ -81,8 +81,8 @@ fi
 
 if [ -n "$markdown" ]; then
 	{
-		printf '| hosts | codec | schedule asked → run | median | busbw / slowest link | speed-up vs first row | target |\n'
-		printf '|---|---|---|---|---|---|---|\n'
+		printf '| hosts | codec | schedule asked → run | median | busbw / slowest link | efficiency | speed-up vs first row | target |\n'
+		printf '|---|---|---|---|---|---|---|---|\n'
 	} >"$markdown" || usage_err "cannot write --markdown $markdown"
 fi
 
@@ -92,6 +92,13 @@ failed=0
 
 field() { # name file: the field of the file's first line
 	sed -nE "1s/.*\"$1\"[[:space:]]*:[[:space:]]*(\"([^\"]*)\"|([-0-9.eE+]+)).*/\2\3/p" "$2"
+}
+# efficiency_of file median: the link-limited ideal (the largest any host
+# reports: the bytes it sent at its link's goodput) over the median; "" when
+# the hosts report no ideal.
+efficiency_of() {
+	sed -nE 's/.*"ideal_s"[[:space:]]*:[[:space:]]*([-0-9.eE+]+).*/\1/p' "$1" |
+		awk -v m="$2" '$1 > x { x = $1 } END { if (x > 0 && m > 0) printf "%.2f", x / m }'
 }
 
 # target_of preset codec schedule: "<op> <value>" of the ratio column, or "".
@@ -130,7 +137,7 @@ run_table() {
 			if ! "$HERE/netns.sh" "${net[@]}" --codec "$c" --schedule "$sched" --size "$size" --rounds "$rounds" \
 				--binary "$binary" --out "$jl" "${common[@]}" -- "${extra[@]}" "${links[@]}" >"$log" 2>&1; then
 				printf '%-28s %-10s %10s   (see %s)\n' "$c" "$s" FAILED "$log"
-				[ -z "$markdown" ] || printf '| %s | %s | %s | FAILED | | | |\n' "$label" "$c" "$s" >>"$markdown"
+				[ -z "$markdown" ] || printf '| %s | %s | %s | FAILED | | | | |\n' "$label" "$c" "$s" >>"$markdown"
 				label=""
 				grep -E 'error:' "$log" | tail -n 2 | sed 's/^/    /'
 				trap - EXIT
@@ -154,8 +161,8 @@ run_table() {
 				"$linkrel" "$ratio" "$verdict"
 			if [ -n "$markdown" ]; then
 				ran=$(field schedule "$jl")
-				printf '| %s | %s | %s | %.3f s | %s | %s× | %s |\n' "$label" "$c" "$s → ${ran:-?}" "$med" "$linkrel" \
-					"$ratio" "$verdict" >>"$markdown"
+				printf '| %s | %s | %s | %.3f s | %s | %s | %s× | %s |\n' "$label" "$c" "$s → ${ran:-?}" "$med" "$linkrel" \
+					"$(efficiency_of "$jl" "$med")" "$ratio" "$verdict" >>"$markdown"
 				label=""
 			fi
 			if [ -n "$out" ]; then
