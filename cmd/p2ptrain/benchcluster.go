@@ -274,8 +274,8 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 		name += "+links"
 	}
 	res := allreducebench.NewResult(b.size, b.spec, name, len(peers), allreducebench.Median(times))
-	// The mean bytes a peer sent at this host's link rate: the ideal of a
-	// ring whose links all run at that rate.
+	// The bytes this peer sent at its link's rate: this link's ideal; the
+	// run's is the largest any peer reports (bench/compare.sh takes it).
 	ideal := 0.0
 	if b.linkRate > 0 {
 		ideal = sent / b.linkRate
@@ -574,7 +574,8 @@ func (b *clusterBench) allReduce(ctx context.Context, s *allreduce.Session, data
 
 // measure runs the warm-up and timed rounds (step 3) and the averaging of
 // the times (step 4) on the measurement session; it returns the averaged
-// time of each timed round in seconds.
+// time of each timed round in seconds and the bytes this peer sent per
+// timed round.
 func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr allreduce.EpochTransport, rank int, links []*allreduce.LinkCodecs) ([]float64, float64, error) {
 	n := b.size / 4
 	bounds := make([]int, b.buckets+1)
@@ -597,9 +598,7 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 		codecs[i] = c
 	}
 	barrier := make([]float32, barrierLen)
-	// times holds each timed round's seconds, then the bytes this peer
-	// sent in the timed rounds: averaged over the peers in one all-reduce.
-	times := make([]float32, b.rounds+1)
+	times := make([]float32, b.rounds)
 	// The bytes sent are counted from the barrier before the first timed
 	// round to one after the last: a round's last frames may still be
 	// going out when Wait returns here, and the barrier after a round
@@ -644,8 +643,11 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 	if _, err := b.allReduce(ctx, s, barrier); err != nil {
 		return nil, 0, b.explain(ctx, "the barrier after the timed rounds", err)
 	}
+	// This peer's own bytes: with proportional shares or per-link codecs
+	// peers send different amounts, and the ideal is the busiest link's.
+	var sentPerRound float64
 	if sent := tr.Sent() - sentFrom; sent > uint64(b.rounds)*barrierBytes {
-		times[b.rounds] = float32(sent - uint64(b.rounds)*barrierBytes)
+		sentPerRound = float64(sent-uint64(b.rounds)*barrierBytes) / float64(b.rounds)
 	}
 	// Others may finish step 4 and leave while this peer still reads its
 	// last bytes: the epoch change that follows is no failure.
@@ -657,9 +659,9 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 	if err != nil {
 		return nil, 0, b.explain(ctx, "averaging the round times", err)
 	}
-	res := make([]float64, b.rounds)
-	for i, t := range avg[:b.rounds] {
+	res := make([]float64, len(avg))
+	for i, t := range avg {
 		res[i] = float64(t)
 	}
-	return res, float64(avg[b.rounds]) / float64(b.rounds), nil // bytes per timed round
+	return res, sentPerRound, nil
 }
