@@ -50,6 +50,16 @@ lock() {
 	exec 9>"$LOCK"
 	flock -w 300 9 || die "another $(basename "$0") run holds $LOCK for more than 300 s"
 }
+# cleanup_and_exit is a script's --cleanup: it removes what earlier runs
+# left (our_namespaces), says what, and exits 0.
+cleanup_and_exit() {
+	local left
+	lock
+	left=$(our_namespaces | tr '\n' ' ')
+	teardown
+	say "removed: ${left:-nothing}"
+	exit 0
+}
 # remove_leftovers tears down what an earlier run of the script left.
 remove_leftovers() {
 	local left

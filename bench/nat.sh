@@ -114,13 +114,7 @@ our_namespaces() {
 }
 # kill_ns_pids, teardown and lock: bench/lib.sh.
 
-if [ "$mode" = cleanup ]; then
-	lock
-	left=$(our_namespaces | tr '\n' ' ')
-	teardown
-	say "removed: ${left:-nothing}"
-	exit 0
-fi
+[ "$mode" != cleanup ] || cleanup_and_exit
 
 lock
 status=1

@@ -158,13 +158,7 @@ our_namespaces() {
 
 # kill_ns_pids, teardown and lock come from bench/lib.sh.
 
-if [ "$mode" = cleanup ]; then
-	lock
-	left=$(our_namespaces | tr '\n' ' ')
-	teardown
-	say "removed: ${left:-nothing}"
-	exit 0
-fi
+[ "$mode" != cleanup ] || cleanup_and_exit
 
 # --- arguments ---------------------------------------------------------------
 

@@ -269,8 +269,9 @@ func hamCycle(m Matrix, adj []bitset, tau float64, start int, budget *int) []int
 				if adj[j].has(start) {
 					closes = 1
 				}
-				// j's onward options among the unused peers other than j.
-				cs = append(cs, cand{j, adj[j].countAnd(unused) - b2i(adj[j].has(j)), closes})
+				// j's onward options among the unused peers (adj has no
+				// diagonal: m.at(j, j) is 0, below any tau).
+				cs = append(cs, cand{j, adj[j].countAnd(unused), closes})
 			}
 		}
 		slices.SortStableFunc(cs, func(a, b cand) int {
@@ -297,13 +298,6 @@ func hamCycle(m Matrix, adj []bitset, tau float64, start int, budget *int) []int
 		return path
 	}
 	return nil
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 func moveOne(dst, o []int, i, j int) []int {
