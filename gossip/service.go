@@ -109,6 +109,10 @@ type Service struct {
 
 	// beat asks the loop for an immediate heartbeat.
 	beat chan struct{}
+	// planned carries a proposal laid out by the planning goroutine back to
+	// the run loop; planning (the run loop's alone) says one is under way.
+	planned  chan *Draft
+	planning bool
 	// stop ends the heartbeat loop; cancel ends gossipsub itself.
 	stop, cancel context.CancelFunc
 	stopOnce     sync.Once
@@ -154,6 +158,7 @@ func New(ctx context.Context, h host.Host, cfg Config, log *zap.Logger) (*Servic
 	s.view.SetPlanner(cfg.Planner, cfg.ReplanEvery)
 
 	s.beat = make(chan struct{}, 1)
+	s.planned = make(chan *Draft, 1)
 	msgs := make(chan *Envelope, 64)
 	loopCtx, stop := context.WithCancel(ctx)
 	s.stop = stop
@@ -270,6 +275,8 @@ func (s *Service) run(ctx context.Context, msgs <-chan *Envelope) {
 			beatDue = nil
 			s.heartbeat(ctx)
 			s.propose(ctx, false)
+		case d := <-s.planned:
+			s.complete(ctx, d)
 		case <-timer.C:
 			timer.Reset(s.cfg.Interval)
 			s.mu.Lock()
@@ -293,26 +300,67 @@ func (s *Service) heartbeat(ctx context.Context) {
 	s.publish(ctx, &Envelope{Type: TypeHeartbeat, Heartbeat: &hb})
 }
 
-// propose publishes a new epoch if the local peer is the coordinator and the
-// live membership changed or, with replan, the planner found a materially
-// better layout of the same members.
+// propose starts laying out a new epoch if the local peer is the
+// coordinator and the live membership changed or, with replan, the
+// re-plan interval passed. Only the run loop calls it. The planner runs on
+// a goroutine of its own without s.mu (it takes tens of milliseconds at
+// hundreds of peers, and every gossip message, Commit and Snapshot need
+// s.mu), and the run loop handles messages meanwhile; complete proposes
+// the result. One layout is under way at a time.
 func (s *Service) propose(ctx context.Context, replan bool) {
+	if s.planning {
+		return // the layout under way is proposed, or dropped, first
+	}
 	now := time.Now()
 	s.mu.Lock()
 	if now.Sub(s.lastProposal) < s.cfg.Interval {
 		s.mu.Unlock()
 		return // the next tick proposes, if still needed
 	}
-	step := s.view.members[s.view.self].Step
-	e, ok := s.view.Proposal(step)
-	if !ok && replan {
-		e, ok = s.view.Replan(step, now)
+	d, ok := s.view.Draft(s.view.members[s.view.self].Step, now, replan)
+	s.logWaiting()
+	s.mu.Unlock()
+	if !ok {
+		return
 	}
+	s.planning = true
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		d.Plan()
+		select {
+		case s.planned <- d:
+		case <-ctx.Done():
+		}
+	}()
+}
+
+// complete proposes the epoch of a laid-out draft if the view still calls
+// for it (View.Complete) and publishes it. A stale layout is dropped: the
+// next message or tick drafts again. Only the run loop calls it.
+func (s *Service) complete(ctx context.Context, d *Draft) {
+	s.planning = false
+	now := time.Now()
+	s.mu.Lock()
+	e, ok := s.view.Complete(d, now)
 	var evs []Event
 	if ok {
 		s.lastProposal = now
 		evs = s.view.Offer(e, s.view.self, now)
 	}
+	s.logWaiting()
+	s.mu.Unlock()
+	if !ok {
+		return // the next message or tick drafts again, if still needed
+	}
+	s.log.Info("proposing ring epoch", zap.Uint64("epoch", e.Number), zap.Strings("order", e.Order),
+		zap.String("schedule", e.Schedule), zap.Float64s("shares", e.Shares))
+	s.emit(evs)
+	s.publish(ctx, &Envelope{Type: TypeEpoch, Epoch: &e})
+}
+
+// logWaiting logs when why the view proposes nothing changes. Callers hold s.mu.
+func (s *Service) logWaiting() {
 	if w := s.view.Waiting(); w != s.waiting {
 		s.waiting = w
 		if w != "" {
@@ -321,14 +369,6 @@ func (s *Service) propose(ctx context.Context, replan bool) {
 			s.log.Info("proposing ring epochs again")
 		}
 	}
-	s.mu.Unlock()
-	if !ok {
-		return
-	}
-	s.log.Info("proposing ring epoch", zap.Uint64("epoch", e.Number), zap.Strings("order", e.Order),
-		zap.String("schedule", e.Schedule), zap.Float64s("shares", e.Shares))
-	s.emit(evs)
-	s.publish(ctx, &Envelope{Type: TypeEpoch, Epoch: &e})
 }
 
 func (s *Service) publish(ctx context.Context, env *Envelope) {

@@ -139,10 +139,11 @@ func (p EpochPlan) Equal(o EpochPlan) bool {
 }
 
 // Planner lays out the ring epochs the local peer proposes as coordinator
-// (for example from measured link bandwidth). The View calls it while
-// Service holds its lock: implementations must be deterministic, quick and
-// must not block or call back into the Service. A plan that does not make a
-// valid epoch is replaced by the peer-ID order without schedule or shares.
+// (for example from measured link bandwidth). Service calls it on a
+// goroutine of its own without its lock (Draft.Plan), one call at a time,
+// while gossip goes on: implementations must be deterministic and must not
+// modify the members they are given. A plan that does not make a valid
+// epoch is replaced by the peer-ID order without schedule or shares.
 type Planner interface {
 	// Plan lays out an epoch of the live members (sorted by peer ID).
 	// members are every known member, sorted by peer ID; the local member
@@ -701,20 +702,34 @@ func (v *View) needsEpoch(live []string) bool {
 // It proposes only with a quorum: a majority of the last committed ring's
 // members that have not departed cleanly must be live, so that of two sides of a
 // partition at most one trains on (a minority waits; Waiting says why).
+//
+// Proposal runs the planner on the caller's goroutine; Service uses Draft,
+// Draft.Plan and Complete instead, so that planning holds no lock.
 func (v *View) Proposal(startStep uint64) (Epoch, bool) {
+	d, ok := v.Draft(startStep, v.now, false)
+	if !ok {
+		return Epoch{}, false
+	}
+	return v.Complete(d, v.now)
+}
+
+// proposable returns the ringable members when the local peer should
+// propose a membership epoch now (Proposal's conditions); it says in
+// Waiting why not when only the quorum is missing.
+func (v *View) proposable() ([]string, bool) {
 	v.waiting = ""
 	live := v.ringable()
 	if len(live) == 0 || live[0] != v.self {
-		return Epoch{}, false
+		return nil, false
 	}
 	if !v.needsEpoch(live) {
-		return Epoch{}, false
+		return nil, false
 	}
 	if err := v.quorum(live); err != nil {
 		v.waiting = err.Error()
-		return Epoch{}, false
+		return nil, false
 	}
-	return v.next(v.plan(live), startStep)
+	return live, true
 }
 
 // Commit records that the local peer completed a step in epoch number:
@@ -764,30 +779,143 @@ func (v *View) quorum(live []string) error {
 // replan interval before now. It never proposes a membership change (that is
 // Proposal's job) and proposes nothing without a planner.
 func (v *View) Replan(startStep uint64, now time.Time) (Epoch, bool) {
-	if v.planner == nil || v.replanEvery <= 0 || v.epoch.Number == 0 {
+	live, ok := v.replannable(now)
+	if !ok {
 		return Epoch{}, false
 	}
+	return v.Complete(v.draft(startStep, live, true), now)
+}
+
+// replannable returns the ringable members when the local peer may
+// propose a re-plan of them now (Replan's conditions short of the
+// planner's judgement).
+func (v *View) replannable(now time.Time) ([]string, bool) {
+	if v.planner == nil || v.replanEvery <= 0 || v.epoch.Number == 0 {
+		return nil, false
+	}
 	if !v.lastReplan.IsZero() && now.Sub(v.lastReplan) < v.replanEvery {
-		return Epoch{}, false
+		return nil, false
 	}
 	live := v.ringable()
 	if len(live) == 0 || live[0] != v.self {
-		return Epoch{}, false
+		return nil, false
 	}
 	cur := slices.Clone(v.epoch.Order)
 	slices.Sort(cur)
 	if !slices.Equal(cur, live) {
-		return Epoch{}, false // a membership change: Proposal's job
+		return nil, false // a membership change: Proposal's job
 	}
-	p := v.plan(live)
-	if p.Equal(v.epoch.Plan()) {
+	return live, true
+}
+
+// Draft is an epoch proposal in three parts, so that the expensive one
+// holds no lock: View.Draft takes what planning needs from the view (under
+// the lock that guards it), Draft.Plan lays the epoch out from that copy
+// alone (without the lock), and View.Complete turns the layout into an
+// epoch if the view still calls for it (under the lock again). The members
+// it holds share their heartbeats' slices with the view, which replaces a
+// heartbeat whole and never writes into one; the planner must not either.
+type Draft struct {
+	self      string
+	startStep uint64
+	// replan: a re-plan of unchanged members (Replan), not a membership
+	// change (Proposal).
+	replan  bool
+	live    []string
+	members []Member
+	// epoch is the adopted epoch when drafted.
+	epoch   Epoch
+	planner Planner
+	// Set by Plan: the layout and, for a re-plan, whether the planner
+	// judged it materially better than epoch's.
+	planned bool
+	plan    EpochPlan
+	better  bool
+}
+
+// Draft returns what the local peer should lay out and propose now: a
+// membership epoch when Proposal would propose one, else, with replan, a
+// re-plan when Replan's interval has passed (whether the layout is worth an
+// epoch is the planner's judgement, made in Draft.Plan). It copies what the
+// planner reads; the caller lays the draft out with Plan and hands it to
+// Complete.
+func (v *View) Draft(startStep uint64, now time.Time, replan bool) (*Draft, bool) {
+	if live, ok := v.proposable(); ok {
+		return v.draft(startStep, live, false), true
+	}
+	if !replan {
+		return nil, false
+	}
+	live, ok := v.replannable(now)
+	if !ok {
+		return nil, false
+	}
+	return v.draft(startStep, live, true), true
+}
+
+func (v *View) draft(startStep uint64, live []string, replan bool) *Draft {
+	d := &Draft{self: v.self, startStep: startStep, replan: replan, live: live, epoch: cloneEpoch(v.epoch), planner: v.planner}
+	if v.planner != nil {
+		d.members = v.Members()
+	}
+	return d
+}
+
+// Plan lays the draft out with the view's planner, falling back to the
+// peer-ID order when there is none or its plan is not a valid epoch, and
+// for a re-plan asks the planner whether the layout is worth an epoch. It
+// reads only the draft: call it without the view's lock, on any goroutine
+// (one at a time). A second call does nothing.
+func (d *Draft) Plan() {
+	if d.planned {
+		return
+	}
+	d.planned = true
+	d.plan = EpochPlan{Order: d.live}
+	if d.planner == nil {
+		return
+	}
+	p := d.planner.Plan(slices.Clone(d.live), d.members)
+	p.Order, p.Shares, p.LinkCodecs = slices.Clone(p.Order), slices.Clone(p.Shares), slices.Clone(p.LinkCodecs)
+	sorted := slices.Clone(p.Order)
+	slices.Sort(sorted)
+	e := Epoch{Number: 1, Order: p.Order, Coordinator: d.self, Schedule: p.Schedule, Shares: p.Shares,
+		LinkCodecs: p.LinkCodecs, FinalCodec: p.FinalCodec}
+	if slices.Equal(sorted, d.live) && e.validate() == nil {
+		d.plan = p
+	}
+	if d.replan {
+		d.better = !d.plan.Equal(d.epoch.Plan()) && d.planner.Replan(cloneEpoch(d.epoch), d.plan, d.members)
+	}
+}
+
+// Complete returns the epoch that d, laid out (Complete calls Plan if the
+// caller did not), proposes: numbered above every epoch seen by now and
+// starting at the draft's step. It returns false when the planner judged a
+// re-plan not worth an epoch, or when the view changed since Draft in a
+// way that makes the layout stale: the local peer no longer coordinates,
+// the ringable members or the adopted epoch differ, or the conditions of
+// the draft (a membership change with a quorum, or the re-plan interval)
+// no longer hold. The caller then drops the draft and drafts again.
+// Heartbeats that only brought newer link figures do not make it stale.
+func (v *View) Complete(d *Draft, now time.Time) (Epoch, bool) {
+	d.Plan()
+	var live []string
+	var ok bool
+	if d.replan {
+		live, ok = v.replannable(now)
+		ok = ok && d.better
+	} else {
+		live, ok = v.proposable()
+	}
+	if !ok || !slices.Equal(live, d.live) || !v.epoch.Equal(d.epoch) {
 		return Epoch{}, false
 	}
-	if !v.planner.Replan(cloneEpoch(v.epoch), p, v.Members()) {
-		return Epoch{}, false
+	e, ok := v.next(d.plan, d.startStep)
+	if ok && d.replan {
+		v.lastReplan = now
 	}
-	v.lastReplan = now
-	return v.next(p, startStep)
+	return e, ok
 }
 
 // next returns the epoch after every one seen, laid out by p; false when
@@ -808,24 +936,6 @@ func (v *View) next(p EpochPlan, startStep uint64) (Epoch, bool) {
 		LinkCodecs:  p.LinkCodecs,
 		FinalCodec:  p.FinalCodec,
 	}, true
-}
-
-// plan lays out an epoch of live (sorted) with the planner, falling back to
-// the peer-ID order when there is none or its plan is not a valid epoch.
-func (v *View) plan(live []string) EpochPlan {
-	fallback := EpochPlan{Order: live}
-	if v.planner == nil {
-		return fallback
-	}
-	p := v.planner.Plan(slices.Clone(live), v.Members())
-	p.Order, p.Shares, p.LinkCodecs = slices.Clone(p.Order), slices.Clone(p.Shares), slices.Clone(p.LinkCodecs)
-	sorted := slices.Clone(p.Order)
-	slices.Sort(sorted)
-	e, ok := v.next(p, 0)
-	if !ok || !slices.Equal(sorted, live) || e.validate() != nil {
-		return fallback
-	}
-	return p
 }
 
 // wantsNewEpoch reports whether a live member asked for an epoch above the current one.

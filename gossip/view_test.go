@@ -978,3 +978,60 @@ func TestCoordinatorSeeingOtherMembersIsNotBlamed(t *testing.T) {
 		t.Fatalf("the coordinator was excluded: %s", why)
 	}
 }
+
+// TestDraftGoesStaleWhenTheViewChanges: a proposal laid out from a draft
+// (the planner's part, run without the Service's lock) is proposed only if
+// the view still calls for it when it completes: a member that came back,
+// or an epoch adopted meanwhile, makes it stale, and the next draft has the
+// new members; a heartbeat that only brings newer link figures does not.
+// The planner runs once per draft.
+func TestDraftGoesStaleWhenTheViewChanges(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	p := &fakePlanner{}
+	a := c.views["a"]
+	a.SetPlanner(p, 0)
+	c.round(time.Second)
+	c.agree(t, []string{"c", "b", "a"})
+	c.down["c"] = true
+	c.mute["a"] = true
+	c.round(6 * time.Second)
+
+	d, ok := a.Draft(0, c.now, false)
+	if !ok {
+		t.Fatal("no draft after c died")
+	}
+	d.Plan()
+	c.down["c"] = false
+	c.round(time.Second) // c is back while the layout is under way
+	if e, ok := a.Complete(d, c.now); ok {
+		t.Fatalf("proposed %+v laid out before c came back", e)
+	}
+	if d, ok := a.Draft(0, c.now, false); ok {
+		t.Fatalf("drafted %+v with the epoch's members live", d)
+	}
+
+	c.down["c"] = true
+	c.round(6 * time.Second)
+	d, ok = a.Draft(0, c.now, false)
+	if !ok {
+		t.Fatal("no draft after c died again")
+	}
+	plans := p.plans
+	d.Plan()
+	h := hb("b", 1000)
+	h.Epoch = a.Epoch()
+	h.Links = []LinkFigure{{Peer: "a", MbitS: 100, RTTMs: 1}}
+	a.Heartbeat(h, c.now)
+	stale, ok := a.Draft(0, c.now, false) // drafted now, completed after d's epoch
+	if !ok {
+		t.Fatal("no second draft")
+	}
+	e, ok := a.Complete(d, c.now)
+	if !ok || !slices.Equal(e.Order, []string{"b", "a"}) || p.plans != plans+1 {
+		t.Fatalf("proposal %+v ok=%v after %d layouts: want b a, laid out once despite newer links", e, ok, p.plans-plans)
+	}
+	a.Offer(e, "a", c.now)
+	if e, ok := a.Complete(stale, c.now); ok {
+		t.Fatalf("proposed %+v drafted before epoch %d was adopted", e, a.Epoch().Number)
+	}
+}
