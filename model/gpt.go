@@ -188,12 +188,34 @@ func (e *TokenEmbedding) Head() *TiedHead {
 }
 
 // TiedHead is the output projection [T, D] → [T, Vocab] whose weight is the
-// token embedding table: it has no parameters of its own.
+// token embedding table: it has no parameters of its own, unless it is a
+// pipeline stage's copy (copyOf), which holds the table as its parameter
+// "wte" and whose gradient is its own part only.
 type TiedHead struct {
 	emb   *TokenEmbedding
 	dev   gpu.Device
 	x     Tensor
 	y, dx *act
+	// own is set for a copy: w and dw are then the head's own table and
+	// gradient, not the embedding's.
+	own   bool
+	w, dw gpu.Buffer
+}
+
+// detached returns a head like h that holds its own copy of the token
+// table (a pipeline stage without the embedding), and unties the embedding:
+// its backward pass then zeroes the table's gradient before adding its rows.
+func (h *TiedHead) detached() *TiedHead {
+	h.emb.tied = false
+	return &TiedHead{emb: h.emb, own: true}
+}
+
+// weights returns the table and its gradient.
+func (h *TiedHead) weights() (w, dw gpu.Buffer) {
+	if h.own {
+		return h.w, h.dw
+	}
+	return h.emb.wte, h.emb.dte
 }
 
 // Describe implements Layer.
@@ -201,8 +223,14 @@ func (h *TiedHead) Describe() string {
 	return fmt.Sprintf("tied_head(d=%d,v=%d)", h.emb.D, h.emb.Vocab)
 }
 
-// Params implements Layer: none (the weight is the embedding's wte).
-func (h *TiedHead) Params() []ParamSpec { return nil }
+// Params implements Layer: none (the weight is the embedding's wte), or
+// for a stage's copy the table "wte", specified as the embedding's.
+func (h *TiedHead) Params() []ParamSpec {
+	if h.own {
+		return h.emb.Params()[:1]
+	}
+	return nil
+}
 
 // OutShape implements Layer.
 func (h *TiedHead) OutShape(in []int) ([]int, error) {
@@ -229,7 +257,11 @@ func (h *TiedHead) Setup(dev gpu.Device, maxBatch int, in []int, needDx bool) er
 }
 
 // Bind implements Layer.
-func (h *TiedHead) Bind(_, _ []gpu.Buffer) {}
+func (h *TiedHead) Bind(params, grads []gpu.Buffer) {
+	if h.own {
+		h.w, h.dw = params[0], grads[0]
+	}
+}
 
 // Forward implements Layer.
 func (h *TiedHead) Forward(x Tensor, train bool) Tensor {
@@ -237,7 +269,8 @@ func (h *TiedHead) Forward(x Tensor, train bool) Tensor {
 	rows, d, v := x.Len()/h.emb.D, h.emb.D, h.emb.Vocab
 	h.x = x
 	y := h.y.get(n)
-	h.dev.Gemm(false, true, rows, v, d, 1, x.Buf, d, h.emb.wte, d, 0, y.Buf, v)
+	w, _ := h.weights()
+	h.dev.Gemm(false, true, rows, v, d, 1, x.Buf, d, w, d, 0, y.Buf, v)
 	return y
 }
 
@@ -247,12 +280,13 @@ func (h *TiedHead) Backward(dy Tensor) Tensor {
 	n := dy.Batch()
 	d, v := h.emb.D, h.emb.Vocab
 	rows := dy.Len() / v
-	h.dev.Gemm(true, false, v, d, rows, 1, dy.Buf, v, h.x.Buf, d, 0, h.emb.dte, d)
+	w, dw := h.weights()
+	h.dev.Gemm(true, false, v, d, rows, 1, dy.Buf, v, h.x.Buf, d, 0, dw, d)
 	if h.dx == nil {
 		return Tensor{}
 	}
 	dx := h.dx.get(n)
-	h.dev.Gemm(false, false, rows, d, v, 1, dy.Buf, v, h.emb.wte, d, 0, dx.Buf, d)
+	h.dev.Gemm(false, false, rows, d, v, 1, dy.Buf, v, w, d, 0, dx.Buf, d)
 	return dx
 }
 

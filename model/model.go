@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 
@@ -117,8 +116,12 @@ type TensorInfo struct {
 	// Decay says whether weight decay applies.
 	Decay bool
 	// Init and fans, for initialisation.
-	spec  ParamSpec
-	layer int
+	spec ParamSpec
+	// layer is the index of the tensor's layer in the model's (or stage's)
+	// own layer list; key selects its initialisation stream (its index in
+	// the whole network's forward order of tensors, so that a pipeline
+	// stage draws the same values as the whole model).
+	layer, key int
 }
 
 // Bucket is a fusion bucket: a contiguous range of the flat parameter and
@@ -151,9 +154,17 @@ func (b Bucket) Shapes() [][]int {
 //
 // A Model is not safe for concurrent use.
 type Model struct {
-	name     string
-	cfg      Config
-	arch     arch
+	name string
+	cfg  Config
+	arch arch
+	// lo and hi are the range of the network's total layers this model
+	// holds: 0 and total for a whole model, a sub-range for a pipeline
+	// stage (NewStage); out is the per-sample shape of layer hi-1's output.
+	lo, hi, total int
+	out           []int
+	// tiedKey is the key of the tensor a stage shares with another stage
+	// (TiedRange), or -1.
+	tiedKey  int
 	descs    []string
 	buckets  []Bucket
 	params   []float32
@@ -174,6 +185,8 @@ type replica struct {
 	probs   *act
 	loss    *act
 	dlogits *act
+	dy      *act // a pipeline stage's output gradient (stages but the last)
+	rows    int  // labels of the latest forward pass (samples for a stage but the last)
 	hostY   []float32
 	hostL   []float32
 	hostP   []float32
@@ -184,6 +197,11 @@ type replica struct {
 // initialised deterministically from seed (the same seed gives the same
 // parameters on every peer and device).
 func New(name string, cfg Config, devs []gpu.Device, seed uint64) (*Model, error) {
+	return newModel(name, cfg, devs, seed, 0, -1)
+}
+
+// newModel builds layers [lo, hi) of model name (hi < 0: to the end).
+func newModel(name string, cfg Config, devs []gpu.Device, seed uint64, lo, hi int) (*Model, error) {
 	a, err := archFor(name, cfg)
 	if err != nil {
 		return nil, err
@@ -203,9 +221,12 @@ func New(name string, cfg Config, devs []gpu.Device, seed uint64) (*Model, error
 	if cfg.MaxBatch < 0 {
 		return nil, fmt.Errorf("model: max batch %d must be positive", cfg.MaxBatch)
 	}
-	m := &Model{name: name, cfg: cfg, arch: a, maxBatch: cfg.MaxBatch}
-	proto := a.layers()
-	if err := m.layout(proto); err != nil {
+	m := &Model{name: name, cfg: cfg, maxBatch: cfg.MaxBatch}
+	keys, err := m.cut(a, lo, hi)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.layout(m.arch.layers(), keys); err != nil {
 		return nil, err
 	}
 	m.params = make([]float32, m.NumParams())
@@ -223,25 +244,27 @@ func New(name string, cfg Config, devs []gpu.Device, seed uint64) (*Model, error
 	return m, nil
 }
 
-// layout assigns every parameter tensor to a bucket, in backward order.
-func (m *Model) layout(layers []Layer) error {
+// layout assigns every parameter tensor to a bucket, in backward order;
+// keys[i][j] is the initialisation key of layer i's tensor j.
+func (m *Model) layout(layers []Layer, keys [][]int) error {
 	in := m.arch.input
 	for i, l := range layers {
 		out, err := l.OutShape(in)
 		if err != nil {
-			return fmt.Errorf("model: %s layer %d: %w", m.name, i, err)
+			return fmt.Errorf("model: %s layer %d: %w", m.name, m.lo+i, err)
 		}
 		m.descs = append(m.descs, l.Describe())
 		in = out
 	}
-	if want := m.arch.positions * m.arch.classes; numel(in) != want {
+	m.out = in
+	if want := m.arch.positions * m.arch.classes; m.hi == m.total && numel(in) != want {
 		return fmt.Errorf("model: %s ends in %v, want %d logits", m.name, in, want)
 	}
 	limit := m.cfg.BucketBytes / 4
 	var cur *Bucket
 	off := 0
 	for li := len(layers) - 1; li >= 0; li-- {
-		for _, p := range layers[li].Params() {
+		for pi, p := range layers[li].Params() {
 			n := numel(p.Shape)
 			if cur == nil || (cur.Len > 0 && cur.Len+n > limit) {
 				if cur != nil {
@@ -250,9 +273,9 @@ func (m *Model) layout(layers []Layer) error {
 				cur = &Bucket{Index: len(m.buckets), Offset: off}
 			}
 			cur.Tensors = append(cur.Tensors, TensorInfo{
-				Name:  fmt.Sprintf("%d.%s.%s", li, layers[li].Describe(), p.Name),
+				Name:  fmt.Sprintf("%d.%s.%s", m.lo+li, layers[li].Describe(), p.Name),
 				Shape: slices.Clone(p.Shape), Matrix: p.Matrix(),
-				Offset: cur.Len, Len: n, Decay: p.Decay, spec: p, layer: li,
+				Offset: cur.Len, Len: n, Decay: p.Decay, spec: p, layer: li, key: keys[li][pi],
 			})
 			cur.Len += n
 			cur.readyAfter = li
@@ -265,45 +288,40 @@ func (m *Model) layout(layers []Layer) error {
 	return nil
 }
 
-// initParams fills the host parameters from seed: tensor t of the flat
-// vector draws from a splitmix64 stream keyed by (seed, t), so the values do
-// not depend on the bucket size.
+// initParams fills the host parameters from seed: the k-th tensor of the
+// whole network in forward order of (layer, param) draws from a splitmix64
+// stream keyed by (seed, k), so the values depend neither on the bucket size
+// nor on the pipeline stage holding the tensor.
 func (m *Model) initParams(seed uint64) {
-	// Initialise in forward order of (layer, param) so the stream key is stable.
-	type ref struct {
-		t   TensorInfo
-		off int
-	}
-	var all []ref
 	for _, b := range m.buckets {
 		for _, t := range b.Tensors {
-			all = append(all, ref{t, b.Offset + t.Offset})
+			m.initTensor(m.params[b.Offset+t.Offset:b.Offset+t.Offset+t.Len], t, seed)
 		}
 	}
-	sort.SliceStable(all, func(i, j int) bool { return all[i].t.layer < all[j].t.layer })
-	for k, r := range all {
-		dst := m.params[r.off : r.off+r.t.Len]
-		sp := r.t.spec
+}
+
+// initTensor fills dst, tensor t's values, from seed.
+func (m *Model) initTensor(dst []float32, t TensorInfo, seed uint64) {
+	sp := t.spec
+	switch sp.Init {
+	case InitZero:
+		clear(dst)
+	case InitOne:
+		for i := range dst {
+			dst[i] = 1
+		}
+	case InitHe, InitXavier, InitUniformStd:
+		bound := math.Sqrt(6 / float64(sp.FanIn))
 		switch sp.Init {
-		case InitZero:
-			clear(dst)
-		case InitOne:
-			for i := range dst {
-				dst[i] = 1
-			}
-		case InitHe, InitXavier, InitUniformStd:
-			bound := math.Sqrt(6 / float64(sp.FanIn))
-			switch sp.Init {
-			case InitXavier:
-				bound = math.Sqrt(6 / float64(sp.FanIn+sp.FanOut))
-			case InitUniformStd:
-				bound = math.Sqrt(3) * sp.Std
-			}
-			key := seed ^ (uint64(k+1) * 0xd1342543de82ef95)
-			for i := range dst {
-				u := float64(gpu.Uniform(key, uint64(i))) // in [0, 1), 24 bits: exact
-				dst[i] = float32((2*u - 1) * bound)
-			}
+		case InitXavier:
+			bound = math.Sqrt(6 / float64(sp.FanIn+sp.FanOut))
+		case InitUniformStd:
+			bound = math.Sqrt(3) * sp.Std
+		}
+		key := seed ^ (uint64(t.key+1) * 0xd1342543de82ef95)
+		for i := range dst {
+			u := float64(gpu.Uniform(key, uint64(i))) // in [0, 1), 24 bits: exact
+			dst[i] = float32((2*u - 1) * bound)
 		}
 	}
 }
@@ -342,7 +360,8 @@ func (m *Model) newReplica(d gpu.Device) (*replica, error) {
 	}
 	in := m.arch.input
 	for i, l := range r.layers {
-		if err := l.Setup(d, m.maxBatch, in, i > 0); err != nil {
+		// A stage's first layer computes its input gradient for the stage before.
+		if err := l.Setup(d, m.maxBatch, in, i > 0 || m.lo > 0); err != nil {
 			return fail(err)
 		}
 		l.Bind(bind[i].p, bind[i].g)
@@ -350,10 +369,17 @@ func (m *Model) newReplica(d gpu.Device) (*replica, error) {
 	}
 	var err error
 	c, pos := m.arch.classes, m.arch.positions
-	for _, a := range []struct {
+	type actSpec struct {
 		dst   **act
 		shape []int
-	}{{&r.x, m.arch.input}, {&r.labels, []int{pos}}, {&r.probs, []int{pos, c}}, {&r.loss, []int{pos}}, {&r.dlogits, []int{pos, c}}} {
+	}
+	// The last layers end in the loss; a stage before them takes its
+	// output's gradient from the next stage.
+	acts := []actSpec{{&r.x, m.arch.input}, {&r.dy, m.out}}
+	if m.hi == m.total {
+		acts = []actSpec{{&r.x, m.arch.input}, {&r.labels, []int{pos}}, {&r.probs, []int{pos, c}}, {&r.loss, []int{pos}}, {&r.dlogits, []int{pos, c}}}
+	}
+	for _, a := range acts {
 		if *a.dst, err = newAct(d, m.maxBatch, a.shape); err != nil {
 			return fail(err)
 		}
@@ -371,7 +397,7 @@ func (r *replica) free() {
 	for _, b := range append(r.pbuf, r.gbuf...) {
 		r.dev.Free(b)
 	}
-	for _, a := range []*act{r.x, r.labels, r.probs, r.loss, r.dlogits} {
+	for _, a := range []*act{r.x, r.labels, r.probs, r.loss, r.dlogits, r.dy} {
 		a.free()
 	}
 	r.pbuf, r.gbuf = nil, nil
@@ -592,13 +618,36 @@ func (m *Model) checkBatch(b Batch) error {
 		return fmt.Errorf("model: batch has %d labels, not a multiple of the %d per sample", len(b.Y), pos)
 	}
 	n := m.samples(b)
-	if n == 0 || n > m.maxBatch {
+	if err := m.checkInput(b.X, n); err != nil {
+		return err
+	}
+	return m.checkLabels(b.Y)
+}
+
+// checkInput checks n samples of input x: their count, length and, for
+// token IDs, values.
+func (m *Model) checkInput(x []float32, n int) error {
+	if n <= 0 || n > m.maxBatch {
 		return fmt.Errorf("model: batch of %d samples (want 1..%d)", n, m.maxBatch)
 	}
-	if per := numel(m.arch.input); len(b.X) != n*per {
-		return fmt.Errorf("model: batch has %d input values for %d samples of %d", len(b.X), n, per)
+	if per := numel(m.arch.input); len(x) != n*per {
+		return fmt.Errorf("model: batch has %d input values for %d samples of %d", len(x), n, per)
 	}
-	for i, y := range b.Y {
+	if v := m.arch.tokens; v > 0 {
+		per := numel(m.arch.input)
+		for i, t := range x {
+			if _, ok := gpu.TokenIndex(t, v); !ok {
+				return fmt.Errorf("model: sample %d position %d has token %v, want an integer in [0, %d)", i/per, i%per, t, v)
+			}
+		}
+	}
+	return nil
+}
+
+// checkLabels checks that every label names a class.
+func (m *Model) checkLabels(ys []uint8) error {
+	pos := m.arch.positions
+	for i, y := range ys {
 		if int(y) >= m.arch.classes {
 			if pos > 1 {
 				return fmt.Errorf("model: sample %d position %d has label %d, want < %d", i/pos, i%pos, y, m.arch.classes)
@@ -606,34 +655,40 @@ func (m *Model) checkBatch(b Batch) error {
 			return fmt.Errorf("model: sample %d has label %d, want < %d", i, y, m.arch.classes)
 		}
 	}
-	if v := m.arch.tokens; v > 0 {
-		per := numel(m.arch.input)
-		for i, x := range b.X {
-			if _, ok := gpu.TokenIndex(x, v); !ok {
-				return fmt.Errorf("model: sample %d position %d has token %v, want an integer in [0, %d)", i/per, i%per, x, v)
-			}
-		}
-	}
 	return nil
 }
 
 // forward runs the replica on b up to the loss and returns the stats.
 func (r *replica) forward(m *Model, b Batch, train bool, seed uint64) Stats {
-	n := m.samples(b)
-	rows := len(b.Y) // labels: n·positions
+	return r.lossStats(m, r.run(m, b.X, m.samples(b), train, seed), b.Y)
+}
+
+// run copies n samples of input x to the device and runs the layers on
+// them, random layers seeded from seed and their index in the whole network.
+func (r *replica) run(m *Model, xs []float32, n int, train bool, seed uint64) Tensor {
 	x := r.x.get(n)
-	r.dev.CopyToDevice(x.Buf, b.X)
-	for i, y := range b.Y {
+	r.dev.CopyToDevice(x.Buf, xs)
+	for i, l := range r.layers {
+		if s, ok := l.(seeder); ok {
+			s.SetSeed(MixSeed(seed, uint64(m.lo+i)))
+		}
+		x = l.Forward(x, train)
+	}
+	r.rows = n
+	return x
+}
+
+// lossStats computes the loss of the logits x (the last layer's output) for the
+// labels ys and returns the stats; backward starts from it.
+func (r *replica) lossStats(m *Model, x Tensor, ys []uint8) Stats {
+	n := x.Batch()
+	rows := len(ys) // labels: n·positions
+	for i, y := range ys {
 		r.hostY[i] = float32(y)
 	}
 	lab := r.labels.get(n)
 	r.dev.CopyToDevice(lab.Buf, r.hostY[:rows])
-	for i, l := range r.layers {
-		if s, ok := l.(seeder); ok {
-			s.SetSeed(MixSeed(seed, uint64(i)))
-		}
-		x = l.Forward(x, train)
-	}
+	r.rows = rows
 	c := m.arch.classes
 	probs, loss := r.probs.get(n), r.loss.get(n)
 	r.dev.SoftmaxCrossEntropy(probs.Buf, loss.Buf, x.Buf, lab.Buf, rows, c)
@@ -650,7 +705,7 @@ func (r *replica) forward(m *Model, b Batch, train bool, seed uint64) Stats {
 				best = j
 			}
 		}
-		if best == int(b.Y[i]) {
+		if best == int(ys[i]) {
 			st.Correct++
 		}
 	}
@@ -663,19 +718,33 @@ func (r *replica) forward(m *Model, b Batch, train bool, seed uint64) Stats {
 // rows labels; after the layer that completes bucket k it copies the
 // bucket's gradients into dst and calls done(k).
 func (r *replica) backward(m *Model, rows int, dst []float32, done func(int)) {
-	c := m.arch.classes
-	n := rows / m.arch.positions
+	r.backprop(m, r.lossGrad(m, 1/float32(rows)), func(k int) {
+		b := m.buckets[k]
+		r.dev.CopyToHost(dst[b.Offset:b.Offset+b.Len], r.gbuf[k])
+		done(k)
+	})
+}
+
+// lossGrad returns the gradient of the latest loss, scaled by scale per
+// label (the mean over rows labels: 1/rows).
+func (r *replica) lossGrad(m *Model, scale float32) Tensor {
+	n := r.rows / m.arch.positions
 	dz := r.dlogits.get(n)
-	r.dev.SoftmaxCrossEntropyBackward(dz.Buf, r.probs.get(n).Buf, r.labels.get(n).Buf, rows, c, 1/float32(rows))
-	dy := dz
+	r.dev.SoftmaxCrossEntropyBackward(dz.Buf, r.probs.get(n).Buf, r.labels.get(n).Buf, r.rows, m.arch.classes, scale)
+	return dz
+}
+
+// backprop runs the layers' backward passes from the output gradient dy,
+// calls bucket(k) after the layer that completes bucket k in the device's
+// gradient buffers, and returns the first layer's input gradient.
+func (r *replica) backprop(m *Model, dy Tensor, bucket func(k int)) Tensor {
 	for i := len(r.layers) - 1; i >= 0; i-- {
 		dy = r.layers[i].Backward(dy)
 		for _, k := range r.byLayer[i] {
-			b := m.buckets[k]
-			r.dev.CopyToHost(dst[b.Offset:b.Offset+b.Len], r.gbuf[k])
-			done(k)
+			bucket(k)
 		}
 	}
+	return dy
 }
 
 // MixSeed derives sub-seed k of seed (a splitmix-style finaliser).
@@ -711,6 +780,9 @@ func NoiseSeed(seed uint64, step int64, rank int) uint64 {
 // results are not valid (the CUDA device gives NaN), nor are the buckets
 // already handed to ready.
 func (m *Model) ComputeGradients(batches []Batch, noiseSeed uint64, ready func(bucket int)) (Stats, error) {
+	if err := m.whole(); err != nil {
+		return Stats{}, err
+	}
 	if len(batches) != len(m.replicas) {
 		return Stats{}, fmt.Errorf("model: %d batches for %d devices", len(batches), len(m.replicas))
 	}
@@ -820,6 +892,9 @@ type Samples interface {
 // to MaxBatch, split across the replicas, and returns the mean loss and the
 // accuracy, or the devices' deferred errors (*DeviceError).
 func (m *Model) Evaluate(ds Samples) (Stats, error) {
+	if err := m.whole(); err != nil {
+		return Stats{}, err
+	}
 	if ds.Len() == 0 {
 		return Stats{}, errors.New("model: evaluating on an empty dataset")
 	}
