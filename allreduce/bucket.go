@@ -10,6 +10,9 @@ import (
 // scheduleFor resolves the schedule of a codec class.
 func (s *Session) scheduleFor(class compress.Class) Schedule {
 	sch := s.cfg.Schedule
+	if sch.Hierarchical() && class != compress.ClassLinear {
+		sch = ScheduleAuto // the hierarchical schedule carries linear codecs only
+	}
 	if s.cfg.Robust.Enabled() && robustClass(class) {
 		// Clipping needs every member's contribution at the owner.
 		if sch == ScheduleProportional {
@@ -106,6 +109,9 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 			return err
 		}
 		ops := &codecOps{bucketCtx: bctx, robust: s.robustFor(n)}
+		if sch.Hierarchical() {
+			return hierReduce(o, s.hier, n, ops)
+		}
 		if lk := b.Links; lk != nil && sch == ScheduleRing && s.w > 1 {
 			if lk.Final != nil {
 				bctx.codec = lk.Final

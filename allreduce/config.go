@@ -2,6 +2,7 @@ package allreduce
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -30,17 +31,33 @@ const (
 	// ScheduleProportional: ScheduleDirect with uneven owner shares
 	// (Config.Shares, from Shares or Choose) so slow peers own less.
 	ScheduleProportional Schedule = "proportional"
+	// ScheduleHierarchical: two-level all-reduce for linear codecs (other
+	// classes use their default): reduce-scatter inside groups of
+	// consecutive peers, an all-reduce of each owned part across the
+	// groups, and an all-gather inside the groups (hierReduce). Its latency
+	// term is 2(g−1) + 2(G−1) link latencies for G groups of g instead of
+	// the ring's 2(W−1), for the same bytes per peer. "hier" takes
+	// DefaultGroups; "hier-16x16" names the group sizes in ring order
+	// (HierarchicalSchedule, Schedule.Groups).
+	ScheduleHierarchical Schedule = "hier"
 )
 
 // ParseSchedule validates a config string.
 func ParseSchedule(s string) (Schedule, error) {
 	switch Schedule(s) {
-	case ScheduleAuto, ScheduleRing, ScheduleDirect, ScheduleAllGather, ScheduleProportional:
+	case ScheduleAuto, ScheduleRing, ScheduleDirect, ScheduleAllGather, ScheduleProportional, ScheduleHierarchical:
 		return Schedule(s), nil
 	case "auto":
 		return ScheduleAuto, nil
 	}
-	return "", fmt.Errorf("%w: schedule %q (want ring, direct, allgather, proportional or auto)", ErrConfig, s)
+	if strings.HasPrefix(s, hierPrefix) {
+		g, err := parseGroups(s)
+		if err != nil {
+			return "", err
+		}
+		return HierarchicalSchedule(g), nil
+	}
+	return "", fmt.Errorf("%w: schedule %q (want ring, direct, allgather, proportional, hier, hier-SIZExCOUNT… or auto)", ErrConfig, s)
 }
 
 // Defaults.

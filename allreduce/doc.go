@@ -48,6 +48,14 @@
 //     travel around the ring; all peers DecodeAdd them in rank order and
 //     divide by W.
 //
+// ScheduleHierarchical ("hier", or "hier-16x16" naming the groups) runs
+// linear codecs in two levels over groups of consecutive peers:
+// reduce-scatter inside each group, a ring all-reduce of each owned part
+// among its owners in every group, all-gather of the final bytes inside the
+// group. It moves the ring's bytes with 2(g−1) + 2(G−1) latency-bound steps
+// instead of 2(W−1) (docs/scale.md has the α–β model, model.go computes
+// it; plan.ChooseHierarchical picks the groups from measured RTTs).
+//
 // ScheduleProportional is the direct schedule with owner shares from
 // Shares (water-filling on the peers' rates) so a slow peer owns little or
 // nothing; Choose picks it over the ring from a bandwidth Matrix, and

@@ -62,67 +62,159 @@ type gatherOps interface {
 	combineAll(c chunk, payloads [][]byte) error
 }
 
+// ringPass is one ring of a schedule: session ranks in ring order, this
+// peer's position in it, the chunk range of each ring segment, and the
+// phases its frames carry. As in the flat ring, the reduce-scatter leaves
+// the peer at position q with segment q+1, whose bytes the all-gather
+// carries on.
+type ringPass struct {
+	ranks []int
+	me    int
+	// segs[i] is the chunk index range [a, b) of ring segment i.
+	segs   [][2]int
+	rs, ag Phase
+	// hop0 is added to the hop numbers handed to the codec (its streams),
+	// so that the passes of one bucket use distinct ones.
+	hop0 int
+}
+
+// flatPass is the ring of every peer of the session over layout l.
+func flatPass(s *Session, l *layout, sub int) *ringPass {
+	p := &ringPass{me: s.rank, rs: subPhase(PhaseReduce, sub), ag: subPhase(PhaseGather, sub)}
+	for i := 0; i < s.w; i++ {
+		p.ranks = append(p.ranks, i)
+		p.segs = append(p.segs, [2]int{l.segFirst[i], l.segFirst[i+1]})
+	}
+	return p
+}
+
+func (p *ringPass) next() int { return p.ranks[(p.me+1)%len(p.ranks)] }
+func (p *ringPass) prev() int { return p.ranks[(p.me+len(p.ranks)-1)%len(p.ranks)] }
+
+// seg returns the chunk range of ring segment i (taken modulo the ring size).
+func (p *ringPass) seg(i int) (int, int) {
+	n := len(p.ranks)
+	s := p.segs[(i%n+n)%n]
+	return s[0], s[1]
+}
+
+// received is the number of frames this peer receives in the
+// reduce-scatter (every segment but its own first one) and the all-gather
+// (every segment but the one it owns).
+func (p *ringPass) received() int {
+	all := 0
+	for i := range p.segs {
+		all += p.segs[i][1] - p.segs[i][0]
+	}
+	a, b := p.seg(p.me)
+	c, d := p.seg(p.me + 1)
+	return 2*all - (b - a) - (d - c)
+}
+
 // ringReduce runs reduce-scatter then all-gather around the ring. Rank r
 // owns segment r+1: it produces that segment's final bytes, which travel
 // unchanged around the ring, and every peer (r too) decodes them.
 func ringReduce(o *op, l *layout, ops ringOps, sub int) error {
-	w, r := o.s.w, o.s.rank
-	rs, ag := subPhase(PhaseReduce, sub), subPhase(PhaseGather, sub)
-	next, prev := (r+1)%w, (r+w-1)%w
+	p := flatPass(o.s, l, sub)
 	o.begin(2 * len(l.chunks))
-	a, b := l.seg(r)
+	if err := ringScatter(o, p, l, ops, p.finalHop(o, l, ops, nil)); err != nil {
+		return err
+	}
+	return ringGather(o, p, l, ops, nil)
+}
+
+// ringScatter runs the reduce-scatter of pass p: this peer sends its own
+// encoding of segment me to the next peer, then n−1 times receives segment
+// me−k−1 from the previous one, combines it with its own data and passes it
+// on; the last step's chunks (segment me+1, summed over every peer before
+// this one) go to last instead.
+func ringScatter(o *op, p *ringPass, l *layout, ops ringOps, last func(i int, c chunk, recv []byte) error) error {
+	n := len(p.ranks)
+	next, prev := p.next(), p.prev()
+	a, b := p.seg(p.me)
 	for i := a; i < b; i++ {
 		c := l.chunks[i]
 		f, err := ops.local(o.newFrame(ops.maxLen(c.n)), c)
 		if err != nil {
 			return o.opFail(-1, err)
 		}
-		if err := o.seal(f, rs, i); err != nil {
+		if err := o.seal(f, p.rs, i); err != nil {
 			return err
 		}
 		o.s.send(next, f)
 	}
-	for k := 0; k < w-1; k++ {
-		seg := (r - k - 1 + 2*w) % w
-		last := k == w-2
-		a, b := l.seg(seg)
+	for k := 0; k < n-1; k++ {
+		a, b := p.seg(p.me - k - 1)
 		for i := a; i < b; i++ {
 			c := l.chunks[i]
-			_, p, err := o.recv(prev, rs, i)
+			_, pl, err := o.recv(prev, p.rs, i)
 			if err != nil {
 				return err
 			}
-			f, err := ops.combine(o.newFrame(ops.maxLen(c.n)), c, p, k+1, last)
+			if k == n-2 {
+				if err := last(i, c, pl); err != nil {
+					return err
+				}
+				continue
+			}
+			f, err := ops.combine(o.newFrame(ops.maxLen(c.n)), c, pl, p.hop0+k+1, false)
 			if err != nil {
 				return o.opFail(prev, err)
 			}
-			ph := rs
-			if last {
-				ph = ag
-			}
-			if err := o.seal(f, ph, i); err != nil {
+			if err := o.seal(f, p.rs, i); err != nil {
 				return err
 			}
 			o.s.send(next, f)
-			if last {
-				if err := ops.finish(c, f[HeaderSize:]); err != nil {
-					return o.opFail(-1, err)
-				}
-			}
 		}
 	}
-	for k := 0; k < w-1; k++ {
-		seg := (r - k + w) % w
-		a, b := l.seg(seg)
+	return nil
+}
+
+// finalHop is the last reduce-scatter step of an all-reduce over pass p:
+// the owner adds its data, encodes the final (averaged) bytes, sends them
+// on as the first all-gather hop and decodes them itself; keep, when set,
+// is handed each chunk's final payload.
+func (p *ringPass) finalHop(o *op, l *layout, ops ringOps, keep func(i int, payload []byte)) func(int, chunk, []byte) error {
+	return func(i int, c chunk, recv []byte) error {
+		f, err := ops.combine(o.newFrame(ops.maxLen(c.n)), c, recv, p.hop0+len(p.ranks)-1, true)
+		if err != nil {
+			return o.opFail(p.prev(), err)
+		}
+		if err := o.seal(f, p.ag, i); err != nil {
+			return err
+		}
+		o.s.send(p.next(), f)
+		if keep != nil {
+			keep(i, f[HeaderSize:])
+		}
+		if err := ops.finish(c, f[HeaderSize:]); err != nil {
+			return o.opFail(-1, err)
+		}
+		return nil
+	}
+}
+
+// ringGather runs the all-gather of pass p: n−1 times this peer receives
+// segment me−k (owned by the peer k+1 places back) from the previous peer,
+// passes the frame on unchanged unless the next peer owns it, and decodes
+// it; keep, when set, is handed each payload.
+func ringGather(o *op, p *ringPass, l *layout, ops ringOps, keep func(i int, payload []byte)) error {
+	n := len(p.ranks)
+	next, prev := p.next(), p.prev()
+	for k := 0; k < n-1; k++ {
+		a, b := p.seg(p.me - k)
 		for i := a; i < b; i++ {
-			raw, p, err := o.recv(prev, ag, i)
+			raw, pl, err := o.recv(prev, p.ag, i)
 			if err != nil {
 				return err
 			}
-			if k < w-2 {
+			if k < n-2 {
 				o.s.send(next, raw)
 			}
-			if err := ops.finish(l.chunks[i], p); err != nil {
+			if keep != nil {
+				keep(i, pl)
+			}
+			if err := ops.finish(l.chunks[i], pl); err != nil {
 				return o.opFail(prev, err)
 			}
 		}

@@ -115,17 +115,8 @@ func (x *codecOps) contrib(dst []byte, c chunk) ([]byte, error) {
 
 func (x *codecOps) combine(dst []byte, c chunk, recv []byte, hop int, last bool) ([]byte, error) {
 	t := x.scratch(c.n)
-	if err := x.recv().Decode(t, recv); err != nil {
-		return nil, corrupt(-1, err)
-	}
-	if finite.Has(t) {
-		// An honest peer never forwards a non-finite partial sum (it fails
-		// here instead), so the previous peer put it in.
-		return nil, corrupt(-1, errNonFiniteContribution)
-	}
-	d := x.data[c.off : c.off+c.n]
-	for i := range t {
-		t[i] += d[i]
+	if err := x.absorb(t, c, recv); err != nil {
+		return nil, err
 	}
 	enc := x.send()
 	if last {
@@ -133,6 +124,24 @@ func (x *codecOps) combine(dst []byte, c chunk, recv []byte, hop int, last bool)
 		enc = x.codec
 	}
 	return enc.Encode(dst, t, x.pos(c, uint32(hop), false))
+}
+
+// absorb decodes recv (a partial sum from the previous peer of a ring) into
+// t and adds this peer's contribution to chunk c.
+func (x *codecOps) absorb(t []float32, c chunk, recv []byte) error {
+	if err := x.recv().Decode(t, recv); err != nil {
+		return corrupt(-1, err)
+	}
+	if finite.Has(t) {
+		// An honest peer never forwards a non-finite partial sum (it fails
+		// here instead), so the previous peer put it in.
+		return corrupt(-1, errNonFiniteContribution)
+	}
+	d := x.data[c.off : c.off+c.n]
+	for i := range t {
+		t[i] += d[i]
+	}
+	return nil
 }
 
 func (x *codecOps) reduce(dst []byte, c chunk, contribs [][]byte) ([]byte, error) {

@@ -65,6 +65,8 @@ type Session struct {
 	out     []*outQueue
 	// floats recycles the rounds' scratch buffers.
 	floats floatPool
+	// hier is the group structure of a hierarchical schedule (nil otherwise).
+	hier *hierGroups
 }
 
 type boxKey struct {
@@ -118,6 +120,14 @@ func NewSession(ep Ring, t Transport, cfg Config) (*Session, error) {
 	if _, err := ParseSchedule(string(cfg.Schedule)); err != nil {
 		return nil, err
 	}
+	var hier *hierGroups
+	if cfg.Schedule.Hierarchical() {
+		g, err := cfg.Schedule.Groups(len(ep.Peers))
+		if err != nil {
+			return nil, err
+		}
+		hier = newHierGroups(g, ep.Rank(ep.Self))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Session{
 		ep:       ep,
@@ -135,6 +145,7 @@ func NewSession(ep Ring, t Transport, cfg Config) (*Session, error) {
 		ended:    make(map[int]bool),
 		done:     make(chan struct{}),
 		out:      make([]*outQueue, len(ep.Peers)),
+		hier:     hier,
 	}
 	// Every queue exists before any goroutine starts: a reader that fails at
 	// once calls fail → wakeFlush, which walks all of s.out.
