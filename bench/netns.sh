@@ -48,6 +48,11 @@
 #                      in a ring: what the machine's CPUs allow all links together)
 #   --open             run the daemons without a swarm key (--open): Noise encryption
 #                      only, no private-network stream cipher; shows what the swarm key costs
+#   --gloo             after the daemons, run PyTorch's gloo all-reduce (fp32, the same
+#                      --size and --rounds) on the same hosts with bench/gloo_allreduce.py
+#                      (Debian's /usr/bin/python3 with torch; override with $GLOO_PYTHON)
+#                      and print it beside p2ptrain's: busbw and CPU-seconds per GB
+#                      all-reduced per process, each as p2ptrain's over gloo's
 #   --keep             leave the namespaces up at the end (inspect with
 #                      `ip netns exec p2pt-h1 ...`; remove with --cleanup)
 #   -h, --help         this text
@@ -71,8 +76,13 @@
 # Each prints one JSON object {"size_bytes","codec","schedule","peers","median_s",
 # "algbw_gbps","busbw_gbps","wire_bytes_per_peer","ideal_s","efficiency"} on stdout
 # and exits; the script prints each host's line, then a summary line with busbw over
-# the slowest link's rate (gbps read as Gbit/s) and the efficiency: the ideal (the
-# most bytes a host sent, at its shaped rate) over the median time.
+# the slowest link's rate (gbps read as Gbit/s), the efficiency: the ideal (the
+# most bytes a host sent, at its shaped rate) over the median time, and
+# cpu_s_per_gb: the CPU time (user + system) a daemon used over the timed rounds
+# per GB of buffer all-reduced, the mean over the hosts. With --gloo, each gloo
+# rank's JSON line ("impl":"gloo") follows, then a line "gloo: ..." with its
+# median, busbw and cpu_s_per_gb and the ratios cpu_ratio (p2ptrain's CPU per GB
+# over gloo's) and busbw_ratio (p2ptrain's busbw over gloo's).
 #
 # Needs root, iproute2 (ip, tc) and Go (to build p2ptrain and the netcheck probe).
 # Without root or network namespaces --smoke says why and exits 0 (skipped);
@@ -88,7 +98,7 @@ LOCK=/run/lock/p2pt-netns.lock
 
 hosts="" rate="1gbit" rates="" delay="" loss="" mtu=1500 queue="" cc=""
 size="64MiB" codec="fp32" schedule="ring" rounds=5
-binary="" out="" timeout_s="" logdir="" mode="bench" keep=0 smoke=0 open=0
+binary="" out="" timeout_s="" logdir="" mode="bench" keep=0 smoke=0 open=0 gloo=0
 extra=()
 
 PROG=netns
@@ -117,6 +127,7 @@ while [ $# -gt 0 ]; do
 	--cleanup) mode=cleanup; shift ;;
 	--keep) keep=1; shift ;;
 	--open) open=1; shift ;;
+	--gloo) gloo=1; shift ;;
 	--smoke) smoke=1; shift ;;
 	-h | --help) help; exit 0 ;;
 	--) shift; extra=("$@"); break ;;
@@ -285,6 +296,11 @@ if [ "$mode" = bench ]; then
 	help_out=$(timeout 20 "$binary" bench allreduce --help 2>&1 || true)
 	grep -q -- "expect" <<<"$help_out" ||
 		die "$binary has no working 'bench allreduce' (its --help shows no --expect flag): ${help_out:0:300}"
+	if [ "$gloo" = 1 ]; then
+		GLOO_PY=${GLOO_PYTHON:-/usr/bin/python3}
+		timeout 60 "$GLOO_PY" -c 'import torch.distributed' 2>/dev/null ||
+			die "--gloo: $GLOO_PY cannot import torch.distributed (set GLOO_PYTHON to a python3 with torch)"
+	fi
 fi
 if [ "$mode" = check ] || [ "$smoke" = 1 ]; then
 	gobuild "$work/netcheck" ./bench/netcheck
@@ -617,15 +633,56 @@ peers=$(json_field peers <<<"$first")
 wire=$(json_field wire_bytes_per_peer <<<"$first")
 ideal=$(for l in "${lines[@]}"; do json_field ideal_s <<<"$l"; done | awk '$1 > x { x = $1 } END { if (x > 0) print x }')
 efficiency=$(awk -v i="$ideal" -v m="$median" 'BEGIN { if (i > 0 && m > 0) printf "%.3f", i / m }')
+# mean_of FIELD LINES...: the mean of a numeric field over the lines that have it.
+mean_of() {
+	local f=$1 l
+	shift
+	for l in "$@"; do json_field "$f" <<<"$l"; done | awk '$1 != "" { s += $1; n++ } END { if (n > 0) printf "%.3f", s / n }'
+}
+cpu=$(mean_of cpu_s_per_gb "${lines[@]}")
 agree=yes
 for l in "${lines[@]}"; do
 	[ "$(json_field median_s <<<"$l")" = "$median" ] || agree=no
 done
 [ "$peers" = "$hosts" ] || say "warning: the daemons report $peers peers, $hosts hosts ran"
 [ "$agree" = yes ] || say "warning: the hosts report different median times"
-printf 'summary: hosts=%s rates=%s delay=%s loss=%s size=%s codec=%s schedule=%s rounds=%s median_s=%s algbw_gbps=%s busbw_gbps=%s wire_bytes_per_peer=%s ideal_s=%s efficiency=%s busbw/slowest_link=%s hosts_agree=%s wall_s=%s\n' \
+printf 'summary: hosts=%s rates=%s delay=%s loss=%s size=%s codec=%s schedule=%s rounds=%s median_s=%s algbw_gbps=%s busbw_gbps=%s wire_bytes_per_peer=%s ideal_s=%s efficiency=%s busbw/slowest_link=%s cpu_s_per_gb=%s hosts_agree=%s wall_s=%s\n' \
 	"$hosts" "$(IFS=,; echo "${rate_list[*]}")" "${delay:-0}" "${loss:-0%}" "$size" "$codec" "$schedule" \
 	"$rounds" "$median" "$algbw" "$busbw" "${wire:--}" "${ideal:--}" "${efficiency:--}" \
-	"$(awk -v g="$busbw" -v b="$min_bps" 'BEGIN { printf "%.3f\n", g * 1e9 / b }')" "$agree" \
+	"$(awk -v g="$busbw" -v b="$min_bps" 'BEGIN { printf "%.3f\n", g * 1e9 / b }')" "${cpu:--}" "$agree" \
 	"$((SECONDS - start_s))"
+
+# --- gloo on the same hosts (--gloo) ------------------------------------------------
+
+run_gloo() {
+	local i gp=() code=0 g=() line gmed gbus gcpu
+	for ((i = 1; i <= hosts; i++)); do
+		timeout -k 5 "$timeout_s" ip netns exec "$(host_ns "$i")" env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
+			"$GLOO_PY" "$ROOT/bench/gloo_allreduce.py" --rank $((i - 1)) --world "$hosts" \
+			--master "$(host_ip 1):29500" --size-bytes "$size_b" --rounds "$rounds" --timeout "$timeout_s" \
+			>"$work/gloo$i.out" 2>"$work/gloo$i.err" </dev/null 9>&- &
+		gp[i]=$!
+	done
+	for ((i = 1; i <= hosts; i++)); do wait "${gp[i]}" || code=$?; done
+	if [ "$code" != 0 ]; then
+		tail -n 15 "$work"/gloo*.err >&2 || true
+		die "the gloo all-reduce failed (exit status $code)"
+	fi
+	for ((i = 1; i <= hosts; i++)); do
+		line=$(grep -E '^[[:space:]]*\{' "$work/gloo$i.out" | tail -n 1 || true)
+		[ -n "$line" ] || die "gloo rank $((i - 1)) printed no JSON object"
+		line="${line%\}},\"host\":\"h$i\",\"hosts\":$hosts,\"rate\":\"${rate_list[i - 1]}\",\"time\":\"$ts\"}"
+		echo "$line"
+		[ -z "$out" ] || echo "$line" >>"$out"
+		g+=("$line")
+	done
+	gmed=$(json_field median_s <<<"${g[0]}")
+	gbus=$(json_field busbw_gbps <<<"${g[0]}")
+	gcpu=$(mean_of cpu_s_per_gb "${g[@]}")
+	printf 'gloo: median_s=%s busbw_gbps=%s busbw/slowest_link=%s cpu_s_per_gb=%s cpu_ratio=%s busbw_ratio=%s\n' \
+		"$gmed" "$gbus" "$(awk -v g="$gbus" -v b="$min_bps" 'BEGIN { printf "%.3f", g * 1e9 / b }')" "$gcpu" \
+		"$(awk -v p="$cpu" -v g="$gcpu" 'BEGIN { if (p > 0 && g > 0) printf "%.2f", p / g; else print "-" }')" \
+		"$(awk -v p="$busbw" -v g="$gbus" 'BEGIN { if (g > 0) printf "%.3f", p / g; else print "-" }')"
+}
+[ "$gloo" = 0 ] || run_gloo
 status=0

@@ -69,6 +69,21 @@ type Result struct {
 	IdealS float64 `json:"ideal_s,omitempty"`
 	// Efficiency is IdealS / MedianS (0 when IdealS is not known).
 	Efficiency float64 `json:"efficiency,omitempty"`
+	// CPUSPerGB is the CPU time (user and system) one peer's process used
+	// over the timed rounds per GB (1e9 bytes) of buffer all-reduced: the
+	// CPU cost per byte (0: not measured). In-process, the whole process's
+	// time divided by the peers.
+	CPUSPerGB float64 `json:"cpu_s_per_gb,omitempty"`
+}
+
+// WithCPU returns r with CPUSPerGB for cpu spent on rounds all-reduces of
+// r's buffer (0 when cpu or rounds is 0: not measured).
+func (r Result) WithCPU(cpu time.Duration, rounds int) Result {
+	r.CPUSPerGB = 0
+	if gb := float64(r.SizeBytes) * float64(rounds) / 1e9; cpu > 0 && gb > 0 {
+		r.CPUSPerGB = cpu.Seconds() / gb
+	}
+	return r
 }
 
 // WithWire returns r with the bytes a peer sent per all-reduce and the
@@ -102,6 +117,9 @@ func (r Result) String() string {
 		FormatBytes(r.SizeBytes), r.Codec, r.Schedule, r.Peers, r.MedianS, r.AlgBWGbps, r.BusBWGbps, r.WireBytes/1e6)
 	if r.IdealS > 0 {
 		line += fmt.Sprintf("  ideal %.4fs  efficiency %.2f", r.IdealS, r.Efficiency)
+	}
+	if r.CPUSPerGB > 0 {
+		line += fmt.Sprintf("  cpu %.2f s/GB", r.CPUSPerGB)
 	}
 	return line
 }
@@ -270,7 +288,11 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 	}
 	var times []float64
+	var cpu time.Duration
 	for round := 0; round <= o.Rounds; round++ {
+		if round == 1 {
+			cpu = ProcessCPU()
+		}
 		start := time.Now()
 		errs := make([]error, w)
 		var wg sync.WaitGroup
@@ -302,6 +324,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			times = append(times, time.Since(start).Seconds())
 		}
 	}
+	cpu = ProcessCPU() - cpu
 	// Every round sends the same bytes: the warm-up counts as one.
 	sent, received := make([]float64, w), make([]float64, w)
 	most := 0.0
@@ -311,7 +334,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		most = max(most, sent[i])
 	}
 	res := NewResult(o.SizeBytes, spec, schedName, w, Median(times))
-	return res.WithWire(most, IdealSeconds(sent, received, rates)), nil
+	return res.WithWire(most, IdealSeconds(sent, received, rates)).WithCPU(cpu/time.Duration(w), o.Rounds), nil
 }
 
 // newCodec returns peer i's codec of spec for a bucket of n values.

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"testing/synctest"
+	"time"
 )
 
 const mbit = 1e6 / 8
@@ -23,6 +24,22 @@ func TestResultJSON(t *testing.T) {
 	}
 	if s := r.String(); !strings.Contains(s, "64MiB") {
 		t.Errorf("%q", s)
+	}
+}
+
+// TestWithCPU: the CPU time over the buffer bytes of every round, in s/GB;
+// nothing measured leaves the field out of the JSON.
+func TestWithCPU(t *testing.T) {
+	r := NewResult(250e6, "none", "ring", 4, 1).WithCPU(3*time.Second, 4)
+	if r.CPUSPerGB != 3 {
+		t.Errorf("3 s over 4 rounds of 250 MB: %v s/GB, want 3", r.CPUSPerGB)
+	}
+	if !strings.Contains(r.String(), "cpu 3.00 s/GB") {
+		t.Errorf("%q lacks the CPU figure", r.String())
+	}
+	b, _ := json.Marshal(r.WithCPU(0, 4))
+	if strings.Contains(string(b), "cpu_s_per_gb") {
+		t.Errorf("unmeasured CPU in %s", b)
 	}
 }
 

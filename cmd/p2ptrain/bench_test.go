@@ -165,15 +165,20 @@ func checkAllreduceJSON(t *testing.T, line string, peers, size int) map[string]a
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	want := []string{"algbw_gbps", "busbw_gbps", "codec", "median_s", "peers", "schedule", "size_bytes", "wire_bytes_per_peer"}
+	want := []string{"algbw_gbps", "busbw_gbps", "codec", "cpu_s_per_gb", "median_s", "peers", "schedule", "size_bytes", "wire_bytes_per_peer"}
 	if _, ok := r["ideal_s"]; ok { // with the link rates known
-		want = []string{"algbw_gbps", "busbw_gbps", "codec", "efficiency", "ideal_s", "median_s", "peers", "schedule", "size_bytes", "wire_bytes_per_peer"}
+		want = []string{"algbw_gbps", "busbw_gbps", "codec", "cpu_s_per_gb", "efficiency", "ideal_s", "median_s", "peers", "schedule", "size_bytes", "wire_bytes_per_peer"}
 	}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("fields %v, want exactly %v", keys, want)
 	}
 	if w := r["wire_bytes_per_peer"].(float64); !(w > 0) {
 		t.Fatalf("wire_bytes_per_peer %v", w)
+	}
+	// Moving and summing the bytes costs CPU: some, and (on any machine
+	// these tests run on) far less than 1000 s per GB.
+	if c := r["cpu_s_per_gb"].(float64); !(c > 0 && c < 1000) {
+		t.Fatalf("cpu_s_per_gb %v", c)
 	}
 	if ideal, ok := r["ideal_s"].(float64); ok {
 		if eff := r["efficiency"].(float64); math.Abs(eff-ideal/r["median_s"].(float64)) > 1e-9*eff {
@@ -205,7 +210,7 @@ func shared(t *testing.T, line string) string {
 	if err := json.Unmarshal([]byte(line), &r); err != nil {
 		t.Fatalf("not a JSON object: %v\n%s", err, line)
 	}
-	for _, k := range []string{"wire_bytes_per_peer", "ideal_s", "efficiency"} {
+	for _, k := range []string{"wire_bytes_per_peer", "ideal_s", "efficiency", "cpu_s_per_gb"} {
 		delete(r, k)
 	}
 	b, _ := json.Marshal(r)

@@ -250,7 +250,7 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 		tr.Reset(err)
 		return allreducebench.Result{}, fmt.Errorf("bench allreduce: --link-codecs: %w", err)
 	}
-	times, sent, err := b.measure(ctx, s, tr, rank, links)
+	times, sent, cpu, err := b.measure(ctx, s, tr, rank, links)
 	if err != nil {
 		s.Close()
 		tr.Reset(err)
@@ -280,7 +280,7 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 	if b.linkRate > 0 {
 		ideal = sent / b.linkRate
 	}
-	return res.WithWire(sent, ideal), nil
+	return res.WithWire(sent, ideal).WithCPU(cpu, b.rounds), nil
 }
 
 // watch fails the run (through cancel) when the members of the adopted ring
@@ -574,9 +574,10 @@ func (b *clusterBench) allReduce(ctx context.Context, s *allreduce.Session, data
 
 // measure runs the warm-up and timed rounds (step 3) and the averaging of
 // the times (step 4) on the measurement session; it returns the averaged
-// time of each timed round in seconds and the bytes this peer sent per
-// timed round.
-func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr allreduce.EpochTransport, rank int, links []*allreduce.LinkCodecs) ([]float64, float64, error) {
+// time of each timed round in seconds, the bytes this peer sent per timed
+// round and the CPU time this process used over the timed rounds (counted
+// like the bytes, from barrier to barrier).
+func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr allreduce.EpochTransport, rank int, links []*allreduce.LinkCodecs) ([]float64, float64, time.Duration, error) {
 	n := b.size / 4
 	bounds := make([]int, b.buckets+1)
 	for i := range bounds {
@@ -593,7 +594,7 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 		c, err := compress.New(b.spec, compress.Options{Layout: compress.FlatLayout(bounds[i+1] - bounds[i]),
 			Seed: uint64(rank + 1), SharedSeed: 7})
 		if err != nil {
-			return nil, 0, fmt.Errorf("bench allreduce: --codec: %w", err)
+			return nil, 0, 0, fmt.Errorf("bench allreduce: --codec: %w", err)
 		}
 		codecs[i] = c
 	}
@@ -605,6 +606,7 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 	// completes only once they went (one stream per neighbour, in order).
 	// The barriers' own bytes, measured on the first, are taken off.
 	var sentFrom, barrierBytes uint64
+	var cpu time.Duration
 	for round := -1; round < b.rounds; round++ {
 		what := "the warm-up round"
 		if round >= 0 {
@@ -612,13 +614,13 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 		}
 		before := tr.Sent()
 		if _, err := b.allReduce(ctx, s, barrier); err != nil {
-			return nil, 0, b.explain(ctx, "the barrier before "+what, err)
+			return nil, 0, 0, b.explain(ctx, "the barrier before "+what, err)
 		}
 		switch round {
 		case -1:
 			barrierBytes = tr.Sent() - before
 		case 0:
-			sentFrom = tr.Sent()
+			sentFrom, cpu = tr.Sent(), allreducebench.ProcessCPU()
 		}
 		b.step++
 		start := time.Now()
@@ -634,15 +636,16 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 			}
 		}
 		if err := rd.Wait(); err != nil {
-			return nil, 0, b.explain(ctx, what, err)
+			return nil, 0, 0, b.explain(ctx, what, err)
 		}
 		if round >= 0 {
 			times[round] = float32(time.Since(start).Seconds())
 		}
 	}
 	if _, err := b.allReduce(ctx, s, barrier); err != nil {
-		return nil, 0, b.explain(ctx, "the barrier after the timed rounds", err)
+		return nil, 0, 0, b.explain(ctx, "the barrier after the timed rounds", err)
 	}
+	cpu = allreducebench.ProcessCPU() - cpu
 	// This peer's own bytes: with proportional shares or per-link codecs
 	// peers send different amounts, and the ideal is the busiest link's.
 	var sentPerRound float64
@@ -653,15 +656,15 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 	// last bytes: the epoch change that follows is no failure.
 	b.armed.Store(false)
 	if err := context.Cause(ctx); errors.Is(err, errMembersChanged) {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	avg, err := b.allReduce(ctx, s, times)
 	if err != nil {
-		return nil, 0, b.explain(ctx, "averaging the round times", err)
+		return nil, 0, 0, b.explain(ctx, "averaging the round times", err)
 	}
 	res := make([]float64, len(avg))
 	for i, t := range avg {
 		res[i] = float64(t)
 	}
-	return res, sentPerRound, nil
+	return res, sentPerRound, cpu, nil
 }
