@@ -599,7 +599,8 @@ func (s Stats) Accuracy() float64 {
 	return float64(s.Correct) / float64(s.Samples)
 }
 
-func (s *Stats) add(o Stats) {
+// Add merges o into s: the losses weighted by their label counts.
+func (s *Stats) Add(o Stats) {
 	if o.Samples == 0 {
 		return
 	}
@@ -849,7 +850,7 @@ func (m *Model) ComputeGradients(batches []Batch, noiseSeed uint64, ready func(b
 	wg.Wait()
 	var st Stats
 	for _, s := range stats {
-		st.add(s)
+		st.Add(s)
 	}
 	return st, m.synchronize()
 }
@@ -922,7 +923,7 @@ func (m *Model) Evaluate(ds Samples) (Stats, error) {
 					errs[i] = fmt.Errorf("model: evaluating samples %d..%d: %w", lo, hi, err)
 					return
 				}
-				st.add(r.forward(m, b, false, 0))
+				st.Add(r.forward(m, b, false, 0))
 			}
 			stats[i] = st
 		}()
@@ -933,7 +934,7 @@ func (m *Model) Evaluate(ds Samples) (Stats, error) {
 	}
 	var st Stats
 	for _, s := range stats {
-		st.add(s)
+		st.Add(s)
 	}
 	return st, m.synchronize()
 }

@@ -1,0 +1,341 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/model"
+)
+
+// Config configures one stage of a pipeline.
+type Config struct {
+	// Stages is the number of stages S; Stage is this one's index.
+	Stages, Stage int
+	// Micro is the number of micro-batches M a step's batch is cut into.
+	Micro int
+	// Schedule orders the micro-batches (default OneFOneB).
+	Schedule Schedule
+	// Codec encodes the activations and their gradients (a spec that
+	// ValidateCodec accepts; "" is DefaultCodec). Every stage of a pipeline
+	// must use the same.
+	Codec string
+	// Seed seeds stochastic codecs (qsgd); use a different one per stage.
+	Seed uint64
+}
+
+// Stage runs one pipeline stage's part of each step: its schedule's
+// forward and backward passes over the micro-batches, on a model.Model
+// that holds the stage's layers (model.NewStage), exchanging activations
+// and their gradients with its neighbours through a Transport. A Stage is
+// not safe for concurrent use.
+type Stage struct {
+	m     *model.Model
+	t     Transport
+	cfg   Config
+	ops   []Op
+	first bool
+	last  bool
+	inEl  int // input values per sample
+	outEl int // output values per sample
+	// in encodes the input gradients sent back and decodes the activations
+	// received; out encodes the activations sent on and decodes the
+	// gradients received.
+	in, out compress.Codec
+	// held[j] is micro-batch j's input (stages but the first), kept from
+	// its forward pass to its backward pass; spare holds free buffers.
+	held        [][]float32
+	spare       [][]float32
+	y, dy, dx   []float32
+	enc         []byte
+	tiedSum     []float32
+	sent, recvd int64
+}
+
+// NewStage returns the runner of stage cfg.Stage of cfg.Stages over m,
+// whose layer range must be a first stage exactly when cfg.Stage is 0 and
+// a last stage exactly when it is S−1.
+func NewStage(m *model.Model, t Transport, cfg Config) (*Stage, error) {
+	if cfg.Codec == "" {
+		cfg.Codec = DefaultCodec
+	}
+	ops, err := cfg.Schedule.Ops(cfg.Stages, cfg.Stage, cfg.Micro)
+	if err != nil {
+		return nil, err
+	}
+	lo, hi, total := m.StageRange()
+	st := &Stage{m: m, t: t, cfg: cfg, ops: ops, first: lo == 0, last: hi == total,
+		inEl: numel(m.StageInputShape()), outEl: numel(m.StageOutputShape())}
+	if st.first != (cfg.Stage == 0) || st.last != (cfg.Stage == cfg.Stages-1) {
+		return nil, fmt.Errorf("pipeline: stage %d of %d cannot run layers [%d, %d) of %d", cfg.Stage, cfg.Stages, lo, hi, total)
+	}
+	mb := m.MaxBatch()
+	if st.in, err = newCodec(cfg.Codec, mb*st.inEl, cfg.Seed); err != nil {
+		return nil, err
+	}
+	if st.out, err = newCodec(cfg.Codec, mb*st.outEl, cfg.Seed^0x9e3779b97f4a7c15); err != nil {
+		return nil, err
+	}
+	st.held = make([][]float32, cfg.Micro)
+	return st, nil
+}
+
+// Model returns the stage's model (its parameters, gradients, buckets).
+func (st *Stage) Model() *model.Model { return st.m }
+
+// Result is what one stage's step computed.
+type Result struct {
+	// Stats is the loss over the step's batch (the last stage; zero on
+	// the others).
+	Stats model.Stats
+	// Sent and Received count the message payload bytes of the step.
+	Sent, Received int64
+	// Recomputed counts the forward passes run again.
+	Recomputed int
+}
+
+// MicroSizes cuts n samples into m micro-batches as even as possible, the
+// larger ones first.
+func MicroSizes(n, m int) ([]int, error) {
+	if m < 1 || n < m {
+		return nil, fmt.Errorf("pipeline: cannot cut %d samples into %d non-empty micro-batches", n, m)
+	}
+	sizes := make([]int, m)
+	for j := range sizes {
+		sizes[j] = n / m
+		if j < n%m {
+			sizes[j]++
+		}
+	}
+	return sizes, nil
+}
+
+// Step runs the stage's part of step on a batch of n samples: the first
+// stage reads their inputs from b.X, the last their labels from b.Y (the
+// others read neither). Random layers take model.MixSeed(noiseSeed, j) for
+// micro-batch j. The stage's gradient, the sum over the micro-batches of
+// the gradient of the whole batch's mean loss, is in the model's Grads
+// when Step returns; ready (if not nil) is called for each bucket as the
+// last backward pass completes it. A failed send or receive, or ctx
+// ending, fails the step: the gradients are then not valid.
+func (st *Stage) Step(ctx context.Context, step uint64, n int, b model.Batch, noiseSeed uint64, ready func(bucket int)) (res Result, err error) {
+	sizes, err := MicroSizes(n, st.cfg.Micro)
+	if err != nil {
+		return res, err
+	}
+	pos := st.m.LabelsPerSample()
+	if st.first && len(b.X) != n*st.inEl {
+		return res, fmt.Errorf("pipeline: first stage: %d input values for %d samples of %d", len(b.X), n, st.inEl)
+	}
+	if st.last && len(b.Y) != n*pos {
+		return res, fmt.Errorf("pipeline: last stage: %d labels for %d samples of %d", len(b.Y), n, pos)
+	}
+	offs := make([]int, len(sizes)+1)
+	for j, s := range sizes {
+		offs[j+1] = offs[j] + s
+	}
+	st.sent, st.recvd = 0, 0
+	for j := range st.held { // a failed step's
+		st.release(j)
+	}
+	defer func() { res.Sent, res.Received = st.sent, st.recvd }()
+	scale := 1 / float32(n*pos)
+	backwards := 0
+	for _, op := range st.ops {
+		j := op.Micro
+		nj := sizes[j]
+		in := model.StageInput{N: nj, Train: true, NoiseSeed: model.MixSeed(noiseSeed, uint64(j))}
+		if st.last {
+			in.Y = b.Y[offs[j]*pos : offs[j+1]*pos]
+		}
+		if op.Kind == Forward {
+			if st.first {
+				in.X = b.X[offs[j]*st.inEl : offs[j+1]*st.inEl]
+			} else {
+				if in.X, err = st.recv(ctx, Key{step, j, Activation}, st.in, st.buffer(j, nj*st.inEl)); err != nil {
+					return res, err
+				}
+			}
+			s, err := st.forward(in)
+			if err != nil {
+				return res, fmt.Errorf("pipeline: stage %d step %d micro-batch %d forward: %w", st.cfg.Stage, step, j, err)
+			}
+			if st.last {
+				res.Stats.Add(s)
+				continue
+			}
+			if err := st.send(ctx, Key{step, j, Activation}, st.out, st.y, Pos(step, j, Activation)); err != nil {
+				return res, err
+			}
+			continue
+		}
+		if op.Recompute {
+			in.X = st.input(b, offs, j)
+			if _, err := st.forward(in); err != nil {
+				return res, fmt.Errorf("pipeline: stage %d step %d micro-batch %d recomputing: %w", st.cfg.Stage, step, j, err)
+			}
+			res.Recomputed++
+		}
+		var dy []float32
+		if !st.last {
+			st.dy = grow(st.dy, nj*st.outEl)
+			if dy, err = st.recv(ctx, Key{step, j, Gradient}, st.out, st.dy); err != nil {
+				return res, err
+			}
+		}
+		var dx []float32
+		if !st.first {
+			st.dx = grow(st.dx, nj*st.inEl)
+			dx = st.dx
+		}
+		backwards++
+		cb := ready
+		if backwards < st.cfg.Micro {
+			cb = nil
+		}
+		if err := st.m.StageBackward(dy, scale, dx, backwards > 1, cb); err != nil {
+			return res, fmt.Errorf("pipeline: stage %d step %d micro-batch %d backward: %w", st.cfg.Stage, step, j, err)
+		}
+		st.release(j)
+		if !st.first {
+			if err := st.send(ctx, Key{step, j, Gradient}, st.in, dx, Pos(step, j, Gradient)); err != nil {
+				return res, err
+			}
+		}
+	}
+	return res, nil
+}
+
+// Pos is the compress.Pos of micro-batch j's message of kind k in step:
+// the stream that stochastic codecs draw from.
+func Pos(step uint64, j int, k Kind) compress.Pos {
+	return compress.Pos{Step: step, Stream: uint32(j)<<2 | uint32(k)}
+}
+
+// forward runs in through the model, writing the output (stages but the
+// last) into st.y.
+func (st *Stage) forward(in model.StageInput) (model.Stats, error) {
+	var out []float32
+	if !st.last {
+		st.y = grow(st.y, in.N*st.outEl)
+		out = st.y
+	}
+	return st.m.StageForward(in, out)
+}
+
+// input returns micro-batch j's input for a recomputation.
+func (st *Stage) input(b model.Batch, offs []int, j int) []float32 {
+	if st.first {
+		return b.X[offs[j]*st.inEl : offs[j+1]*st.inEl]
+	}
+	return st.held[j]
+}
+
+// buffer returns a buffer of n values to hold micro-batch j's input.
+func (st *Stage) buffer(j, n int) []float32 {
+	var b []float32
+	if k := len(st.spare); k > 0 {
+		b, st.spare = st.spare[k-1], st.spare[:k-1]
+	}
+	st.held[j] = grow(b, n)
+	return st.held[j]
+}
+
+// release returns micro-batch j's input buffer to the spares.
+func (st *Stage) release(j int) {
+	if st.held[j] != nil {
+		st.spare = append(st.spare, st.held[j])
+		st.held[j] = nil
+	}
+}
+
+// send encodes v with c and sends it as message k.
+func (st *Stage) send(ctx context.Context, k Key, c compress.Codec, v []float32, pos compress.Pos) error {
+	var err error
+	if st.enc, err = c.Encode(st.enc[:0], v, pos); err != nil {
+		return fmt.Errorf("pipeline: stage %d encoding %v: %w", st.cfg.Stage, k, err)
+	}
+	if err := st.t.Send(ctx, k, st.enc); err != nil {
+		return fmt.Errorf("pipeline: stage %d sending %v: %w", st.cfg.Stage, k, err)
+	}
+	st.sent += int64(len(st.enc))
+	return nil
+}
+
+// recv receives message k and decodes it with c into dst.
+func (st *Stage) recv(ctx context.Context, k Key, c compress.Codec, dst []float32) ([]float32, error) {
+	p, err := st.t.Recv(ctx, k)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: stage %d receiving %v: %w", st.cfg.Stage, k, err)
+	}
+	st.recvd += int64(len(p))
+	if err := c.Decode(dst, p); err != nil {
+		return nil, fmt.Errorf("pipeline: stage %d decoding %v: %w", st.cfg.Stage, k, err)
+	}
+	return dst, nil
+}
+
+// ErrNoTie: SumTied on a stage that holds no side of a shared weight.
+var ErrNoTie = errors.New("pipeline: the stage shares no weight with another stage")
+
+// SumTied adds the other end's part of the shared weight's gradient (the
+// gpt's token table, held by the first and the last stage) to this
+// stage's, exchanging them as fp32 Tied messages of step. Both ends then
+// hold the same sum bit for bit (a+b = b+a in IEEE arithmetic), so their
+// copies stay identical under any optimizer. With replicas, call it after
+// each stage's all-reduce of its own gradients: every replica of a stage
+// then adds the same two averages (docs/pipeline.md). It returns ErrNoTie
+// on a stage without a side (a middle stage, or a pipeline of one stage).
+func (st *Stage) SumTied(ctx context.Context, step uint64) error {
+	off, n, ok := st.m.TiedRange()
+	if !ok {
+		return ErrNoTie
+	}
+	g := st.m.Grads()[off : off+n]
+	k := Key{Step: step, Kind: Tied}
+	st.enc = appendFloats(st.enc[:0], g)
+	if err := st.t.Send(ctx, k, st.enc); err != nil {
+		return fmt.Errorf("pipeline: stage %d sending %v: %w", st.cfg.Stage, k, err)
+	}
+	p, err := st.t.Recv(ctx, k)
+	if err != nil {
+		return fmt.Errorf("pipeline: stage %d receiving %v: %w", st.cfg.Stage, k, err)
+	}
+	if len(p) != 4*n {
+		return fmt.Errorf("pipeline: stage %d: %v of %d bytes, want %d", st.cfg.Stage, k, len(p), 4*n)
+	}
+	st.tiedSum = grow(st.tiedSum, n)
+	model.BytesToFloats(st.tiedSum, p)
+	for i, v := range st.tiedSum {
+		g[i] += v
+	}
+	return nil
+}
+
+// appendFloats appends v as little-endian fp32 bytes (model.FloatBytes's
+// layout, without allocating).
+func appendFloats(dst []byte, v []float32) []byte {
+	for _, x := range v {
+		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(x))
+	}
+	return dst
+}
+
+// grow returns b resliced to n values, reallocated when too small.
+func grow(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
+}
+
+func numel(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
