@@ -26,7 +26,9 @@
 //
 // Each bucket is cut into W segments (owner shares; equal unless
 // ScheduleProportional) and each segment into pipeline chunks of
-// Config.ChunkBytes fp32 bytes; one frame carries one chunk. A writer
+// Config.ChunkBytes fp32 bytes, or fewer so that a small segment still has
+// pipelineChunks chunks of at least minChunkElems values (layout.go); one
+// frame carries one chunk. A writer
 // goroutine per peer sends while the bucket's goroutine decodes and sums and
 // a reader goroutine per peer receives, so the stages overlap.
 //

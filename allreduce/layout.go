@@ -17,8 +17,33 @@ type layout struct {
 	chunks   []chunk
 }
 
+// Pipeline depth of small segments. A ring hop forwards a chunk only once
+// it has all of it, so a segment of one chunk is store-and-forward: every
+// hop of the ring costs a whole segment's transfer plus its latency, one
+// after the other (a 1 MiB bucket on 4 peers at the 256 KiB default chunk
+// is exactly that). makeLayout therefore cuts a segment into at least
+// pipelineChunks chunks, none smaller than minChunkElems values (16 KiB of
+// fp32: per-frame costs stay small next to the payload), and none larger
+// than the configured chunk.
+const (
+	pipelineChunks = 8
+	minChunkElems  = 4096
+)
+
+// segChunk returns the chunk size for a segment of segLen values: the
+// configured chunkElems, or less, so that the segment has pipelineChunks
+// chunks when they can stay at or above minChunkElems; a multiple of
+// granule either way.
+func segChunk(segLen, granule, chunkElems int) int {
+	c := (segLen + pipelineChunks - 1) / pipelineChunks
+	c = max(c, minChunkElems)
+	c = (c + granule - 1) / granule * granule
+	return min(c, chunkElems)
+}
+
 // makeLayout builds the layout. shares (nil: equal) gives each segment's
-// fraction of the buffer.
+// fraction of the buffer. Every peer computes the same layout from the same
+// arguments (frames name chunks by index).
 func makeLayout(n, w, granule, chunkElems int, shares []float64) layout {
 	if granule < 1 {
 		granule = 1
@@ -55,8 +80,9 @@ func makeLayout(n, w, granule, chunkElems int, shares []float64) layout {
 	}
 	for s := 0; s < w; s++ {
 		l.segFirst[s] = len(l.chunks)
-		for off := l.segStart[s]; off < l.segStart[s+1]; off += chunkElems {
-			m := chunkElems
+		ce := segChunk(l.segStart[s+1]-l.segStart[s], granule, chunkElems)
+		for off := l.segStart[s]; off < l.segStart[s+1]; off += ce {
+			m := ce
 			if off+m > l.segStart[s+1] {
 				m = l.segStart[s+1] - off
 			}

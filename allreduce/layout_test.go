@@ -43,3 +43,33 @@ func TestLayoutCovers(t *testing.T) {
 		}
 	}
 }
+
+// TestLayoutPipelinesSmallSegments checks that a segment of one configured
+// chunk or less is still cut into pipelineChunks chunks (so a ring hop
+// forwards the first while the rest arrive), never below minChunkElems,
+// that big segments keep the configured chunk, and that chunks stay
+// multiples of the granule.
+func TestLayoutPipelinesSmallSegments(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		n, w, g, c        int
+		wantChunks, wantN int // per segment, and the first chunk's size
+	}{
+		{"1MiB on 4 peers at the default chunk", 1 << 18, 4, 1, 1 << 16, 8, 1 << 13},
+		{"64MiB on 4 peers keeps the configured chunk", 1 << 24, 4, 1, 1 << 16, 64, 1 << 16},
+		{"a segment of minChunkElems is one chunk", 4 * minChunkElems, 4, 1, 1 << 16, 1, minChunkElems},
+		{"the granule rounds the chunk up", 1 << 18, 4, 2048, 1 << 16, 8, 1 << 13},
+		{"an odd granule", 1 << 18, 4, 3000, 1 << 16, 8, 9000},
+	} {
+		l := makeLayout(tc.n, tc.w, tc.g, tc.c, nil)
+		a, b := l.seg(0)
+		if b-a != tc.wantChunks || l.chunks[a].n != tc.wantN {
+			t.Errorf("%s: segment 0 has %d chunks, the first of %d values; want %d of %d", tc.name, b-a, l.chunks[a].n, tc.wantChunks, tc.wantN)
+		}
+		for _, ch := range l.chunks {
+			if ch.off%tc.g != 0 {
+				t.Errorf("%s: chunk at %d is not aligned to the granule %d", tc.name, ch.off, tc.g)
+			}
+		}
+	}
+}
