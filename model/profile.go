@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"time"
 )
@@ -126,4 +127,23 @@ func median(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[(len(s)-1)/2]
+}
+
+// RandomBatch returns n samples drawn from seed: uniform token IDs for gpt,
+// standard normal inputs for the others, and uniform labels. A step's
+// speed does not depend on the values: timings and tests use it.
+func (m *Model) RandomBatch(n int, seed uint64) Batch {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	b := Batch{X: make([]float32, n*numel(m.arch.input)), Y: make([]uint8, n*m.arch.positions)}
+	for i := range b.X {
+		if m.arch.tokens > 0 {
+			b.X[i] = float32(rng.IntN(m.arch.tokens))
+		} else {
+			b.X[i] = float32(rng.NormFloat64())
+		}
+	}
+	for i := range b.Y {
+		b.Y[i] = uint8(rng.IntN(m.arch.classes))
+	}
+	return b
 }

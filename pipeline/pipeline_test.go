@@ -73,18 +73,7 @@ func newProblem(t testing.TB, name string, cfg model.Config, n int) *problem {
 		whole.Params()[i] += float32(rng.NormFloat64() * 0.05)
 	}
 	whole.SyncReplicas()
-	per := numel(whole.InputShape())
-	b := model.Batch{X: make([]float32, n*per), Y: make([]uint8, n*whole.LabelsPerSample())}
-	for i := range b.X {
-		if name == "gpt" {
-			b.X[i] = float32(rng.IntN(whole.Classes()))
-		} else {
-			b.X[i] = float32(rng.NormFloat64())
-		}
-	}
-	for i := range b.Y {
-		b.Y[i] = uint8(rng.IntN(whole.Classes()))
-	}
+	b := whole.RandomBatch(n, 9)
 	st, err := whole.ComputeGradients([]model.Batch{b}, 0, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -41,6 +41,9 @@ Usage:
   p2ptrain devices [--json]            list the CPU and the CUDA GPUs found, or why none is usable
   p2ptrain plot FILE... -o OUT.svg|OUT.png [--label NAME]... [--title T]
                                        draw training curves from metrics files (join --metrics-file)
+  p2ptrain plan [--preset P] [--peers N] [--link R] [--rtt D] [--batch N] [--micro M] [--json]
+                                       project the step time of data parallelism and of every
+                                       pipeline layout (stages × replicas) from timed layers
   p2ptrain version                     print the version
 `
 
@@ -93,6 +96,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdDevices(args[1:], stdout, stderr)
 	case "plot":
 		err = cmdPlot(args[1:], stdout)
+	case "plan":
+		err = cmdPlan(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "p2ptrain", version())
 		return 0

@@ -1,0 +1,313 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/p2ptrain/p2ptrain/gpu"
+	"github.com/p2ptrain/p2ptrain/model"
+	"github.com/p2ptrain/p2ptrain/pipeline"
+)
+
+// gptPresets are the model sizes `p2ptrain plan --preset` knows.
+var gptPresets = map[string]model.GPTConfig{
+	"tiny":   {Layers: 2, DModel: 64, Heads: 2, Context: 64, Vocab: 256},
+	"small":  {Layers: 4, DModel: 256, Heads: 4, Context: 128, Vocab: 256}, // the gpt's defaults
+	"medium": {Layers: 8, DModel: 512, Heads: 8, Context: 128, Vocab: 256},
+	"large":  {Layers: 12, DModel: 768, Heads: 12, Context: 256, Vocab: 256},
+}
+
+// planReport is what `p2ptrain plan --json` prints.
+type planReport struct {
+	Model      string       `json:"model"`
+	Params     int          `json:"params"`
+	Device     string       `json:"device"`
+	TimedBatch int          `json:"timed_batch"`
+	Peers      int          `json:"peers"`
+	LinkBps    float64      `json:"link_bytes_per_s"`
+	RTTS       float64      `json:"rtt_s"`
+	Batch      int          `json:"batch"`
+	Micro      int          `json:"micro_batches"`
+	Schedule   string       `json:"schedule"`
+	Layers     []planLayer  `json:"layers"`
+	Layouts    []planLayout `json:"layouts"`
+	Fastest    string       `json:"fastest"`
+}
+
+type planLayer struct {
+	Layer     string  `json:"layer"`
+	ForwardS  float64 `json:"forward_s_per_sample"`
+	BackwardS float64 `json:"backward_s_per_sample"`
+	Params    int     `json:"params"`
+	OutElems  int     `json:"out_values_per_sample"`
+}
+
+type planLayout struct {
+	Layout     string  `json:"layout"`
+	Stages     int     `json:"stages"`
+	Replicas   int     `json:"replicas"`
+	GradCodec  string  `json:"grad_codec,omitempty"`
+	ActCodec   string  `json:"act_codec,omitempty"`
+	Split      []int   `json:"split,omitempty"`
+	PipelineS  float64 `json:"compute_s"`
+	Bubble     float64 `json:"bubble"`
+	HopS       float64 `json:"hop_s"`
+	AllReduceS float64 `json:"allreduce_s"`
+	TiedS      float64 `json:"tied_s"`
+	StepS      float64 `json:"step_s"`
+	PeerBytes  float64 `json:"peer_bytes"`
+	PeerParams int     `json:"peer_params"`
+}
+
+// cmdPlan runs `p2ptrain plan`: it times the model's layers on a local
+// device and projects the step time of pure data parallelism and of every
+// hybrid layout of stages × replicas (docs/pipeline.md).
+func cmdPlan(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("plan", stdout)
+	name := fs.String("model", "gpt", "`MODEL`: "+strings.Join(model.Names(), ", "))
+	presets := slices.Sorted(func(yield func(string) bool) {
+		for k := range gptPresets {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	preset := fs.String("preset", "small", "gpt size `NAME`: "+strings.Join(presets, ", ")+" (the --gpt-* flags override its fields)")
+	var g model.GPTConfig
+	fs.IntVar(&g.Layers, "gpt-layers", 0, "gpt transformer blocks (`N`)")
+	fs.IntVar(&g.DModel, "gpt-d-model", 0, "gpt residual width (`N`)")
+	fs.IntVar(&g.Heads, "gpt-heads", 0, "gpt attention heads (`N`)")
+	fs.IntVar(&g.Context, "gpt-context", 0, "gpt tokens per sample (`N`)")
+	fs.IntVar(&g.Vocab, "gpt-vocab", 0, "gpt vocabulary (`N`, at most 256)")
+	peers := fs.Int("peers", 8, "peers in the cluster (`P`)")
+	link := &rateValue{rate: 100e6 / 8}
+	fs.Var(link, "link", "every link's `RATE` each way, e.g. 20mbit, 100mbit, 1gbit")
+	rtt := fs.Duration("rtt", 2*time.Millisecond, "every link's round trip (`DURATION`)")
+	batch := fs.Int("batch", 64, "global batch, samples per step (`N`)")
+	micro := fs.Int("micro", 8, "micro-batches per pipeline and step (`M`)")
+	grads := fs.String("grad-codecs", "none,dyn8", "gradient codec `SPECS` to compare (comma-separated)")
+	acts := fs.String("act-codecs", "none,dyn8", "activation codec `SPECS` to compare (comma-separated)")
+	sched := fs.String("schedule", "1f1b", "pipeline `SCHEDULE`: 1f1b or gpipe")
+	device := fs.String("device", "cpu", "device `SPEC` to time the layers on, e.g. cpu or cuda:0")
+	timeBatch := fs.Int("time-batch", 0, "samples to time the layers on (`N`; default the per-peer batch, at most 4)")
+	reps := fs.Int("reps", 3, "timed passes per layer (`N`; the median counts)")
+	top := fs.Int("top", 0, "print only the `N` fastest layouts (0: all)")
+	showLayers := fs.Bool("layers", false, "print the measured per-layer times too")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg := model.Config{}
+	if *name == "gpt" {
+		base, ok := gptPresets[*preset]
+		if !ok {
+			return usagef("plan: unknown --preset %q (want %s)", *preset, strings.Join(presets, ", "))
+		}
+		for _, f := range []struct{ dst, v *int }{{&base.Layers, &g.Layers}, {&base.DModel, &g.DModel}, {&base.Heads, &g.Heads},
+			{&base.Context, &g.Context}, {&base.Vocab, &g.Vocab}} {
+			if *f.v != 0 {
+				*f.dst = *f.v
+			}
+		}
+		cfg.GPT = base
+	}
+	switch {
+	case *peers < 1 || *batch < 1 || *micro < 1 || *reps < 1 || *timeBatch < 0 || *top < 0:
+		return usagef("plan: --peers, --batch, --micro and --reps must be positive, --time-batch and --top not negative")
+	case link.rate <= 0:
+		return usagef("plan: --link must be a rate, not unlimited")
+	case *rtt < 0:
+		return usagef("plan: --rtt must not be negative")
+	}
+	sc, err := pipeline.ParseSchedule(*sched)
+	if err != nil {
+		return usagef("plan: --schedule: %v", err)
+	}
+	gradCosts, err := codecCosts(*grads)
+	if err != nil {
+		return usagef("plan: --grad-codecs: %v", err)
+	}
+	actCosts, err := codecCosts(*acts)
+	if err != nil {
+		return usagef("plan: --act-codecs: %v", err)
+	}
+	for _, a := range actCosts {
+		if err := pipeline.ValidateCodec(a.Spec); err != nil {
+			return usagef("plan: --act-codecs: %v", err)
+		}
+	}
+	n := *timeBatch
+	if n == 0 {
+		n = min(max(*batch / *peers, 1), 4)
+	}
+	infos, times, devName, err := timeLayers(*name, cfg, *device, n, *reps)
+	if err != nil {
+		return err
+	}
+	costs, err := pipeline.Costs(infos, times, n)
+	if err != nil {
+		return err
+	}
+	setup := pipeline.Setup{Layers: costs, Peers: *peers, Batch: *batch, Micro: *micro, Bandwidth: link.rate, RTT: rtt.Seconds(), Schedule: sc}
+	layouts, err := setup.Plan(gradCosts, actCosts)
+	if err != nil {
+		return err
+	}
+	rep := planReport{Model: describeModel(*name, *preset, cfg), Device: devName, TimedBatch: n, Peers: *peers, LinkBps: link.rate,
+		RTTS: rtt.Seconds(), Batch: *batch, Micro: *micro, Schedule: sc.String()}
+	for i, in := range infos {
+		rep.Params += in.Params
+		rep.Layers = append(rep.Layers, planLayer{Layer: in.Describe, ForwardS: costs[i].Forward, BackwardS: costs[i].Backward, Params: in.Params, OutElems: in.OutElems})
+	}
+	for _, l := range layouts {
+		rep.Layouts = append(rep.Layouts, planLayout{Layout: l.Name(), Stages: l.Stages, Replicas: l.Replicas, GradCodec: l.Grad, ActCodec: l.Act,
+			Split: l.Split, PipelineS: l.Compute, Bubble: l.Bubble, HopS: l.Hop, AllReduceS: l.AllReduce, TiedS: l.Tied, StepS: l.Step,
+			PeerBytes: l.PeerBytes, PeerParams: l.PeerParams})
+	}
+	rep.Fastest = layouts[0].Name()
+	if *top > 0 && len(rep.Layouts) > *top {
+		rep.Layouts = rep.Layouts[:*top]
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	return printPlan(stdout, rep, *showLayers, layouts)
+}
+
+// codecCosts parses a comma-separated list of codec specs into their costs.
+func codecCosts(list string) ([]pipeline.CodecCost, error) {
+	specs, err := splitSpecs(list)
+	if err != nil {
+		return nil, err
+	}
+	if len(specs) == 0 {
+		return nil, fmt.Errorf("no codec given")
+	}
+	var out []pipeline.CodecCost
+	for _, s := range specs {
+		c, err := pipeline.CodecCostOf(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// describeModel names the model and its shape.
+func describeModel(name, preset string, cfg model.Config) string {
+	if name != "gpt" {
+		return name
+	}
+	c := cfg.GPT
+	return fmt.Sprintf("gpt %s (%d blocks, d_model %d, %d heads, context %d, vocab %d)", preset, c.Layers, c.DModel, c.Heads, c.Context, c.Vocab)
+}
+
+// timeLayers builds model name on device spec for batches of n samples and
+// times its layers on a random batch.
+func timeLayers(name string, cfg model.Config, spec string, n, reps int) ([]model.LayerInfo, []model.LayerTime, string, error) {
+	infos, err := model.Layers(name, cfg)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	devs, err := gpu.OpenAll([]string{spec})
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("plan: --device: %w", err)
+	}
+	defer gpu.CloseAll(devs)
+	cfg.MaxBatch = n
+	m, err := model.New(name, cfg, devs, 1)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	defer m.Close()
+	times, err := m.ProfileLayers(m.RandomBatch(n, 1), reps)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("plan: timing %s's layers on %s: %w", name, devs[0].Name(), err)
+	}
+	return infos, times, devs[0].Name(), nil
+}
+
+// printPlan writes the report as tables.
+func printPlan(w io.Writer, rep planReport, showLayers bool, all []pipeline.Layout) error {
+	var fb float64
+	for _, l := range rep.Layers {
+		fb += l.ForwardS + l.BackwardS
+	}
+	fmt.Fprintf(w, "%s: %.2fM parameters, %d layers\n", rep.Model, float64(rep.Params)/1e6, len(rep.Layers))
+	fmt.Fprintf(w, "timed on %s at %d samples: %.2f ms forward+backward per sample\n", rep.Device, rep.TimedBatch, fb*1e3)
+	fmt.Fprintf(w, "%d peers, links %s RTT %v, batch %d, %d micro-batches per pipeline, %s\n\n",
+		rep.Peers, formatRate(rep.LinkBps), time.Duration(rep.RTTS*float64(time.Second)), rep.Batch, rep.Micro, rep.Schedule)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if showLayers {
+		fmt.Fprintln(tw, "#\tLAYER\tFWD/SAMPLE\tBWD/SAMPLE\tPARAMS\tOUT/SAMPLE")
+		for i, l := range rep.Layers {
+			fmt.Fprintf(tw, "%d\t%s\t%.3f ms\t%.3f ms\t%d\t%d\n", i, l.Layer, l.ForwardS*1e3, l.BackwardS*1e3, l.Params, l.OutElems)
+		}
+		tw.Flush()
+		fmt.Fprintln(w)
+	}
+	dash := func(s string) string {
+		if s == "" {
+			return "-"
+		}
+		return s
+	}
+	fmt.Fprintln(tw, "LAYOUT\tGRAD\tACT\tSPLIT\tCOMPUTE\tBUBBLE\tHOP\tALLREDUCE\tTIED\tSTEP\tSENT/PEER\tPARAMS/PEER")
+	for _, l := range rep.Layouts {
+		split := "-"
+		if len(l.Split) > 0 {
+			var parts []string
+			for s := 0; s+1 < len(l.Split); s++ {
+				parts = append(parts, fmt.Sprintf("%d:%d", l.Split[s], l.Split[s+1]))
+			}
+			split = strings.Join(parts, " ")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f%%\t%s\t%s\t%s\t%s\t%.1f MB\t%.2fM\n", l.Layout, shortSpec(dash(l.GradCodec)), shortSpec(dash(l.ActCodec)), split,
+			secs(l.PipelineS), 100*l.Bubble, secs(l.HopS), secs(l.AllReduceS), secs(l.TiedS), secs(l.StepS), l.PeerBytes/1e6, float64(l.PeerParams)/1e6)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	best := all[0]
+	line := fmt.Sprintf("\nfastest: %s with %s gradients", best.Name(), shortSpec(dash(best.Grad)))
+	if best.Stages > 1 {
+		line += fmt.Sprintf(" and %s activations", shortSpec(best.Act))
+	}
+	line += fmt.Sprintf(", %s per step", secs(best.Step))
+	for _, l := range all {
+		if l.Stages == 1 && best.Stages > 1 {
+			line += fmt.Sprintf(" (pure data parallelism at best, with %s gradients: %s, ×%.2f)", shortSpec(dash(l.Grad)), secs(l.Step), l.Step/best.Step)
+			break
+		}
+	}
+	_, err := fmt.Fprintln(w, line)
+	return err
+}
+
+// shortSpec drops a codec spec's default parameters for the table.
+func shortSpec(spec string) string {
+	name, _, _ := strings.Cut(spec, ":")
+	if def, err := pipeline.CodecCostOf(name); err == nil && def.Spec == spec {
+		return name
+	}
+	return spec
+}
+
+// secs formats seconds as ms below one second, 0 as "-".
+func secs(s float64) string {
+	if s == 0 {
+		return "-"
+	}
+	if s < 1 {
+		return fmt.Sprintf("%.1f ms", s*1e3)
+	}
+	return fmt.Sprintf("%.2f s", s)
+}

@@ -1,0 +1,296 @@
+package pipeline
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/model"
+)
+
+// LayerCost is one layer's figures for a projection.
+type LayerCost struct {
+	// Forward and Backward are its compute seconds per sample.
+	Forward, Backward float64
+	// Params, Tied, TiedParams and OutElems are as in model.LayerInfo.
+	Params, Tied, TiedParams, OutElems int
+}
+
+// Costs combines a model's layers (model.Layers) with their times measured
+// on a batch of n samples (model.ProfileLayers) into per-sample costs.
+func Costs(infos []model.LayerInfo, times []model.LayerTime, n int) ([]LayerCost, error) {
+	if len(infos) != len(times) || n < 1 {
+		return nil, fmt.Errorf("pipeline: %d layers, %d layer times measured on %d samples", len(infos), len(times), n)
+	}
+	out := make([]LayerCost, len(infos))
+	for i, in := range infos {
+		out[i] = LayerCost{Forward: times[i].Forward.Seconds() / float64(n), Backward: times[i].Backward.Seconds() / float64(n),
+			Params: in.Params, Tied: in.Tied, TiedParams: in.TiedParams, OutElems: in.OutElems}
+	}
+	return out, nil
+}
+
+// CodecCost is a codec as a projection sees it.
+type CodecCost struct {
+	// Spec is the codec's canonical spec.
+	Spec string
+	// Ratio is its encoded size over fp32's.
+	Ratio float64
+	// AllGather says that a ring carries every peer's payload to every
+	// other (sparse codecs) instead of reducing it on the way.
+	AllGather bool
+}
+
+// CodecCostOf returns the cost of codec spec: its MaxEncodedLen over a
+// buffer of 2²⁰ values. Low-rank codecs, whose size depends on the
+// tensors' shapes, are not modelled.
+func CodecCostOf(spec string) (CodecCost, error) {
+	const n = 1 << 20
+	c, err := compress.New(spec, compress.Options{Layout: compress.FlatLayout(n)})
+	if err != nil {
+		return CodecCost{}, err
+	}
+	if c.Class() == compress.ClassLowRank {
+		return CodecCost{}, fmt.Errorf("pipeline: the projection does not model low-rank codecs (%s)", c.Spec())
+	}
+	return CodecCost{Spec: c.Spec(), Ratio: float64(c.MaxEncodedLen(n)) / (4 * n), AllGather: c.Class() == compress.ClassSparse}, nil
+}
+
+// Setup is what a projection takes: the model's layers, the cluster and
+// the step.
+type Setup struct {
+	Layers []LayerCost
+	// Peers is the number of peers P, each with the same device.
+	Peers int
+	// Batch is the global batch in samples per step; Micro the number of
+	// micro-batches M each pipeline cuts its part of the batch into.
+	Batch, Micro int
+	// Bandwidth is every link's rate in bytes/s, each way; RTT its round
+	// trip in seconds.
+	Bandwidth, RTT float64
+	// Schedule is the pipelines' schedule.
+	Schedule Schedule
+}
+
+// Layout is the projection of one layout: S stages × R replicas (S = 1 is
+// pure data parallelism) with a gradient and an activation codec. Times are
+// seconds per step.
+type Layout struct {
+	Stages, Replicas, Micro int
+	// Split is the cut of the layers into stages (Balance on each layer's
+	// forward pass twice, for the recomputation, plus its backward pass).
+	Split Split
+	// Grad is the gradient codec ("" without replicas: R = 1), Act the
+	// activation codec ("" for S = 1).
+	Grad, Act string
+	// Compute is a peer's compute time (S = 1), or the pipeline's time: its
+	// schedule simulated with the stages' compute and the hops' transfers.
+	Compute float64
+	// Bubble is the fraction of the pipeline's time its busiest stage
+	// idles: (S−1)/(M+S−1) for S equal stages on free links.
+	Bubble float64
+	// Hop is the slowest hop's time for one micro-batch's activation,
+	// transfer and one-way latency (RTT/2).
+	Hop float64
+	// AllReduce is the slowest stage's ring all-reduce of its gradients
+	// across its R replicas: 2(R−1)/R × its gradient bytes × the codec's
+	// ratio / bandwidth + 2(R−1) × RTT ((R−1) × the payload for an
+	// all-gather codec).
+	AllReduce float64
+	// Tied is the exchange of the shared token table's gradient between the
+	// first and the last stage (fp32, one transfer and RTT/2), 0 if none.
+	Tied float64
+	// Step is Compute + AllReduce + Tied.
+	Step float64
+	// PeerBytes is the most bytes a peer sends per step: activations,
+	// activation gradients, its ring's share and the tied table.
+	PeerBytes float64
+	// PeerParams is the most parameters a peer holds (the largest stage,
+	// with a tied copy): what bounds the model size a peer's memory allows.
+	PeerParams int
+}
+
+// Name returns "S×R", e.g. "2×4", or "dp×P" for S = 1.
+func (l Layout) Name() string {
+	if l.Stages == 1 {
+		return fmt.Sprintf("dp×%d", l.Replicas)
+	}
+	return fmt.Sprintf("%d×%d", l.Stages, l.Replicas)
+}
+
+// ring returns a ring all-reduce's time and the bytes each of r peers
+// sends, for a buffer of bytes fp32 bytes under codec c.
+func (s Setup) ring(r int, bytes float64, c CodecCost) (secs, sent float64) {
+	if r <= 1 {
+		return 0, 0
+	}
+	steps := 2 * float64(r-1)
+	sent = steps / float64(r) * bytes * c.Ratio
+	if c.AllGather {
+		steps = float64(r - 1)
+		sent = steps * bytes * c.Ratio
+	}
+	return sent/s.Bandwidth + steps*s.RTT, sent
+}
+
+// check returns an error for a setup no layout can run.
+func (s Setup) check() error {
+	switch {
+	case len(s.Layers) == 0:
+		return fmt.Errorf("pipeline: projecting a model without layers")
+	case s.Peers < 1 || s.Batch < 1 || s.Micro < 1:
+		return fmt.Errorf("pipeline: projecting %d peers, batch %d, %d micro-batches: want each at least 1", s.Peers, s.Batch, s.Micro)
+	case !(s.Bandwidth > 0) || math.IsInf(s.Bandwidth, 0) || !(s.RTT >= 0) || math.IsInf(s.RTT, 0):
+		return fmt.Errorf("pipeline: projecting links of %v bytes/s and RTT %v s: want a positive rate and a finite RTT ≥ 0", s.Bandwidth, s.RTT)
+	}
+	for i, l := range s.Layers {
+		if !(l.Forward >= 0 && l.Backward >= 0) || math.IsInf(l.Forward+l.Backward, 0) || l.Params < 0 || l.OutElems < 1 || l.TiedParams < 0 {
+			return fmt.Errorf("pipeline: layer %d's figures %+v are out of range", i, l)
+		}
+	}
+	return nil
+}
+
+// Project predicts the step time of stages stages × Peers/stages replicas
+// with gradient codec grad and activation codec act (ignored for one
+// stage). The layout must be feasible: stages divides Peers, is at most
+// the number of layers, and each pipeline's part of the batch holds at
+// least Micro samples.
+func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
+	if err := s.check(); err != nil {
+		return Layout{}, err
+	}
+	if stages < 1 || s.Peers%stages != 0 || stages > len(s.Layers) {
+		return Layout{}, fmt.Errorf("pipeline: %d stages do not fit %d peers and %d layers", stages, s.Peers, len(s.Layers))
+	}
+	R := s.Peers / stages
+	lay := Layout{Stages: stages, Replicas: R, Micro: s.Micro, Grad: grad.Spec}
+	if R == 1 {
+		lay.Grad = "" // no ring
+	}
+	params := 0
+	for _, l := range s.Layers {
+		params += l.Params
+	}
+	if stages == 1 {
+		lay.Micro = 1
+		per := float64(s.Batch) / float64(s.Peers)
+		for _, l := range s.Layers {
+			lay.Compute += per * (l.Forward + l.Backward)
+		}
+		lay.AllReduce, lay.PeerBytes = s.ring(R, 4*float64(params), grad)
+		lay.Step, lay.PeerParams = lay.Compute+lay.AllReduce, params
+		return lay, nil
+	}
+	if s.Batch < R*s.Micro {
+		return Layout{}, fmt.Errorf("pipeline: %d replicas × %d micro-batches need a batch of at least %d samples, not %d", R, s.Micro, R*s.Micro, s.Batch)
+	}
+	lay.Act = act.Spec
+	mb := float64(s.Batch) / float64(R*s.Micro) // samples per micro-batch
+	weights := make([]float64, len(s.Layers))
+	for i, l := range s.Layers {
+		weights[i] = 2*l.Forward + l.Backward
+	}
+	split, _, err := Balance(weights, stages)
+	if err != nil {
+		return Layout{}, err
+	}
+	lay.Split = split
+	tm := Timing{Latency: s.RTT / 2}
+	sent := make([]float64, stages)
+	tiedParams := 0
+	for st := range stages {
+		lo, hi := split[st], split[st+1]
+		var f, b float64
+		g := 0
+		for i := lo; i < hi; i++ {
+			l := s.Layers[i]
+			f += l.Forward
+			b += l.Backward
+			g += l.Params
+			if l.Tied >= 0 && (l.Tied < lo || l.Tied >= hi) {
+				g += l.TiedParams // a copy of the shared weight
+				tiedParams = l.TiedParams
+			}
+		}
+		tm.Forward = append(tm.Forward, mb*f)
+		tm.Backward = append(tm.Backward, mb*b)
+		secs, ringSent := s.ring(R, 4*float64(g), grad)
+		lay.AllReduce = max(lay.AllReduce, secs)
+		lay.PeerParams = max(lay.PeerParams, g)
+		sent[st] += ringSent
+		if st+1 < stages {
+			bytes := mb * float64(s.Layers[hi-1].OutElems) * 4 * act.Ratio
+			tm.Transfer = append(tm.Transfer, bytes/s.Bandwidth)
+			lay.Hop = max(lay.Hop, bytes/s.Bandwidth+tm.Latency)
+			sent[st] += float64(s.Micro) * bytes   // activations forward
+			sent[st+1] += float64(s.Micro) * bytes // their gradients back
+		}
+	}
+	if lay.Compute, err = s.Schedule.Simulate(tm, s.Micro); err != nil {
+		return Layout{}, err
+	}
+	busiest := 0.0 // the most compute time a stage spends in the step
+	for st := range stages {
+		ops, _ := s.Schedule.Ops(stages, st, s.Micro)
+		busy := 0.0
+		for _, op := range ops {
+			if op.Kind == Forward || op.Recompute {
+				busy += tm.Forward[st]
+			}
+			if op.Kind == Backward {
+				busy += tm.Backward[st]
+			}
+		}
+		busiest = max(busiest, busy)
+	}
+	if lay.Compute > 0 {
+		lay.Bubble = 1 - busiest/lay.Compute
+	}
+	if tiedParams > 0 {
+		bytes := 4 * float64(tiedParams)
+		lay.Tied = bytes/s.Bandwidth + s.RTT/2
+		sent[0] += bytes
+		sent[stages-1] += bytes
+	}
+	lay.PeerBytes = slices.Max(sent)
+	lay.Step = lay.Compute + lay.AllReduce + lay.Tied
+	return lay, nil
+}
+
+// Plan projects pure data parallelism with each gradient codec and every
+// feasible hybrid layout (S from 2 up, dividing Peers) with each pair of
+// gradient and activation codecs, fastest first.
+func (s Setup) Plan(grads, acts []CodecCost) ([]Layout, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	if len(grads) == 0 || len(acts) == 0 {
+		return nil, fmt.Errorf("pipeline: planning with %d gradient and %d activation codecs", len(grads), len(acts))
+	}
+	var out []Layout
+	for S := 1; S <= min(s.Peers, len(s.Layers)); S++ {
+		if s.Peers%S != 0 || S > 1 && s.Batch < s.Peers/S*s.Micro {
+			continue
+		}
+		for gi, g := range grads {
+			if gi > 0 && s.Peers == S {
+				break // no ring: the gradient codec does not matter
+			}
+			for ai, a := range acts {
+				if S == 1 && ai > 0 {
+					break
+				}
+				l, err := s.Project(S, g, a)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, l)
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Layout) int { return cmp.Compare(a.Step, b.Step) })
+	return out, nil
+}

@@ -1,0 +1,243 @@
+package pipeline
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/p2ptrain/p2ptrain/model"
+)
+
+var none = CodecCost{Spec: "none", Ratio: 1}
+
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*max(math.Abs(a), math.Abs(b), 1e-12) }
+
+// equalLayers returns n layers of f and b seconds per sample, params
+// parameters and out values per sample each.
+func equalLayers(n int, f, b float64, params, out int) []LayerCost {
+	ls := make([]LayerCost, n)
+	for i := range ls {
+		ls[i] = LayerCost{Forward: f, Backward: b, Params: params, Tied: -1, OutElems: out}
+	}
+	return ls
+}
+
+// TestProjectDataParallel checks pure data parallelism against the
+// formula by hand: compute B/P·Σ(f+b), ring 2(P−1)/P·4G·ratio/bw + 2(P−1)·RTT.
+func TestProjectDataParallel(t *testing.T) {
+	s := Setup{Layers: equalLayers(2, 1e-3, 2e-3, 500_000, 10), Peers: 4, Batch: 32, Micro: 4, Bandwidth: 12.5e6, RTT: 1e-3}
+	l, err := s.Project(1, none, none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 8 samples × 6 ms; 1.5 × 4 MB / 12.5 MB/s + 6 ms
+	if !near(l.Compute, 0.048) || !near(l.AllReduce, 0.486) || !near(l.Step, 0.534) || !near(l.PeerBytes, 6e6) || l.PeerParams != 1e6 {
+		t.Errorf("%+v", l)
+	}
+	if l.Name() != "dp×4" || l.Act != "" || l.Micro != 1 {
+		t.Errorf("name %s, act %q, micro %d", l.Name(), l.Act, l.Micro)
+	}
+	dyn8, err := CodecCostOf("dyn8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l8, _ := s.Project(1, dyn8, none)
+	if !near(l8.AllReduce, 1.5*4e6*dyn8.Ratio/12.5e6+0.006) {
+		t.Errorf("dyn8 all-reduce %v", l8.AllReduce)
+	}
+	topk, _ := CodecCostOf("topk")
+	lk, _ := s.Project(1, topk, none)
+	if !topk.AllGather || !near(lk.AllReduce, 3*4e6*topk.Ratio/12.5e6+0.003) {
+		t.Errorf("topk %+v: all-gather %v", topk, lk.AllReduce)
+	}
+	one := s
+	one.Peers = 1
+	if l, _ := one.Project(1, dyn8, none); l.AllReduce != 0 || l.PeerBytes != 0 || !near(l.Step, 32*6e-3) || l.Grad != "" {
+		t.Errorf("one peer: %+v", l)
+	}
+}
+
+// TestProjectBubble checks that S equal stages on free links take
+// (M+S−1) slots of a micro-batch's work (with every forward pass run twice
+// under GPipe), a bubble of (S−1)/(M+S−1), and that replicas split the
+// batch.
+func TestProjectBubble(t *testing.T) {
+	for _, S := range []int{2, 4} {
+		for _, M := range []int{4, 8} {
+			s := Setup{Layers: equalLayers(8, 1e-3, 2e-3, 1000, 64), Peers: 2 * S, Batch: 64, Micro: M,
+				Bandwidth: 1e18, Schedule: GPipe}
+			l, err := s.Project(S, none, none)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mb := 64.0 / float64(2*M) // R = 2 pipelines
+			slot := mb * float64(8/S) * (2e-3 + 2e-3)
+			if !near(l.Compute, float64(M+S-1)*slot) || !near(l.Bubble, float64(S-1)/float64(M+S-1)) {
+				t.Errorf("S=%d M=%d: pipeline %v (want %v), bubble %v (want %v)", S, M, l.Compute, float64(M+S-1)*slot, l.Bubble, float64(S-1)/float64(M+S-1))
+			}
+			if l.Replicas != 2 || l.Split.Stages() != S || l.Name() != fmt.Sprintf("%d×2", S) {
+				t.Errorf("layout %+v", l)
+			}
+		}
+	}
+}
+
+// TestProjectHopsAndTie checks a gpt-like model in 2 stages: the
+// activation bytes per hop, the tied table's copy and exchange, and each
+// peer's bytes.
+func TestProjectHopsAndTie(t *testing.T) {
+	// embedding (owns the table), 2 blocks, a head tied to layer 0
+	ls := []LayerCost{
+		{Forward: 1e-4, Backward: 1e-4, Params: 5000, Tied: -1, OutElems: 100},
+		{Forward: 1e-3, Backward: 2e-3, Params: 20000, Tied: -1, OutElems: 100},
+		{Forward: 1e-3, Backward: 2e-3, Params: 20000, Tied: -1, OutElems: 100},
+		{Forward: 1e-3, Backward: 2e-3, Params: 0, Tied: 0, TiedParams: 4000, OutElems: 300},
+	}
+	s := Setup{Layers: ls, Peers: 4, Batch: 16, Micro: 4, Bandwidth: 1e6, RTT: 0.01}
+	l, err := s.Project(2, none, none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(l.Split, Split{0, 2, 4}) {
+		t.Fatalf("split %v", l.Split)
+	}
+	mbBytes := 2.0 * 100 * 4 // 2 samples per micro-batch (16 / (2 replicas × 4)), 100 values each
+	if !near(l.Hop, mbBytes/1e6+0.005) {
+		t.Errorf("hop %v, want %v", l.Hop, mbBytes/1e6+0.005)
+	}
+	if !near(l.Tied, 16000/1e6+0.005) {
+		t.Errorf("tied %v", l.Tied)
+	}
+	if l.PeerParams != 25000 { // stage 0: 25 000; stage 1: 20 000 + a 4 000 copy
+		t.Errorf("peer params %d", l.PeerParams)
+	}
+	ring0 := 2.0 * 1 / 2 * 4 * 25000 // R = 2
+	if !near(l.PeerBytes, 4*mbBytes+ring0+16000) {
+		t.Errorf("peer bytes %v, want %v", l.PeerBytes, 4*mbBytes+ring0+16000)
+	}
+	if !near(l.AllReduce, ring0/1e6+0.02) || !near(l.Step, l.Compute+l.AllReduce+l.Tied) {
+		t.Errorf("%+v", l)
+	}
+	dyn8, _ := CodecCostOf("dyn8")
+	l8, _ := s.Project(2, none, dyn8)
+	if !near(l8.Hop, mbBytes*dyn8.Ratio/1e6+0.005) || l8.Compute >= l.Compute {
+		t.Errorf("dyn8 activations: hop %v, pipeline %v (none: %v)", l8.Hop, l8.Compute, l.Compute)
+	}
+}
+
+// TestPlanPicksTheFastest checks that the plan lists every feasible layout
+// once per codec choice, fastest first, and picks data parallelism for a
+// small model on fast links and a pipeline for a large model with small
+// activations on slow links.
+func TestPlanPicksTheFastest(t *testing.T) {
+	dyn8, _ := CodecCostOf("dyn8")
+	grads, acts := []CodecCost{none, dyn8}, []CodecCost{none, dyn8}
+	small := Setup{Layers: equalLayers(8, 1e-3, 2e-3, 10_000, 4096), Peers: 8, Batch: 64, Micro: 4, Bandwidth: 125e6, RTT: 1e-4}
+	ls, err := small.Plan(grads, acts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// S = 1 (2 gradient codecs), 2 and 4 (4 codec pairs each), 8 (no ring:
+	// 2 activation codecs); 8 peers.
+	if len(ls) != 2+2*4+2 {
+		t.Fatalf("%d layouts", len(ls))
+	}
+	for i := 1; i < len(ls); i++ {
+		if ls[i].Step < ls[i-1].Step {
+			t.Fatalf("not sorted at %d", i)
+		}
+	}
+	if ls[0].Stages != 1 {
+		t.Errorf("small model on fast links: picked %s (%s/%s)", ls[0].Name(), ls[0].Grad, ls[0].Act)
+	}
+	large := Setup{Layers: equalLayers(8, 1e-3, 2e-3, 10_000_000, 256), Peers: 8, Batch: 64, Micro: 8, Bandwidth: 2.5e6, RTT: 1e-3}
+	ll, err := large.Plan(grads, acts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ll[0].Stages != 8 || ll[0].Grad != "" || ll[0].Act != dyn8.Spec {
+		t.Errorf("large model on slow links: picked %s (%s/%s), step %v", ll[0].Name(), ll[0].Grad, ll[0].Act, ll[0].Step)
+	}
+	// 32 micro-batches per pipeline: 2×4 would need 4 × 32 samples, more
+	// than the batch; 4×2 and 8×1 fit. 8×1 has no ring: one row per
+	// activation codec.
+	tight := large
+	tight.Micro = 32
+	lt, err := tight.Plan(grads, acts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[int]int{}
+	for _, l := range lt {
+		count[l.Stages]++
+	}
+	if count[1] != 2 || count[2] != 0 || count[4] != 4 || count[8] != 2 {
+		t.Errorf("layouts per stage count %v", count)
+	}
+}
+
+// TestProjectErrors checks infeasible layouts and bad setups.
+func TestProjectErrors(t *testing.T) {
+	s := Setup{Layers: equalLayers(4, 1, 1, 1, 1), Peers: 6, Batch: 12, Micro: 4, Bandwidth: 1}
+	for _, S := range []int{0, 4, 5, 6} {
+		if _, err := s.Project(S, none, none); err == nil {
+			t.Errorf("%d stages: no error", S)
+		}
+	}
+	if _, err := s.Project(2, none, none); err != nil {
+		t.Errorf("3 replicas × 4 micro-batches of 12 samples: %v", err)
+	}
+	s.Batch = 11
+	if _, err := s.Project(2, none, none); err == nil || !strings.Contains(err.Error(), "at least 12") {
+		t.Errorf("3 replicas × 4 micro-batches of 11 samples: %v", err)
+	}
+	for i, bad := range []Setup{
+		{Peers: 1, Batch: 1, Micro: 1, Bandwidth: 1},
+		{Layers: s.Layers, Peers: 0, Batch: 1, Micro: 1, Bandwidth: 1},
+		{Layers: s.Layers, Peers: 1, Batch: 1, Micro: 1, Bandwidth: 0},
+		{Layers: s.Layers, Peers: 1, Batch: 1, Micro: 1, Bandwidth: 1, RTT: -1},
+		{Layers: []LayerCost{{Forward: -1, OutElems: 1}}, Peers: 1, Batch: 1, Micro: 1, Bandwidth: 1},
+	} {
+		if _, err := bad.Project(1, none, none); err == nil {
+			t.Errorf("setup %d: no error", i)
+		}
+	}
+	if _, err := s.Plan(nil, []CodecCost{none}); err == nil {
+		t.Error("no gradient codecs: no error")
+	}
+	if _, err := CodecCostOf("powersgd"); err == nil {
+		t.Error("powersgd: no error")
+	}
+	if _, err := CodecCostOf("nope"); err == nil {
+		t.Error("unknown codec: no error")
+	}
+	if _, err := Costs(make([]model.LayerInfo, 2), make([]model.LayerTime, 1), 4); err == nil {
+		t.Error("mismatched layer times: no error")
+	}
+}
+
+// TestCosts checks the conversion of measured times to per-sample costs.
+func TestCosts(t *testing.T) {
+	infos := []model.LayerInfo{{Params: 3, Tied: -1, OutElems: 5}, {Tied: 0, TiedParams: 7, OutElems: 2}}
+	times := []model.LayerTime{{Forward: 4 * time.Millisecond, Backward: 8 * time.Millisecond}, {Forward: time.Millisecond}}
+	cs, err := Costs(infos, times, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []LayerCost{{Forward: 1e-3, Backward: 2e-3, Params: 3, Tied: -1, OutElems: 5}, {Forward: 2.5e-4, Tied: 0, TiedParams: 7, OutElems: 2}}
+	if !slices.Equal(cs, want) {
+		t.Errorf("Costs = %+v, want %+v", cs, want)
+	}
+	for _, spec := range []struct {
+		spec  string
+		ratio float64
+	}{{"none", 1}, {"fp16", 0.5}, {"dyn8", 0.25 + 1.0/2048}} {
+		c, err := CodecCostOf(spec.spec)
+		if err != nil || !near(c.Ratio, spec.ratio) || c.AllGather {
+			t.Errorf("CodecCostOf(%s) = %+v, %v; want ratio %v", spec.spec, c, err, spec.ratio)
+		}
+	}
+}
