@@ -184,6 +184,9 @@ type View struct {
 	// latest time the view was told, against which back-offs are judged.
 	excluded map[string]*exclusion
 	now      time.Time
+	// excluders counts the members other than self whose latest heartbeat
+	// lists members it excludes (none: exclusionVotes has nothing to count).
+	excluders int
 	// stalled is the coordinator this view waits on for an epoch it needs
 	// and since when (zero: nothing awaited); see Tick.
 	stalled struct {
@@ -222,9 +225,10 @@ func (v *View) Epoch() Epoch { return v.epoch }
 // Members returns a copy of every known member, sorted by peer ID.
 func (v *View) Members() []Member {
 	out := make([]Member, 0, len(v.members))
+	votes := v.exclusionVotes()
 	for id, m := range v.members {
 		c := *m
-		c.ExcludedUntil, c.ExcludedFor = v.Excluded(id)
+		c.ExcludedUntil, c.ExcludedFor = v.excludedWith(id, votes)
 		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b Member) int {
@@ -250,13 +254,37 @@ func (v *View) ringable() []string { return v.live(false) }
 // observers false, without observers and excluded members.
 func (v *View) live(observers bool) []string {
 	var out []string
+	var votes map[string]int
+	if !observers {
+		votes = v.exclusionVotes()
+	}
 	for id, m := range v.members {
-		if m.State.inRing() && (observers || !m.Observer && !v.isExcluded(id)) {
+		if m.State.inRing() && (observers || !m.Observer && !v.isExcluded(id, votes)) {
 			out = append(out, id)
 		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// coordinates reports whether the local peer is the coordinator (the
+// lowest ringable peer ID) without listing and sorting the ringable
+// members: every gossip message asks, and at hundreds of members the
+// answer is usually no.
+func (v *View) coordinates() bool {
+	votes := v.exclusionVotes()
+	ringable := func(id string, m *Member) bool {
+		return m.State.inRing() && !m.Observer && !v.isExcluded(id, votes)
+	}
+	if !ringable(v.self, v.members[v.self]) {
+		return false
+	}
+	for id, m := range v.members {
+		if id < v.self && ringable(id, m) {
+			return false
+		}
+	}
+	return true
 }
 
 // Coordinator returns the lowest peer ID among the live members that may
@@ -296,6 +324,7 @@ func (v *View) Heartbeat(hb Heartbeat, now time.Time) []Event {
 	}
 	delete(v.leftSeq, hb.PeerID)
 	from := m.State
+	v.excluders += min(len(hb.Excluded), 1) - min(len(m.Heartbeat.Excluded), 1)
 	m.Heartbeat = hb
 	m.LastSeen = now
 	m.State = Alive
@@ -340,6 +369,12 @@ func (v *View) Leave(l Leave, now time.Time) []Event {
 // own making is excluded too (excludeForger).
 func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
 	v.advance(now)
+	if e.Number <= v.epoch.Number && !e.newer(v.epoch) {
+		// The adopted epoch or an older one, as most heartbeats carry: it
+		// changes nothing (its number is within every bound), and at
+		// hundreds of members validating it would cost O(n) a message.
+		return nil
+	}
 	if e.Number == 0 || e.validate() != nil {
 		return nil
 	}
@@ -475,7 +510,7 @@ func (v *View) followedByMajority(e Epoch) bool {
 	if v.epoch.Number == 0 {
 		return false
 	}
-	digest, n := e.Digest(), 0
+	n := 0
 	seen := map[string]bool{}
 	for _, id := range slices.Concat(v.epoch.Order, e.Order) {
 		m := v.members[id]
@@ -483,7 +518,10 @@ func (v *View) followedByMajority(e Epoch) bool {
 			continue
 		}
 		seen[id] = true
-		if m.Heartbeat.Epoch.Digest() == digest {
+		// Equal content is what equal digests identify; comparing it
+		// spares a JSON encoding of the epoch per member (at 256 members,
+		// milliseconds per heartbeat for a peer that missed a proposal).
+		if m.Heartbeat.Epoch.Equal(e) {
 			n++
 		}
 	}
@@ -533,20 +571,30 @@ func (v *View) Exclude(peer, reason string, now time.Time) time.Duration {
 // that never fetched the poisoning member's state kept following it, and
 // the others, finding that peer in another ring, excluded it in turn.)
 func (v *View) Excluded(peer string) (time.Time, string) {
+	return v.excludedWith(peer, v.exclusionVotes())
+}
+
+// excludedWith is Excluded with the votes of exclusionVotes.
+func (v *View) excludedWith(peer string, votes map[string]int) (time.Time, string) {
 	if x := v.excluded[peer]; x != nil && v.ownExclusion(peer) {
 		return x.until, x.reason
 	}
-	if n, base := v.excludedBy(peer); 2*n > base {
+	if n, base := v.excludedBy(peer, votes); 2*n > base {
 		return v.now.Add(v.timing.FailAfter), fmt.Sprintf("excluded by %d of the %d other members of epoch %d", n, base, v.epoch.Number)
 	}
 	return time.Time{}, ""
 }
 
-func (v *View) isExcluded(peer string) bool {
+// isExcluded reports whether peer is excluded now, given the votes of
+// exclusionVotes.
+func (v *View) isExcluded(peer string, votes map[string]int) bool {
 	if v.ownExclusion(peer) {
 		return true
 	}
-	n, base := v.excludedBy(peer)
+	if votes[peer] == 0 {
+		return false
+	}
+	n, base := v.excludedBy(peer, votes)
 	return 2*n > base
 }
 
@@ -556,26 +604,52 @@ func (v *View) ownExclusion(peer string) bool {
 	return x != nil && v.now.Before(x.until)
 }
 
-// excludedBy counts the members of the current epoch other than peer that
-// exclude it (live members by their latest heartbeat, this view by its own
-// judgement), out of base, the epoch's members other than peer.
-func (v *View) excludedBy(peer string) (n, base int) {
+// excludedBy returns how many members of the current epoch other than
+// peer exclude it (votes, from exclusionVotes), out of base, the epoch's
+// members other than peer.
+func (v *View) excludedBy(peer string, votes map[string]int) (n, base int) {
+	base = len(v.epoch.Order)
+	if slices.Contains(v.epoch.Order, peer) {
+		base--
+	}
+	return votes[peer], base
+}
+
+// exclusionVotes counts, for every peer that members of the current epoch
+// exclude, how many of them other than the peer itself do: live members by
+// their latest heartbeat, this view by its own judgement. It makes one
+// pass over the epoch for every peer at once, so that listing the ringable
+// members, which every gossip message does, costs O(n) and not O(n²).
+// Nil when nobody is excluded.
+func (v *View) exclusionVotes() map[string]int {
+	if v.excluders == 0 && len(v.excluded) == 0 {
+		return nil // nobody's heartbeat lists an exclusion, and this view made none
+	}
+	var votes map[string]int
+	var seen map[string]bool
 	for _, id := range v.epoch.Order {
-		if id == peer {
+		var list []string
+		switch m := v.members[id]; {
+		case id == v.self:
+			list = v.OwnExclusions()
+		case m != nil && m.State.inRing():
+			list = m.Heartbeat.Excluded
+		}
+		if len(list) == 0 {
 			continue
 		}
-		base++
-		if id == v.self {
-			if v.ownExclusion(peer) {
-				n++
+		if votes == nil {
+			votes, seen = map[string]int{}, map[string]bool{}
+		}
+		clear(seen)
+		for _, x := range list {
+			if x != id && !seen[x] {
+				seen[x] = true
+				votes[x]++
 			}
-			continue
-		}
-		if m := v.members[id]; m != nil && m.State.inRing() && slices.Contains(m.Heartbeat.Excluded, peer) {
-			n++
 		}
 	}
-	return n, base
+	return votes
 }
 
 // OwnExclusions returns the members this view excludes now by its own
@@ -625,6 +699,7 @@ func (v *View) Tick(now time.Time) []Event {
 		case (m.State == Dead || m.State == Left) && silent >= v.timing.ForgetAfter:
 			delete(v.members, id)
 			delete(v.excluded, id)
+			v.excluders -= min(len(m.Heartbeat.Excluded), 1)
 			if seq, ok := v.leftSeq[id]; ok && seq < m.Seq {
 				delete(v.leftSeq, id)
 			}
@@ -718,6 +793,9 @@ func (v *View) Proposal(startStep uint64) (Epoch, bool) {
 // Waiting why not when only the quorum is missing.
 func (v *View) proposable() ([]string, bool) {
 	v.waiting = ""
+	if !v.coordinates() {
+		return nil, false
+	}
 	live := v.ringable()
 	if len(live) == 0 || live[0] != v.self {
 		return nil, false
@@ -747,7 +825,7 @@ func (v *View) Commit(number uint64) {
 // epoch, keeps a quorum from shrinking through epochs that never trained:
 // a coordinator that still believes in a member across a partition may
 // propose a ring with it, and a majority of that ring is not a majority of
-// the ring that trained.
+// the ring that trained. live is sorted.
 func (v *View) quorum(live []string) error {
 	base, have := 0, 0
 	ring := v.epoch
@@ -762,7 +840,7 @@ func (v *View) quorum(live []string) error {
 			continue
 		}
 		base++
-		if slices.Contains(live, id) {
+		if _, ok := slices.BinarySearch(live, id); ok {
 			have++
 		}
 	}
@@ -794,6 +872,9 @@ func (v *View) replannable(now time.Time) ([]string, bool) {
 		return nil, false
 	}
 	if !v.lastReplan.IsZero() && now.Sub(v.lastReplan) < v.replanEvery {
+		return nil, false
+	}
+	if !v.coordinates() {
 		return nil, false
 	}
 	live := v.ringable()

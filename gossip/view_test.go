@@ -1035,3 +1035,45 @@ func TestDraftGoesStaleWhenTheViewChanges(t *testing.T) {
 		t.Fatalf("proposed %+v drafted before epoch %d was adopted", e, a.Epoch().Number)
 	}
 }
+
+// TestSharedExclusionFollowsTheLatestHeartbeats: a majority's exclusion
+// holds while the latest heartbeats of a majority list it (a member listing
+// it twice counts once) and ends as soon as they stop, also once the
+// members that listed it are forgotten.
+func TestSharedExclusionFollowsTheLatestHeartbeats(t *testing.T) {
+	c := newCluster("a", "b", "c", "d")
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b", "c", "d"})
+	d := c.views["d"]
+	seq := c.seq + 100
+	say := func(id string, excluded ...string) {
+		seq++
+		h := hb(id, seq)
+		h.Epoch, h.Excluded = d.Epoch(), excluded
+		d.Heartbeat(h, c.now)
+	}
+	check := func(what string, excluded bool, coordinator string) {
+		t.Helper()
+		until, why := d.Excluded("a")
+		if until.IsZero() == excluded || excluded && !strings.Contains(why, "excluded by 2 of the 3") {
+			t.Fatalf("%s: d.Excluded(a) = %v, %q; want excluded %v", what, until, why, excluded)
+		}
+		if got := d.Coordinator(); got != coordinator {
+			t.Fatalf("%s: d's coordinator is %s, want %s", what, got, coordinator)
+		}
+	}
+	say("b", "a")
+	say("c", "a", "a")
+	check("b and c list a", true, "b")
+	say("c")
+	check("c stopped listing a", false, "a")
+	say("c", "a")
+	check("c lists a again", true, "b")
+	c.down["b"], c.down["c"] = true, true
+	c.round(6 * time.Second) // b and c are dead in d's view
+	c.round(time.Minute)     // and forgotten
+	if st := stateOf(d, "b"); st != -1 {
+		t.Fatalf("b is %v in d's view, want forgotten", st)
+	}
+	check("b and c forgotten", false, "a")
+}
