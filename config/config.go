@@ -242,6 +242,17 @@ func (a Allreduce) Session(log *zap.Logger) allreduce.Config {
 	}
 }
 
+// Values of node.swarm_key_mode.
+const (
+	// SwarmKeyNoise binds the swarm key into the Noise handshake (its
+	// prologue): only holders of the key complete it, and Noise alone
+	// encrypts the connection.
+	SwarmKeyNoise = "noise"
+	// SwarmKeyPnet is libp2p's private network: the key's XSalsa20 stream
+	// cipher under Noise or TLS, so every byte is encrypted twice.
+	SwarmKeyPnet = "pnet"
+)
+
 // Node is the [node] section: identity, network and discovery.
 type Node struct {
 	// Cluster names the training cluster; peers of other clusters are ignored.
@@ -254,6 +265,11 @@ type Node struct {
 	Bootstrap []string `toml:"bootstrap"`
 	// SwarmKey is the path of a private-network key file (p2ptrain keygen --swarm-key).
 	SwarmKey string `toml:"swarm_key"`
+	// SwarmKeyMode is how the swarm key keeps others out: SwarmKeyNoise
+	// (bound into the Noise handshake; Noise alone encrypts) or
+	// SwarmKeyPnet (libp2p's private network: a second stream cipher under
+	// the security protocol). docs/protocols.md compares them.
+	SwarmKeyMode string `toml:"swarm_key_mode"`
 	// Identity is the path of a persistent Ed25519 key (p2ptrain keygen --identity);
 	// empty: a fresh identity each start.
 	Identity string `toml:"identity"`
@@ -351,6 +367,8 @@ func DefaultConfig() Config {
 			MDNS:      true,
 			API:       "127.0.0.1:7420",
 			MaxPeers:  64,
+
+			SwarmKeyMode: SwarmKeyNoise,
 
 			RelayClient:  true,
 			HolePunching: true,
@@ -473,6 +491,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Node.MaxPeers < 1 || c.Node.MaxPeers > 1024 {
 		bad("node.max_peers", "%d is outside 1..1024", c.Node.MaxPeers)
+	}
+	switch c.Node.SwarmKeyMode {
+	case SwarmKeyNoise, SwarmKeyPnet:
+	default:
+		bad("node.swarm_key_mode", "%q is not %s (the key bound into the Noise handshake) or %s (libp2p's private network, a second cipher)",
+			c.Node.SwarmKeyMode, SwarmKeyNoise, SwarmKeyPnet)
 	}
 	c.Node.validateNAT(bad)
 	hb, ft := c.Gossip.Heartbeat.D(), c.Gossip.FailureTimeout.D()

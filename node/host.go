@@ -17,6 +17,9 @@ import (
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
 	ma "github.com/multiformats/go-multiaddr"
+	"go.uber.org/zap"
+
+	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/protocol/probe"
 	"github.com/p2ptrain/p2ptrain/protocol/ringstream"
 	"github.com/p2ptrain/p2ptrain/protocol/statesync"
@@ -26,6 +29,9 @@ import (
 type hostParams struct {
 	identity crypto.PrivKey
 	psk      pnet.PSK
+	// pskMode is node.swarm_key_mode: how psk keeps others out.
+	pskMode  string
+	log      *zap.Logger
 	listen   []ma.Multiaddr
 	maxPeers int
 	bw       *metrics.BandwidthCounter
@@ -87,6 +93,29 @@ func muxer() *yamux.Transport {
 	return &cfg
 }
 
+// securityOptions returns the connection security of p: without a swarm
+// key Noise or TLS 1.3 (negotiated); with one in mode "noise" only Noise,
+// its handshake bound to the key (psk.go; TLS has no place for it); in
+// mode "pnet" Noise or TLS inside libp2p's private network.
+func securityOptions(p hostParams) (libp2p.Option, error) {
+	both := libp2p.ChainOptions(libp2p.Security(noise.ID, noise.New), libp2p.Security(libp2ptls.ID, libp2ptls.New))
+	switch {
+	case p.psk == nil:
+		return both, nil
+	case p.pskMode == config.SwarmKeyPnet:
+		return libp2p.ChainOptions(both, libp2p.PrivateNetwork(p.psk)), nil
+	}
+	log := p.log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	ctor, err := newPSKNoise(p.psk, log)
+	if err != nil {
+		return nil, err
+	}
+	return libp2p.Security(noise.ID, ctor), nil
+}
+
 func newHost(p hostParams) (host.Host, *connmgr.BasicConnMgr, error) {
 	cm, err := connmgr.NewConnManager(p.maxPeers+8, 2*p.maxPeers+16, connmgr.WithGracePeriod(time.Minute))
 	if err != nil {
@@ -96,12 +125,16 @@ func newHost(p hostParams) (host.Host, *connmgr.BasicConnMgr, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("node: resource manager: %w", err)
 	}
+	security, err := securityOptions(p)
+	if err != nil {
+		rm.Close()
+		return nil, nil, err
+	}
 	opts := []libp2p.Option{
 		libp2p.Identity(p.identity),
 		libp2p.ListenAddrs(p.listen...),
 		libp2p.Transport(tcp.NewTCPTransport),
-		libp2p.Security(noise.ID, noise.New),
-		libp2p.Security(libp2ptls.ID, libp2ptls.New),
+		security,
 		libp2p.Muxer(yamux.ID, muxer()),
 		libp2p.ConnectionManager(cm),
 		libp2p.ResourceManager(rm),
@@ -110,9 +143,6 @@ func newHost(p hostParams) (host.Host, *connmgr.BasicConnMgr, error) {
 		libp2p.UserAgent("p2ptrain/" + Version),
 	}
 	opts = append(opts, natOptions(p.nat, p.maxPeers)...)
-	if p.psk != nil {
-		opts = append(opts, libp2p.PrivateNetwork(p.psk))
-	}
 	h, err := libp2p.New(opts...)
 	if err != nil {
 		rm.Close()

@@ -16,6 +16,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/metrics"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/pnet"
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
 	circuitproto "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/proto"
@@ -28,6 +29,13 @@ import (
 // natHost starts a loopback libp2p host with NAT settings p.
 func natHost(t *testing.T, p natParams) host.Host {
 	t.Helper()
+	return keyedNATHost(t, p, nil, "")
+}
+
+// keyedNATHost starts a loopback libp2p host with NAT settings p and swarm
+// key psk (nil: none) in node.swarm_key_mode mode.
+func keyedNATHost(t *testing.T, p natParams, psk pnet.PSK, mode string) host.Host {
+	t.Helper()
 	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -35,7 +43,7 @@ func natHost(t *testing.T, p natParams) host.Host {
 	if p.relays == nil {
 		p.relays = (&relaySource{}).source
 	}
-	h, _, err := newHost(hostParams{identity: key, listen: []ma.Multiaddr{ma.StringCast("/ip4/127.0.0.1/tcp/0")},
+	h, _, err := newHost(hostParams{identity: key, psk: psk, pskMode: mode, listen: []ma.Multiaddr{ma.StringCast("/ip4/127.0.0.1/tcp/0")},
 		maxPeers: 8, bw: metrics.NewBandwidthCounter(), nat: p})
 	if err != nil {
 		t.Fatal(err)
@@ -48,13 +56,29 @@ func natHost(t *testing.T, p natParams) host.Host {
 // that runs relayResources has a relayed, unlimited connection (streams
 // open on it without network.WithAllowLimitedConn) that carries far more
 // than go-libp2p's default 128 KiB relay limit; connKind tells it from a
-// direct one.
+// direct one. So without a swarm key and with one in either mode.
 func TestRelayCarriesTrainingTraffic(t *testing.T) {
+	key := make(pnet.PSK, 32)
+	if _, err := rand.Read(key); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"no key", config.SwarmKeyNoise, config.SwarmKeyPnet} {
+		t.Run(mode, func(t *testing.T) {
+			if mode == "no key" {
+				relayCarriesTrainingTraffic(t, nil, "")
+			} else {
+				relayCarriesTrainingTraffic(t, key, mode)
+			}
+		})
+	}
+}
+
+func relayCarriesTrainingTraffic(t *testing.T, psk pnet.PSK, mode string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	relay := natHost(t, natParams{relayService: true, reachability: config.ReachabilityPublic})
+	relay := keyedNATHost(t, natParams{relayService: true, reachability: config.ReachabilityPublic}, psk, mode)
 	behind := natParams{relayClient: true, reachability: config.ReachabilityPrivate}
-	a, b := natHost(t, behind), natHost(t, behind)
+	a, b := keyedNATHost(t, behind, psk, mode), keyedNATHost(t, behind, psk, mode)
 	eventually(t, 10*time.Second, "relay service started", func() error {
 		if !slices.Contains(relay.Mux().Protocols(), circuitproto.ProtoIDv2Hop) {
 			return fmt.Errorf("relay protocols %v", relay.Mux().Protocols())

@@ -130,7 +130,7 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 	n := &Node{cfg: cfg, log: log, bw: metrics.NewBandwidthCounter(), history: telemetry.NewHistory(historyRecords),
 		relays: &relaySource{self: self, bootstrap: boot}}
 	nat.relays = n.relays.source
-	n.host, n.cm, err = newHost(hostParams{identity: identity, psk: psk, listen: listen, maxPeers: cfg.Node.MaxPeers, bw: n.bw, nat: nat})
+	n.host, n.cm, err = newHost(hostParams{identity: identity, psk: psk, pskMode: cfg.Node.SwarmKeyMode, log: log.Named("security"), listen: listen, maxPeers: cfg.Node.MaxPeers, bw: n.bw, nat: nat})
 	if err != nil {
 		return nil, err
 	}

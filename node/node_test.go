@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -161,13 +160,8 @@ func TestClusterLifecycle(t *testing.T) {
 }
 
 func TestWrongSwarmKeyCannotJoin(t *testing.T) {
-	dir := t.TempDir()
-	keyA, keyB := filepath.Join(dir, "a.key"), filepath.Join(dir, "b.key")
-	for _, k := range []string{keyA, keyB} {
-		if err := WriteSwarmKey(k); err != nil {
-			t.Fatal(err)
-		}
-	}
+	keys := swarmKeys(t, 2)
+	keyA, keyB := keys[0], keys[1]
 	cfg := testConfig()
 	cfg.Node.SwarmKey = keyA
 	a := startNode(t, cfg, nil)
