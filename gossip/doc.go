@@ -21,6 +21,9 @@
 // A Planner (Config.Planner; package node supplies one built on measured
 // bandwidth) lays the epoch out: the ring order, and optionally the schedule
 // and owner shares every member uses; without one the order is by peer ID.
+// The Service runs the planner on a goroutine of its own, without the lock
+// every message takes, and proposes its layout only if the view has not
+// changed meanwhile (View.Draft, Draft.Plan, View.Complete).
 // With Config.ReplanEvery the coordinator also proposes an epoch of unchanged
 // members when the planner judges a new layout materially better, at most
 // once per that interval. Heartbeats carry each member's link measurements
