@@ -19,6 +19,9 @@ const (
 	// Tied is a stage's part of the gradient of the weight the first and
 	// the last stage share, sent to the other one of the two.
 	Tied
+	// Loss is the step's training loss, computed by the last stage and
+	// passed back stage by stage so that every stage can report it.
+	Loss
 )
 
 // String returns the kind's name.
@@ -30,13 +33,16 @@ func (k Kind) String() string {
 		return "gradient"
 	case Tied:
 		return "tied"
+	case Loss:
+		return "loss"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
 
 // Key names one message of a pipeline. With the receiving stage it names
 // the sender too: an Activation comes from the stage before, a Gradient
-// from the stage after, Tied from the other end of the pipeline.
+// and a Loss from the stage after, Tied from the other end of the
+// pipeline.
 type Key struct {
 	Step  uint64
 	Micro int
@@ -49,9 +55,10 @@ func (k Key) String() string {
 }
 
 // Transport carries one stage's messages in a pipeline of stages:
-// Activation messages to stage s+1, Gradient messages to stage s−1, Tied
-// messages between stages 0 and S−1. A libp2p protocol will implement it
-// between peers; MemNetwork does in memory.
+// Activation messages to stage s+1, Gradient and Loss messages to stage
+// s−1, Tied messages between stages 0 and S−1. Package
+// protocol/pipestream implements it between peers; MemNetwork does in
+// memory.
 type Transport interface {
 	// Send delivers payload as message k. It must not wait for the
 	// receiver's Recv (a schedule's sends run ahead of the receives they
@@ -62,12 +69,32 @@ type Transport interface {
 	Recv(ctx context.Context, k Key) ([]byte, error)
 }
 
+// Dest returns the stage a message of kind k from stage s of stages goes
+// to, or an error when stage s sends no such message.
+func Dest(k Kind, s, stages int) (int, error) { return dest(k, s, stages) }
+
+// Source returns the stage a message of kind k to stage s of stages comes
+// from, or an error when stage s receives no such message.
+func Source(k Kind, s, stages int) (int, error) {
+	switch {
+	case k == Activation && s > 0 && s < stages:
+		return s - 1, nil
+	case (k == Gradient || k == Loss) && s >= 0 && s+1 < stages:
+		return s + 1, nil
+	case k == Tied && stages > 1 && s == 0:
+		return stages - 1, nil
+	case k == Tied && stages > 1 && s == stages-1:
+		return 0, nil
+	}
+	return 0, fmt.Errorf("pipeline: stage %d of %d receives no %v messages", s, stages, k)
+}
+
 // dest returns the stage a message of kind k from stage s of stages goes to.
 func dest(k Kind, s, stages int) (int, error) {
 	switch {
 	case k == Activation && s+1 < stages:
 		return s + 1, nil
-	case k == Gradient && s > 0:
+	case (k == Gradient || k == Loss) && s > 0 && s < stages:
 		return s - 1, nil
 	case k == Tied && stages > 1 && s == 0:
 		return stages - 1, nil

@@ -130,6 +130,18 @@ func appendHello(b []byte, k epochKey) []byte {
 	return append(b, k.digest...)
 }
 
+// AppendHello appends a stream hello naming epoch number and digest (at
+// most MaxDigest bytes); protocol/pipestream opens its streams with it too.
+func AppendHello(b []byte, number uint64, digest string) []byte {
+	return appendHello(b, epochKey{number: number, digest: digest})
+}
+
+// ReadHello reads a hello written by AppendHello.
+func ReadHello(r io.Reader) (number uint64, digest string, err error) {
+	k, err := readHello(r)
+	return k.number, k.digest, err
+}
+
 // readHello reads the stream header written by appendHello.
 func readHello(r io.Reader) (epochKey, error) {
 	var head [9]byte
