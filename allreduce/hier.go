@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // maxHierPeers bounds the peers a hierarchical schedule name may describe,
@@ -184,13 +185,21 @@ func (h *hierGroups) span(l *layout, a, b int) [2]int {
 	return [2]int{l.segFirst[a*n], l.segFirst[b*n]}
 }
 
+// crossLanes is the number of column rings a member of a small group runs
+// at once in the cross-group level: column c's frames carry sub-round
+// 2 + c mod crossLanes (sub-rounds have 4 bits; the group level uses 0 and
+// 1), and a member runs the columns of one lane one after another in
+// ascending order, so two rings between the same pair of peers never share
+// a lane at once.
+const crossLanes = 14
+
 // groupPass is the ring of this peer's group: ring segment i holds the
 // columns of member i−1, so that the reduce-scatter leaves each member with
 // the sums of its own columns. Reduce frames carry sub-round 0, the final
-// all-gather's sub-round 2.
+// all-gather's sub-round 1.
 func (h *hierGroups) groupPass(l *layout) *ringPass {
 	k, g := h.group, h.sizes[h.group]
-	p := &ringPass{me: h.pos, rs: subPhase(PhaseReduce, 0), ag: subPhase(PhaseGather, 2)}
+	p := &ringPass{me: h.pos, rs: subPhase(PhaseReduce, 0), ag: subPhase(PhaseGather, 1)}
 	for j := 0; j < g; j++ {
 		p.ranks = append(p.ranks, h.first[k]+j)
 		a, b := h.colsOf(k, (j+g-1)%g)
@@ -200,10 +209,12 @@ func (h *hierGroups) groupPass(l *layout) *ringPass {
 }
 
 // crossPass is the ring of column c's owners, one per group in group order,
-// with one segment per group (sub-round 1; hop numbers after the group's).
+// with one segment per group (sub-round 2 + c mod crossLanes; hop numbers
+// after the group's).
 func (h *hierGroups) crossPass(l *layout, c int) *ringPass {
 	n := len(h.sizes)
-	p := &ringPass{me: h.group, rs: subPhase(PhaseReduce, 1), ag: subPhase(PhaseGather, 1), hop0: h.cols}
+	sub := 2 + c%crossLanes
+	p := &ringPass{me: h.group, rs: subPhase(PhaseReduce, sub), ag: subPhase(PhaseGather, sub), hop0: h.cols}
 	for k := 0; k < n; k++ {
 		p.ranks = append(p.ranks, h.owner(k, c))
 		s := c*n + k
@@ -217,10 +228,11 @@ func (h *hierGroups) crossPass(l *layout, c int) *ringPass {
 //
 //  1. reduce-scatter inside the group: each member ends with its columns
 //     summed over the group, kept in fp32 (partial);
-//  2. for each column it owns, in ascending order, a ring all-reduce of
-//     partial among the column's owners in every group: the last
-//     reduce-scatter hop divides by W and encodes the final bytes, which the
-//     ring's all-gather passes on unchanged;
+//  2. for each column it owns, a ring all-reduce of partial among the
+//     column's owners in every group: the last reduce-scatter hop divides
+//     by W and encodes the final bytes, which the ring's all-gather passes
+//     on unchanged (a member of a small group owns several columns and
+//     runs up to crossLanes of their rings at once);
 //  3. all-gather inside the group of those final bytes.
 //
 // Every peer decodes the same final bytes of every chunk, so all hold the
@@ -231,18 +243,12 @@ func hierReduce(o *op, h *hierGroups, n int, ops *codecOps) error {
 	l := makeLayout(n, h.cols*len(h.sizes), 1, s.chunkElems(), nil)
 	partial := s.floats.get(n)
 	defer s.floats.put(partial)
-	sum := &codecOps{bucketCtx: &bucketCtx{step: ops.step, w: ops.w, rank: ops.rank, data: partial, out: ops.out, codec: ops.codec, pool: ops.pool}}
-	defer sum.release()
 	finals := make([][]byte, len(l.chunks))
 	keep := func(i int, payload []byte) { finals[i] = payload }
 
 	grp := h.groupPass(&l)
 	ca, cb := h.colsOf(h.group, h.pos)
-	expect := grp.received()
-	for c := ca; c < cb; c++ {
-		expect += h.crossPass(&l, c).received()
-	}
-	o.begin(expect)
+	o.begin(grp.received())
 
 	// 1. Group reduce-scatter into partial.
 	own := h.span(&l, ca, cb)
@@ -260,33 +266,39 @@ func hierReduce(o *op, h *hierGroups, n int, ops *codecOps) error {
 		return err
 	}
 
-	// 2. Cross-group all-reduce of each owned column.
+	// 2. Cross-group all-reduce of each owned column, a lane at a time.
+	lanes := make([][]int, min(cb-ca, crossLanes))
 	for c := ca; c < cb; c++ {
-		x := h.crossPass(&l, c)
-		if len(x.ranks) > 1 {
-			if err := ringScatter(o, x, &l, sum, x.finalHop(o, &l, sum, keep)); err != nil {
-				return err
+		lanes[c%len(lanes)] = append(lanes[c%len(lanes)], c)
+	}
+	errs := make([]error, len(lanes))
+	var wg sync.WaitGroup
+	for k, cols := range lanes {
+		run := func() {
+			// Each lane has its own op (progress counters) and scratch.
+			lo := *o
+			sum := &codecOps{bucketCtx: &bucketCtx{step: ops.step, w: ops.w, rank: ops.rank, data: partial, out: ops.out, codec: ops.codec, pool: ops.pool}}
+			defer sum.release()
+			for _, c := range cols {
+				if errs[k] = crossColumn(&lo, h, &l, c, sum, keep); errs[k] != nil {
+					return
+				}
 			}
-			if err := ringGather(o, x, &l, sum, keep); err != nil {
-				return err
-			}
-			continue
 		}
-		// One group: this member alone owns the column's sums.
-		span := h.span(&l, c, c+1)
-		for i := span[0]; i < span[1]; i++ {
-			ch := l.chunks[i]
-			t := sum.scratch(ch.n)
-			copy(t, partial[ch.off:ch.off+ch.n])
-			divide(t, sum.w)
-			f, err := sum.codec.Encode(o.newFrame(sum.maxLen(ch.n)), t, sum.pos(ch, uint32(x.hop0), false))
-			if err != nil {
-				return o.opFail(-1, err)
-			}
-			keep(i, f[HeaderSize:])
-			if err := sum.finish(ch, f[HeaderSize:]); err != nil {
-				return o.opFail(-1, err)
-			}
+		if len(lanes) == 1 {
+			run()
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			run()
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
 		}
 	}
 
@@ -301,5 +313,36 @@ func hierReduce(o *op, h *hierGroups, n int, ops *codecOps) error {
 		}
 		s.send(grp.next(), f)
 	}
-	return ringGather(o, grp, &l, sum, nil)
+	return ringGather(o, grp, &l, ops, nil)
+}
+
+// crossColumn runs the cross-group all-reduce of column c of partial (the
+// data of sum), decoding the result into sum's output and handing keep
+// every chunk's final bytes.
+func crossColumn(o *op, h *hierGroups, l *layout, c int, sum *codecOps, keep func(int, []byte)) error {
+	x := h.crossPass(l, c)
+	if len(x.ranks) > 1 {
+		o.begin(x.received())
+		if err := ringScatter(o, x, l, sum, x.finalHop(o, l, sum, keep)); err != nil {
+			return err
+		}
+		return ringGather(o, x, l, sum, keep)
+	}
+	// One group: this member alone holds the column's sums.
+	span := h.span(l, c, c+1)
+	for i := span[0]; i < span[1]; i++ {
+		ch := l.chunks[i]
+		t := sum.scratch(ch.n)
+		copy(t, sum.data[ch.off:ch.off+ch.n])
+		divide(t, sum.w)
+		f, err := sum.codec.Encode(o.newFrame(sum.maxLen(ch.n)), t, sum.pos(ch, uint32(x.hop0), false))
+		if err != nil {
+			return o.opFail(-1, err)
+		}
+		keep(i, f[HeaderSize:])
+		if err := sum.finish(ch, f[HeaderSize:]); err != nil {
+			return o.opFail(-1, err)
+		}
+	}
+	return nil
 }

@@ -57,6 +57,12 @@ func NewEpochSpec(ep gossip.Epoch, self string, base allreduce.Config, codec str
 			}
 		}
 	}
+	if sch := s.Session.Schedule; sch.Hierarchical() {
+		if _, err := sch.Groups(len(ep.Order)); err != nil {
+			s.Notes = append(s.Notes, fmt.Sprintf("schedule %q does not fit ring epoch %d; using hier (groups of about √W): %v", sch, ep.Number, err))
+			s.Session.Schedule = allreduce.ScheduleHierarchical
+		}
+	}
 	s.Session.Bandwidth = RingBandwidth(links)
 	w := len(ep.Order)
 	if len(ep.LinkCodecs) != w || s.Rank < 0 || w < 2 {

@@ -35,6 +35,14 @@ func LinkRows(members []gossip.Member) map[string][]gossip.LinkFigure {
 // reports (rows[id]); a direction nobody measured takes the reverse figure.
 // known counts the ordered pairs with a figure.
 func LinkMatrix(order []string, rows map[string][]gossip.LinkFigure) (m Matrix, known int) {
+	return figureMatrix(order, rows, func(l gossip.LinkFigure) float64 { return l.MbitS * 1e6 / 8 })
+}
+
+// figureMatrix builds the matrix of order of one figure of each peer's
+// reported links (value; not positive and finite means unknown); a
+// direction nobody measured takes the reverse figure. known counts the
+// ordered pairs with a figure.
+func figureMatrix(order []string, rows map[string][]gossip.LinkFigure, value func(gossip.LinkFigure) float64) (m Matrix, known int) {
 	idx := make(map[string]int, len(order))
 	for i, id := range order {
 		idx[id] = i
@@ -45,7 +53,7 @@ func LinkMatrix(order []string, rows map[string][]gossip.LinkFigure) (m Matrix, 
 	}
 	for i, id := range order {
 		for _, l := range rows[id] {
-			v := l.MbitS * 1e6 / 8
+			v := value(l)
 			if j, ok := idx[l.Peer]; ok && j != i && v > 0 && !math.IsInf(v, 0) {
 				m[i][j] = v
 			}
@@ -205,7 +213,64 @@ func (p Planner) Plan(live []string, members []gossip.Member) gossip.EpochPlan {
 		out.Shares = Shares(orderedRates(m, plan.Order))
 	}
 	out.LinkCodecs, out.FinalCodec = edges, final
+	return p.latencyAware(live, members, m, out)
+}
+
+// latencyAware returns the hierarchical layout of ChooseHierarchical in
+// place of plan when allreduce.schedule is hier, or when it is auto and
+// the α–β model with the measured round trips predicts the hierarchy at
+// least HierarchicalGain faster than plan; else plan. m is planMatrix of
+// live.
+func (p Planner) latencyAware(live []string, members []gossip.Member, m Matrix, plan gossip.EpochPlan) gossip.EpochPlan {
+	if !p.schedule.Hierarchical() && p.schedule != allreduce.ScheduleAuto {
+		return plan
+	}
+	rtt, ok := planRTT(live, members)
+	if !ok {
+		return plan
+	}
+	o := make([]int, len(plan.Order)) // Choose's ring order, which ChooseHierarchical would compute again
+	for k, id := range plan.Order {
+		o[k] = slices.Index(live, id)
+	}
+	c := chooseHierarchical(m, rtt, o, p.bucketBytes, 0)
+	if c.Groups == nil {
+		return plan
+	}
+	if p.schedule == allreduce.ScheduleAuto && c.HierSeconds*HierarchicalGain >= p.predictSeconds(m, rtt, live, plan) {
+		return plan
+	}
+	out := gossip.EpochPlan{Schedule: string(allreduce.HierarchicalSchedule(c.Groups))}
+	for _, i := range c.HierOrder {
+		out.Order = append(out.Order, live[i])
+	}
 	return out
+}
+
+// planRTT is RTTMatrix of order for planning: pairs nobody measured take
+// the median measured round trip. ok is false when none was measured.
+func planRTT(order []string, members []gossip.Member) (m Matrix, ok bool) {
+	m, known := RTTMatrix(order, LinkRows(members))
+	if known == 0 {
+		return m, false
+	}
+	var vals []float64
+	for i := range m {
+		for j := range m {
+			if i != j && m[i][j] > 0 {
+				vals = append(vals, m[i][j])
+			}
+		}
+	}
+	slices.Sort(vals)
+	for i := range m {
+		for j := range m {
+			if i != j && m[i][j] == 0 {
+				m[i][j] = vals[len(vals)/2]
+			}
+		}
+	}
+	return m, true
 }
 
 // linkCodecs returns the per-link codecs of ring order o over m, or nil
@@ -232,14 +297,18 @@ func (p Planner) Replan(cur gossip.Epoch, plan gossip.EpochPlan, members []gossi
 	if !complete {
 		return false
 	}
-	before := p.predictSeconds(m, ids, cur.Plan())
-	after := p.predictSeconds(m, ids, plan)
+	rtt, _ := planRTT(ids, members)
+	before := p.predictSeconds(m, rtt, ids, cur.Plan())
+	after := p.predictSeconds(m, rtt, ids, plan)
 	return after > 0 && before > replanGain*after
 }
 
 // predictSeconds predicts a bucket's all-reduce time for the layout plan
-// (peer IDs; m is indexed like ids).
-func (p Planner) predictSeconds(m Matrix, ids []string, plan gossip.EpochPlan) float64 {
+// (peer IDs; m and rtt, the round trips in seconds or all 0 when unknown,
+// are indexed like ids): the α–β model for the hierarchical schedule, and
+// for the others their bandwidth time plus the latency of their steps
+// (latencySeconds).
+func (p Planner) predictSeconds(m, rtt Matrix, ids []string, plan gossip.EpochPlan) float64 {
 	o := make([]int, len(plan.Order))
 	for k, id := range plan.Order {
 		o[k] = slices.Index(ids, id)
@@ -247,6 +316,41 @@ func (p Planner) predictSeconds(m Matrix, ids []string, plan gossip.EpochPlan) f
 			return 0
 		}
 	}
+	if sch := allreduce.Schedule(plan.Schedule); sch.Hierarchical() {
+		g, err := sch.Groups(len(o))
+		if err != nil {
+			return 0
+		}
+		return ModelOf(m, rtt, o, 0).Hierarchical(g, p.bucketBytes)
+	}
+	return p.bandwidthSeconds(m, o, plan) + latencySeconds(rtt, o, plan.Schedule)
+}
+
+// latencySeconds is the latency the bandwidth predictions of the ring and
+// the direct schedules leave out: the α–β model's chain of one-way
+// latencies around the ring in order o for the ring, two of the largest for
+// the two phases of the direct and proportional schedules (0 when rtt
+// holds no figures).
+func latencySeconds(rtt Matrix, o []int, schedule string) float64 {
+	switch allreduce.Schedule(schedule) {
+	case allreduce.ScheduleDirect, allreduce.ScheduleProportional:
+		most := 0.0
+		for _, i := range o {
+			for _, j := range o {
+				most = math.Max(most, rtt.at(i, j))
+			}
+		}
+		return most // 2 × α, α = RTT/2
+	}
+	md := allreduce.Model{Link: func(a, b int) allreduce.Link {
+		return allreduce.Link{Alpha: rtt.at(o[a], o[b]) / 2, Beta: math.Inf(1)}
+	}}
+	return md.Ring(len(o), 4*len(o))
+}
+
+// bandwidthSeconds predicts the bandwidth-limited time of a bucket for the
+// ring or direct layout plan in order o.
+func (p Planner) bandwidthSeconds(m Matrix, o []int, plan gossip.EpochPlan) float64 {
 	bytes, schedule, shares := p.bucketBytes, plan.Schedule, plan.Shares
 	if len(plan.LinkCodecs) == len(o) && p.codec != "" {
 		if t, ok := p.linkSeconds(m, o, plan); ok {

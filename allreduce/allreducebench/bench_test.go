@@ -119,13 +119,7 @@ func BenchmarkTargets(b *testing.B) {
 // logs its result.
 func runModel(t *testing.T, o Options) Result {
 	t.Helper()
-	var r Result
-	synctest.Test(t, func(t *testing.T) {
-		var err error
-		if r, err = Run(context.Background(), o); err != nil {
-			t.Fatal(err)
-		}
-	})
+	r := inBubble(t, func(ctx context.Context) (Result, error) { return Run(ctx, o) })
 	t.Log(r)
 	return r
 }

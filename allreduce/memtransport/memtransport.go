@@ -43,6 +43,12 @@ type Options struct {
 	// MaxFrame makes Recv refuse longer frames with an error wrapping
 	// allreduce.ErrFrameTooLarge (0: no limit).
 	MaxFrame int
+	// Exact paces without pacerSlack: a frame never starts before the
+	// interface's previous one ended or before it was handed over, so a
+	// link that sat idle gets no burst. For virtual time
+	// (testing/synctest), where sleepers wake on time, this is the exact
+	// store-and-forward model that allreduce.Model describes.
+	Exact bool
 }
 
 // Hook is called before every Send with the frame about to be sent (do not
@@ -85,6 +91,8 @@ func (l *link) notify() {
 type pacer struct {
 	rate float64
 	next time.Time
+	// slack is pacerSlack, or 0 for an exact network.
+	slack time.Duration
 }
 
 // pacerSlack is how long a pacer may have sat idle and still start the next
@@ -100,8 +108,8 @@ func (p *pacer) reserve(now time.Time, n int) time.Time {
 		return now
 	}
 	start := p.next
-	if start.Before(now.Add(-pacerSlack)) {
-		start = now.Add(-pacerSlack)
+	if start.Before(now.Add(-p.slack)) {
+		start = now.Add(-p.slack)
 	}
 	p.next = start.Add(time.Duration(float64(n) / p.rate * float64(time.Second)))
 	return p.next
@@ -136,7 +144,11 @@ func (n *Network) Endpoint(self allreduce.PeerID) *Endpoint { return &Endpoint{n
 func (n *Network) SetShape(p allreduce.PeerID, s Shape) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.shapes[p] = &pacers{up: &pacer{rate: s.Up}, down: &pacer{rate: s.Down}, latency: s.Latency}
+	slack := pacerSlack
+	if n.opts.Exact {
+		slack = 0
+	}
+	n.shapes[p] = &pacers{up: &pacer{rate: s.Up, slack: slack}, down: &pacer{rate: s.Down, slack: slack}, latency: s.Latency}
 }
 
 // SetDelay adds d of latency to frames sent from → to from now on.

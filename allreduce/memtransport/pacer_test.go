@@ -10,7 +10,7 @@ import (
 // pacerSlack the link starts afresh.
 func TestPacerIgnoresLateWakeUps(t *testing.T) {
 	const n, frames = 1 << 20, 100
-	p := &pacer{rate: 100 << 20} // 100 frames/s: 10 ms a frame
+	p := &pacer{rate: 100 << 20, slack: pacerSlack} // 100 frames/s: 10 ms a frame
 	t0 := time.Unix(1000, 0)
 	now := t0
 	var done time.Time
@@ -25,5 +25,28 @@ func TestPacerIgnoresLateWakeUps(t *testing.T) {
 	idle := done.Add(time.Second)
 	if got, want := p.reserve(idle, n), idle.Add(-pacerSlack+10*time.Millisecond); !got.Equal(want) {
 		t.Fatalf("after an idle second the frame is through at %v, want %v", got.Sub(idle), want.Sub(idle))
+	}
+}
+
+// TestExactPacerGivesNoBurst: without slack (Options.Exact) a frame handed
+// to an idle interface starts when it is handed over, and one handed to a
+// busy interface when the previous one ends.
+func TestExactPacerGivesNoBurst(t *testing.T) {
+	p := &pacer{rate: 100 << 20} // 10 ms a frame
+	t0 := time.Unix(1000, 0)
+	if got, want := p.reserve(t0, 1<<20), t0.Add(10*time.Millisecond); !got.Equal(want) {
+		t.Fatalf("idle interface: through at %v, want %v", got.Sub(t0), want.Sub(t0))
+	}
+	if got, want := p.reserve(t0.Add(time.Millisecond), 1<<20), t0.Add(20*time.Millisecond); !got.Equal(want) {
+		t.Fatalf("busy interface: through at %v, want %v", got.Sub(t0), want.Sub(t0))
+	}
+	idle := t0.Add(time.Second)
+	if got, want := p.reserve(idle, 1<<20), idle.Add(10*time.Millisecond); !got.Equal(want) {
+		t.Fatalf("after an idle second: through at %v, want %v (no burst)", got.Sub(idle), want.Sub(idle))
+	}
+	n := New(Options{Exact: true})
+	n.SetShape("a", Shape{Up: 1})
+	if s := n.shapes["a"]; s.up.slack != 0 || s.down.slack != 0 {
+		t.Fatalf("an exact network's pacers have slack %v and %v", s.up.slack, s.down.slack)
 	}
 }
