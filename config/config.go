@@ -23,6 +23,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/gpu"
 	"github.com/p2ptrain/p2ptrain/model"
+	"github.com/p2ptrain/p2ptrain/pipeline"
 	"github.com/p2ptrain/p2ptrain/plan"
 	"github.com/p2ptrain/p2ptrain/protocol/probe"
 )
@@ -160,6 +161,18 @@ type Train struct {
 	// outer step's all-reduce is in flight; its outer update reaches them
 	// one outer step late.
 	OuterOverlap bool `toml:"outer_overlap"`
+	// PipelineStages cuts the model into this many stages on consecutive
+	// members of the ring epoch (docs/pipeline.md); 1 is pure data
+	// parallelism.
+	PipelineStages int `toml:"pipeline_stages"`
+	// MicroBatches is the number of micro-batches a pipeline cuts each
+	// step's batch_size samples into (with PipelineStages > 1).
+	MicroBatches int `toml:"micro_batches"`
+	// ActivationCodec encodes the activations and their gradients between
+	// stages: none, fp16, bf16, int8, dyn8 or qsgd.
+	ActivationCodec string `toml:"activation_codec"`
+	// PipelineSchedule orders a stage's micro-batches: 1f1b or gpipe.
+	PipelineSchedule string `toml:"pipeline_schedule"`
 }
 
 // GPT is the [train.gpt] section: the decoder-only transformer's shape.
@@ -416,6 +429,10 @@ func DefaultConfig() Config {
 			SyncEvery:          1,
 			OuterLR:            0.7,
 			OuterMomentum:      0.9,
+			PipelineStages:     1,
+			MicroBatches:       4,
+			ActivationCodec:    "dyn8",
+			PipelineSchedule:   "1f1b",
 		},
 		Probe: Probe{
 			Enabled:        true,
@@ -694,12 +711,57 @@ func (t *Train) validate(bad func(key, format string, args ...any)) {
 	if !(t.OuterMomentum >= 0 && t.OuterMomentum < 1) {
 		bad("train.outer_momentum", "%g must be in [0, 1)", t.OuterMomentum)
 	}
+	t.validatePipeline(bad)
 	if len(t.Devices) == 0 {
 		bad("train.devices", "needs at least one device")
 	}
 	for i, d := range t.Devices {
 		if _, err := gpu.ParseSpec(d); err != nil {
 			bad(fmt.Sprintf("train.devices[%d]", i), "%v", err)
+		}
+	}
+}
+
+// validatePipeline reports the pipeline keys that are wrong, and the keys
+// a pipeline of several stages cannot run with yet.
+func (t *Train) validatePipeline(bad func(key, format string, args ...any)) {
+	if _, err := pipeline.ParseSchedule(t.PipelineSchedule); err != nil {
+		bad("train.pipeline_schedule", "%q is not 1f1b or gpipe", t.PipelineSchedule)
+	}
+	if err := pipeline.ValidateCodec(t.ActivationCodec); err != nil {
+		bad("train.activation_codec", "%v", err)
+	}
+	if t.MicroBatches < 1 {
+		bad("train.micro_batches", "%d must be at least 1", t.MicroBatches)
+	}
+	s := t.PipelineStages
+	if s < 1 || s > 256 {
+		bad("train.pipeline_stages", "%d must be in [1, 256] (1: pure data parallelism)", s)
+		return
+	}
+	if s == 1 {
+		return
+	}
+	if t.MicroBatches > t.BatchSize {
+		bad("train.micro_batches", "%d is above train.batch_size (%d): each of a pipeline's micro-batches needs a sample", t.MicroBatches, t.BatchSize)
+	}
+	cfg := model.Config{Hidden: t.Hidden, MaxBatch: 1, GPT: model.GPTConfig{Layers: t.GPT.Layers, DModel: t.GPT.DModel, Heads: t.GPT.Heads, Context: t.GPT.Context, Vocab: t.GPT.Vocab}}
+	if layers, err := model.Layers(t.Model, cfg); err == nil && len(layers) < s {
+		bad("train.pipeline_stages", "%d stages need a model of at least %d layers; %s has %d (the gpt has train.gpt.layers + 3, the mlp len(train.hidden) + 1)", s, s, t.Model, len(layers))
+	}
+	for _, c := range []struct {
+		key string
+		off bool
+		why string
+	}{
+		{"train.trainer", t.Trainer == TrainerBuiltin, "a pipeline runs the built-in models"},
+		{"train.sync_every", t.SyncEvery == 1, "DiLoCo does not run over pipeline stages yet"},
+		{"train.devices", len(t.Devices) == 1, "a pipeline stage runs on one device per peer"},
+		{"train.clip_norm", t.ClipNorm == 0, "clipping needs the global gradient norm across the stages, not written yet"},
+		{"train.checkpoint_dir", t.CheckpointDir == "", "resuming a stage's checkpoint is not written yet"},
+	} {
+		if !c.off {
+			bad(c.key, "cannot be used with train.pipeline_stages = %d: %s", s, c.why)
 		}
 	}
 }

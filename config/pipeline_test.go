@@ -1,0 +1,64 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestPipelineKeysAreValidated: the pipeline keys accept what a pipeline
+// runs and name the key and the reason for everything else, including the
+// keys a pipeline of several stages cannot run with yet.
+func TestPipelineKeysAreValidated(t *testing.T) {
+	gpt := func(c *Config) {
+		c.Train.Model = "gpt"
+		c.Train.GPT.Layers = 2 // 5 layers
+		c.Train.PipelineStages = 2
+	}
+	ok := []func(*Config){
+		func(*Config) {}, // the defaults: pure data parallelism
+		gpt,
+		func(c *Config) { gpt(c); c.Train.PipelineStages = 5; c.Train.PipelineSchedule = "gpipe"; c.Train.ActivationCodec = "none" },
+		func(c *Config) { c.Train.PipelineStages = 3; c.Train.Hidden = []int{64, 64} }, // the mlp: 3 layers
+	}
+	base := func() Config {
+		c := DefaultConfig()
+		c.Node.Listen = []string{"/ip4/127.0.0.1/tcp/0"}
+		return c
+	}
+	for i, edit := range ok {
+		c := base()
+		edit(&c)
+		if err := c.Validate(); err != nil {
+			t.Errorf("valid configuration %d refused: %v", i, err)
+		}
+	}
+	for _, tc := range []struct {
+		edit func(*Config)
+		want []string
+	}{
+		{func(c *Config) { gpt(c); c.Train.PipelineStages = 6 }, []string{"train.pipeline_stages", "6 stages", "gpt has 5"}},
+		{func(c *Config) { c.Train.PipelineStages = 0 }, []string{"train.pipeline_stages", "[1, 256]"}},
+		{func(c *Config) { c.Train.PipelineSchedule = "zigzag" }, []string{"train.pipeline_schedule", "zigzag"}},
+		{func(c *Config) { c.Train.ActivationCodec = "powersgd:rank=4" }, []string{"train.activation_codec", "linear or quantized"}},
+		{func(c *Config) { c.Train.MicroBatches = 0 }, []string{"train.micro_batches", "at least 1"}},
+		{func(c *Config) { gpt(c); c.Train.BatchSize, c.Train.MicroBatches = 4, 8 }, []string{"train.micro_batches", "train.batch_size (4)"}},
+		{func(c *Config) { gpt(c); c.Train.SyncEvery, c.Train.Steps = 2, 10 }, []string{"train.sync_every", "DiLoCo"}},
+		{func(c *Config) { gpt(c); c.Train.Devices = []string{"cpu:0", "cpu:1"} }, []string{"train.devices", "one device"}},
+		{func(c *Config) { gpt(c); c.Train.ClipNorm = 1 }, []string{"train.clip_norm", "global gradient norm"}},
+		{func(c *Config) { gpt(c); c.Train.CheckpointDir = t.TempDir() }, []string{"train.checkpoint_dir", "pipeline_stages = 2"}},
+		{func(c *Config) { gpt(c); c.Train.Trainer = TrainerExternal }, []string{"train.trainer", "built-in"}},
+	} {
+		c := base()
+		tc.edit(&c)
+		err := c.Validate()
+		if err == nil {
+			t.Errorf("%+v accepted; want an error naming %v", c.Train, tc.want)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("error %q does not say %q", err, w)
+			}
+		}
+	}
+}
