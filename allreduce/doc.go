@@ -36,7 +36,7 @@
 //     decodes, adds its fp32 data and re-encodes; the owner divides by W and
 //     encodes once; ring all-gather of the owner's bytes.
 //   - compress.ClassSharedScale (sint8): a MAX all-reduce of the per-block
-//     scales (sub-phase 1), then the ring sums integer payloads
+//     scales (sub-phase 1, always the direct schedule: 2 hops), then the ring sums integer payloads
 //     (AddEncoded); chunks are aligned to SharedScaler.Block().
 //   - compress.ClassLowRank (powersgd, acpsgd): LowRank.Rounds() raw fp32
 //     SUM all-reduces of the factors (sub-phase = round).
