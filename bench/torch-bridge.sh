@@ -70,6 +70,11 @@
 #                int8/sint8/dyn8 4, qsgd:bits=b 32/b). In brackets: how much of it
 #                the row reached (× vs DDP fp32 / ideal ×); "faster than DDP fp32 by the
 #                codec's ratio within 15 %" means at least 85 %. DDP fp16's is 2.
+#   ideal ms with compute   the same ideal with the compute no codec removes: PyTorch
+#                alone's ms/step plus DDP fp32's all-reduce time (its ms/step less
+#                PyTorch alone's) divided by the ratio; in brackets ideal / ms/step. A
+#                step cannot beat it unless its all-reduce overlaps compute better than
+#                DDP fp32's does.
 #   accuracy     on the first 2000 test images after the run (every host must agree:
 #                for the bridge and the Go trainer the parameter hashes of all hosts,
 #                and of each script with its daemon, must be equal, or the benchmark
@@ -367,11 +372,12 @@ for run in "${rows[@]}"; do
 	if [ "$run" = bridge-none ] || { [ -z "$none_bytes" ] && [ "$run" = go-none ]; }; then none_bytes=${r_bytes[$run]}; fi
 done
 ddp32=${r_ms[ddp-fp32]:-}
+alone=${r_ms[ddp-alone]:-}
 
 table=$work/table.md
 {
-	echo "| setup | ms/step | × vs DDP fp32 | ideal × (codec ratio; share reached) | accuracy | bridge overhead vs Go trainer |"
-	echo "|---|---:|---:|---:|---:|---:|"
+	echo "| setup | ms/step | × vs DDP fp32 | ideal × (codec ratio; share reached) | ideal ms with compute (share reached) | accuracy | bridge overhead vs Go trainer |"
+	echo "|---|---:|---:|---:|---:|---:|---:|"
 	for run in "${rows[@]}"; do
 		ms=${r_ms[$run]}
 		x=$(fmt_x "$ddp32" "$ms")
@@ -391,6 +397,10 @@ table=$work/table.md
 			;;
 		ddp-fp16) ideal=2 ;;
 		esac
+		withc="—"
+		if [ -n "$ideal" ] && [ -n "$ddp32" ] && [ -n "$alone" ]; then
+			withc=$(awk -v i="$ideal" -v d="$ddp32" -v a="$alone" -v m="$ms" 'BEGIN { t = a + (d - a) / i; printf "%.1f (%.0f %%)\n", t, t / m * 100 }')
+		fi
 		if [ -n "$ideal" ] && [ -n "$ddp32" ]; then
 			ideal=$(awk -v i="$ideal" -v d="$ddp32" -v m="$ms" 'BEGIN { printf "%.2f× (%.0f %%)\n", i, d / m / i * 100 }')
 		elif [ -n "$ideal" ]; then
@@ -398,7 +408,7 @@ table=$work/table.md
 		else
 			ideal="—"
 		fi
-		printf '| %s | %.1f | %s | %s | %s | %s |\n' "${r_label[$run]}" "$ms" "$x" "$ideal" "${r_acc[$run]}" "$over"
+		printf '| %s | %.1f | %s | %s | %s | %s | %s |\n' "${r_label[$run]}" "$ms" "$x" "$ideal" "$withc" "${r_acc[$run]}" "$over"
 	done
 } >"$table"
 
