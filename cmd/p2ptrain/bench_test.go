@@ -341,6 +341,8 @@ func TestBenchAllreduceCluster(t *testing.T) {
 		{"onebit asked to ring", []string{"--codec", "onebit", "--schedule", "ring"}, "onebit:block=2048", "direct"},
 		// fp16 on the edges the probes found slow, if any ("ring+links").
 		{"fp32 ring with per-link codecs", []string{"--schedule", "ring", "--link-codecs", "fp16"}, "none", "ring"},
+		// Groups of about √W consecutive peers: 2 and 1 here.
+		{"fp32 hierarchical", []string{"--schedule", "hier"}, "none", "hier"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -466,8 +466,9 @@ func (b *clusterBench) agree(ctx context.Context, ctrlEpoch uint64) (benchPlan, 
 	if err != nil {
 		return local, err
 	}
+	// Plain hier only: its groups follow from W (explicit hier-… groups have no code).
 	codes := []allreduce.Schedule{allreduce.ScheduleAuto, allreduce.ScheduleRing, allreduce.ScheduleDirect,
-		allreduce.ScheduleAllGather, allreduce.ScheduleProportional}
+		allreduce.ScheduleAllGather, allreduce.ScheduleProportional, allreduce.ScheduleHierarchical}
 	const fpLen = 8
 	vec := make([]float32, 2*fpLen+1+3*w)
 	fp := b.fingerprint()
