@@ -53,7 +53,8 @@ func addBenchAllreduceFlags(fs *flag.FlagSet) *benchAllreduceFlags {
 	f := &benchAllreduceFlags{fs: fs, size: sizeFlag{n: 64 << 20, bytes: true}, chunk: sizeFlag{bytes: true}}
 	f.peer = addPeerFlags(fs)
 	fs.Var(&f.size, "size", "fp32 buffer `BYTES` all-reduced each round (e.g. 4MiB, 64MiB, 1GiB)")
-	fs.StringVar(&f.schedule, "schedule", "", "`SCHEDULE`: ring, direct, allgather, proportional (bandwidth shares) or auto "+
+	fs.StringVar(&f.schedule, "schedule", "", "`SCHEDULE`: ring, direct, allgather, proportional (bandwidth shares), hier (two levels, groups of about √W; "+
+		"in-process also hier-SIZExCOUNT…, e.g. hier-4x4) or auto "+
 		"(picks ring or proportional and the order from the link rates, like a training cluster; with --link-codecs "+
 		"the ring with per-link codecs where predicted faster); default: the codec's own "+
 		"(a cluster member: [allreduce] schedule of --config, where auto means the codec's own)")
