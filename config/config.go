@@ -193,7 +193,7 @@ type GPT struct {
 type Allreduce struct {
 	// Codec is the gradient codec spec ("none", "sint8", "qsgd:bits=4", ...).
 	Codec string `toml:"codec"`
-	// Schedule: auto, ring, direct, allgather or proportional.
+	// Schedule: auto, ring, direct, allgather, proportional or hier.
 	Schedule string `toml:"schedule"`
 	// LinkCodecs chooses per-link codecs of the ring schedule: "auto"
 	// (stronger compression of the same family on links at least
