@@ -75,6 +75,11 @@
 #                int8/sint8/dyn8 4, qsgd:bits=b 32/b). In brackets: how much of it
 #                the row reached (× vs DDP fp32 / ideal ×); "faster than DDP fp32 by the
 #                codec's ratio within 15 %" means at least 85 %. DDP fp16's is 2.
+#   step / (wire + compute)  ms/step over the time of the bytes each daemon sent per
+#                step (mean over hosts) at TCP's goodput on the link (0.956 of --rate)
+#                plus the compute alone (PyTorch alone for the bridge, the Go trainer
+#                alone for the Go rows): 1.00× is a step whose all-reduce runs at
+#                the link's goodput and does not overlap compute.
 #   ideal ms with compute   the same ideal with the compute no codec removes: PyTorch
 #                alone's ms/step plus DDP fp32's all-reduce time (its ms/step less
 #                PyTorch alone's) divided by the ratio; in brackets ideal / ms/step. A
@@ -381,8 +386,8 @@ alone=${r_ms[ddp-alone]:-}
 
 table=$work/table.md
 {
-	echo "| setup | ms/step | × vs DDP fp32 | ideal × (codec ratio; share reached) | ideal ms with compute (share reached) | accuracy | bridge overhead vs Go trainer |"
-	echo "|---|---:|---:|---:|---:|---:|---:|"
+	echo "| setup | ms/step | × vs DDP fp32 | ideal × (codec ratio; share reached) | ideal ms with compute (share reached) | step / (wire + compute) | accuracy | bridge overhead vs Go trainer |"
+	echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 	for run in "${rows[@]}"; do
 		ms=${r_ms[$run]}
 		x=$(fmt_x "$ddp32" "$ms")
@@ -402,6 +407,15 @@ table=$work/table.md
 			;;
 		ddp-fp16) ideal=2 ;;
 		esac
+		wire="—" comp=""
+		case "$run" in
+		bridge-*) comp=$alone ;;
+		go-alone) ;;
+		go-*) comp=${r_ms[go-alone]:-} ;;
+		esac
+		if [ -n "$comp" ] && [ -n "${r_bytes[$run]:-}" ]; then
+			wire=$(awk -v c="$comp" -v b="${r_bytes[$run]}" -v r="$rate_bps" -v m="$ms" 'BEGIN { t = c + b * 8 / (0.956 * r) * 1000; printf "%.2f× (of %.1f)\n", m / t, t }')
+		fi
 		withc="—"
 		if [ -n "$ideal" ] && [ -n "$ddp32" ] && [ -n "$alone" ]; then
 			withc=$(awk -v i="$ideal" -v d="$ddp32" -v a="$alone" -v m="$ms" 'BEGIN { t = a + (d - a) / i; printf "%.1f (%.0f %%)\n", t, t / m * 100 }')
@@ -413,7 +427,7 @@ table=$work/table.md
 		else
 			ideal="—"
 		fi
-		printf '| %s | %.1f | %s | %s | %s | %s | %s |\n' "${r_label[$run]}" "$ms" "$x" "$ideal" "$withc" "${r_acc[$run]}" "$over"
+		printf '| %s | %.1f | %s | %s | %s | %s | %s | %s |\n' "${r_label[$run]}" "$ms" "$x" "$ideal" "$withc" "$wire" "${r_acc[$run]}" "$over"
 	done
 } >"$table"
 
