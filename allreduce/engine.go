@@ -127,7 +127,8 @@ func ringReduce(o *op, l *layout, ops ringOps, sub int) error {
 // encoding of segment me to the next peer, then n−1 times receives segment
 // me−k−1 from the previous one, combines it with its own data and passes it
 // on; the last step's chunks (segment me+1, summed over every peer before
-// this one) go to last instead.
+// this one) go to last instead, which must not keep recv past its return
+// (the frame's buffer is recycled then).
 func ringScatter(o *op, p *ringPass, l *layout, ops ringOps, last func(i int, c chunk, recv []byte) error) error {
 	n := len(p.ranks)
 	next, prev := p.next(), p.prev()
@@ -141,13 +142,13 @@ func ringScatter(o *op, p *ringPass, l *layout, ops ringOps, last func(i int, c 
 		if err := o.seal(f, p.rs, i); err != nil {
 			return err
 		}
-		o.s.send(next, f)
+		o.s.handOff(next, f)
 	}
 	for k := 0; k < n-1; k++ {
 		a, b := p.seg(p.me - k - 1)
 		for i := a; i < b; i++ {
 			c := l.chunks[i]
-			_, pl, err := o.recv(prev, p.rs, i)
+			raw, pl, err := o.recv(prev, p.rs, i)
 			if err != nil {
 				return err
 			}
@@ -155,16 +156,18 @@ func ringScatter(o *op, p *ringPass, l *layout, ops ringOps, last func(i int, c 
 				if err := last(i, c, pl); err != nil {
 					return err
 				}
+				o.release(raw)
 				continue
 			}
 			f, err := ops.combine(o.newFrame(ops.maxLen(c.n)), c, pl, p.hop0+k+1, false)
 			if err != nil {
 				return o.opFail(prev, err)
 			}
+			o.release(raw)
 			if err := o.seal(f, p.rs, i); err != nil {
 				return err
 			}
-			o.s.send(next, f)
+			o.s.handOff(next, f)
 		}
 	}
 	return nil
@@ -183,12 +186,15 @@ func (p *ringPass) finalHop(o *op, l *layout, ops ringOps, keep func(i int, payl
 		if err := o.seal(f, p.ag, i); err != nil {
 			return err
 		}
-		o.s.send(p.next(), f)
 		if keep != nil {
+			o.s.send(p.next(), f)
 			keep(i, f[HeaderSize:])
 		}
 		if err := ops.finish(c, f[HeaderSize:]); err != nil {
 			return o.opFail(-1, err)
+		}
+		if keep == nil {
+			o.s.handOff(p.next(), f) // decoded: nothing reads it here any more
 		}
 		return nil
 	}
@@ -208,14 +214,21 @@ func ringGather(o *op, p *ringPass, l *layout, ops ringOps, keep func(i int, pay
 			if err != nil {
 				return err
 			}
-			if k < n-2 {
-				o.s.send(next, raw)
-			}
 			if keep != nil {
+				if k < n-2 {
+					o.s.send(next, raw)
+				}
 				keep(i, pl)
 			}
 			if err := ops.finish(l.chunks[i], pl); err != nil {
 				return o.opFail(prev, err)
+			}
+			switch {
+			case keep != nil:
+			case k < n-2:
+				o.s.handOff(next, raw) // decoded: the writer recycles it
+			default:
+				o.release(raw)
 			}
 		}
 	}
@@ -244,25 +257,32 @@ func directReduce(o *op, l *layout, ops directOps, sub int) error {
 			if err := o.seal(f, rs, i); err != nil {
 				return err
 			}
-			o.s.send(j, f)
+			o.s.handOff(j, f)
 		}
 	}
 	contribs := make([][]byte, w)
+	raws := make([][]byte, w)
 	for i := a; i < b; i++ {
 		c := l.chunks[i]
 		for j := 0; j < w; j++ {
 			if j == r {
 				continue
 			}
-			_, p, err := o.recv(j, rs, i)
+			raw, p, err := o.recv(j, rs, i)
 			if err != nil {
 				return err
 			}
-			contribs[j] = p
+			contribs[j], raws[j] = p, raw
 		}
 		f, err := ops.reduce(o.newFrame(ops.maxLen(c.n)), c, contribs)
 		if err != nil {
 			return o.opFail(-1, err)
+		}
+		for j, raw := range raws {
+			if raw != nil {
+				o.release(raw)
+				contribs[j], raws[j] = nil, nil
+			}
 		}
 		if err := o.seal(f, ag, i); err != nil {
 			return err
@@ -280,13 +300,14 @@ func directReduce(o *op, l *layout, ops directOps, sub int) error {
 		j := (r + d) % w
 		a, b := l.seg(j)
 		for i := a; i < b; i++ {
-			_, p, err := o.recv(j, ag, i)
+			raw, p, err := o.recv(j, ag, i)
 			if err != nil {
 				return err
 			}
 			if err := ops.finish(l.chunks[i], p); err != nil {
 				return o.opFail(j, err)
 			}
+			o.release(raw)
 		}
 	}
 	return nil

@@ -63,8 +63,10 @@ type Session struct {
 	// out (or abortTimeout passed); Close waits for it before cancelling.
 	aborted chan struct{}
 	out     []*outQueue
-	// floats recycles the rounds' scratch buffers.
+	// floats recycles the rounds' scratch buffers; frames recycles frame
+	// buffers (see handOff and op.release).
 	floats floatPool
+	frames framePool
 	// hier is the group structure of a hierarchical schedule (nil otherwise).
 	hier *hierGroups
 }
@@ -89,12 +91,19 @@ type mailbox struct {
 
 type outQueue struct {
 	mu    sync.Mutex
-	q     [][]byte
+	q     []outFrame
 	ready chan struct{}
 	// busy is set while the writer sends a frame it took from q.
 	busy bool
 	// idle is signalled (under mu) whenever q is empty and nothing is in flight.
 	idle *sync.Cond
+}
+
+// outFrame is a queued frame; the writer recycles it after sending when
+// recycle is set (Session.handOff).
+type outFrame struct {
+	b       []byte
+	recycle bool
 }
 
 // drained reports whether every queued frame was handed to the Transport. Callers hold q.mu.
@@ -336,7 +345,7 @@ func (s *Session) readLoop(from int) {
 			return
 		default:
 		}
-		b, err := s.t.Recv(s.ctx, peer)
+		b, err := s.recvFrame(peer)
 		if err != nil {
 			if s.ctx.Err() != nil {
 				return
@@ -458,7 +467,7 @@ func (s *Session) writeLoop(to int) {
 			}
 		}
 		f := q.q[0]
-		q.q[0] = nil
+		q.q[0] = outFrame{}
 		q.q = q.q[1:]
 		q.busy = true
 		q.mu.Unlock()
@@ -468,7 +477,10 @@ func (s *Session) writeLoop(to int) {
 			return
 		default:
 		}
-		err := s.t.Send(s.ctx, peer, f)
+		err := s.t.Send(s.ctx, peer, f.b)
+		if f.recycle {
+			s.frames.put(f.b) // the Transport does not retain it
+		}
 		q.mu.Lock()
 		q.busy = false
 		if q.drained() {
@@ -492,10 +504,16 @@ func (s *Session) writeLoop(to int) {
 }
 
 // send queues frame for peer rank to; it never blocks.
-func (s *Session) send(to int, frame []byte) {
+func (s *Session) send(to int, frame []byte) { s.enqueue(to, outFrame{b: frame}) }
+
+// handOff is send for a frame that nothing else reads any more: the
+// writer recycles its buffer once the Transport has it.
+func (s *Session) handOff(to int, frame []byte) { s.enqueue(to, outFrame{b: frame, recycle: true}) }
+
+func (s *Session) enqueue(to int, f outFrame) {
 	q := s.out[to]
 	q.mu.Lock()
-	q.q = append(q.q, frame)
+	q.q = append(q.q, f)
 	q.mu.Unlock()
 	select {
 	case q.ready <- struct{}{}:
@@ -525,8 +543,23 @@ func (o *op) begin(expect int) {
 	o.recvd, o.expect = 0, max(expect, 1)
 }
 
+// newFrame returns an empty frame (its header's room) with room for
+// payload bytes, from the session's frame pool.
 func (o *op) newFrame(payload int) []byte {
-	return make([]byte, HeaderSize, HeaderSize+payload)
+	return o.s.frames.get(HeaderSize + payload)[:HeaderSize]
+}
+
+// release recycles a frame that o received (o.recv's raw) or built, once
+// nothing reads it any more: not queued with send, not held by a keep.
+func (o *op) release(frame []byte) { o.s.frames.put(frame) }
+
+// recvFrame reads the next frame from peer, into a recycled buffer when
+// the Transport can (FrameReceiver).
+func (s *Session) recvFrame(peer PeerID) ([]byte, error) {
+	if fr, ok := s.t.(FrameReceiver); ok {
+		return fr.RecvInto(s.ctx, peer, s.frames.get)
+	}
+	return s.t.Recv(s.ctx, peer)
 }
 
 // seal writes the header of frame f.

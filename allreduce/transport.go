@@ -124,6 +124,17 @@ func WriteFrame(w io.Writer, frame []byte, buf []byte) ([]byte, error) {
 // above max is refused with an error wrapping ErrFrameTooLarge before anything
 // is allocated; the stream should then be reset. buf is reused when large enough.
 func ReadFrame(r io.Reader, max int, buf []byte) ([]byte, error) {
+	return ReadFrameInto(r, max, func(n int) []byte {
+		if cap(buf) < n {
+			return make([]byte, n)
+		}
+		return buf[:n]
+	})
+}
+
+// ReadFrameInto is ReadFrame into the buffer alloc(n) returns for a frame
+// of n bytes (n at most max; the buffer's length must be n).
+func ReadFrameInto(r io.Reader, max int, alloc func(n int) []byte) ([]byte, error) {
 	var p [4]byte
 	if _, err := io.ReadFull(r, p[:]); err != nil {
 		return nil, err
@@ -132,10 +143,7 @@ func ReadFrame(r io.Reader, max int, buf []byte) ([]byte, error) {
 	if max < 0 || uint64(n) > uint64(max) {
 		return nil, fmt.Errorf("%w: length %d > max %d", ErrFrameTooLarge, n, max)
 	}
-	if cap(buf) < int(n) {
-		buf = make([]byte, n)
-	}
-	buf = buf[:n]
+	buf := alloc(int(n))
 	if _, err := io.ReadFull(r, buf); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
@@ -143,6 +151,14 @@ func ReadFrame(r io.Reader, max int, buf []byte) ([]byte, error) {
 		return nil, err
 	}
 	return buf, nil
+}
+
+// FrameReceiver is an optional interface of a Transport: RecvInto is Recv
+// into the buffer alloc(n) returns for a frame of n bytes, so that a
+// Session reuses the buffers of the frames it has consumed. The returned
+// frame is that buffer; the caller owns it.
+type FrameReceiver interface {
+	RecvInto(ctx context.Context, from PeerID, alloc func(n int) []byte) ([]byte, error)
 }
 
 // FrameRejecter is an optional interface of a Transport: a Session tells it

@@ -274,6 +274,7 @@ type Transport struct {
 var (
 	_ allreduce.EpochTransport = (*Transport)(nil)
 	_ allreduce.FrameRejecter  = (*Transport)(nil)
+	_ allreduce.FrameReceiver  = (*Transport)(nil)
 )
 
 type outLink struct {
@@ -426,6 +427,12 @@ func (t *Transport) FrameRejected(allreduce.PeerID, error) { t.rn.rejected.Add(1
 
 // Recv reads the next frame from peer from, waiting for its stream if needed.
 func (t *Transport) Recv(ctx context.Context, from allreduce.PeerID) ([]byte, error) {
+	return t.RecvInto(ctx, from, func(n int) []byte { return make([]byte, n) })
+}
+
+// RecvInto is Recv into the buffer alloc(n) returns for a frame of n bytes
+// (allreduce.FrameReceiver: the session recycles frame buffers).
+func (t *Transport) RecvInto(ctx context.Context, from allreduce.PeerID, alloc func(n int) []byte) ([]byte, error) {
 	l, err := t.inLink(from)
 	if err != nil {
 		return nil, err
@@ -440,7 +447,7 @@ func (t *Transport) Recv(ctx context.Context, from allreduce.PeerID) ([]byte, er
 		return nil, t.closedErr()
 	}
 	stop := context.AfterFunc(ctx, func() { l.s.Reset() })
-	b, err := allreduce.ReadFrame(l.s, t.rn.maxFrame, nil)
+	b, err := allreduce.ReadFrameInto(l.s, t.rn.maxFrame, alloc)
 	stop()
 	if err != nil {
 		l.s.Reset()
