@@ -17,7 +17,12 @@ func TestPipelineKeysAreValidated(t *testing.T) {
 	ok := []func(*Config){
 		func(*Config) {}, // the defaults: pure data parallelism
 		gpt,
-		func(c *Config) { gpt(c); c.Train.PipelineStages = 5; c.Train.PipelineSchedule = "gpipe"; c.Train.ActivationCodec = "none" },
+		func(c *Config) {
+			gpt(c)
+			c.Train.PipelineStages = 5
+			c.Train.PipelineSchedule = "gpipe"
+			c.Train.ActivationCodec = "none"
+		},
 		func(c *Config) { c.Train.PipelineStages = 3; c.Train.Hidden = []int{64, 64} }, // the mlp: 3 layers
 	}
 	base := func() Config {

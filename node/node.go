@@ -34,6 +34,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/internal/ctxutil"
 	"github.com/p2ptrain/p2ptrain/plan"
+	"github.com/p2ptrain/p2ptrain/protocol/pipestream"
 	"github.com/p2ptrain/p2ptrain/protocol/probe"
 	"github.com/p2ptrain/p2ptrain/protocol/ringstream"
 	"github.com/p2ptrain/p2ptrain/protocol/statesync"
@@ -57,6 +58,7 @@ type Node struct {
 	mdns  interface{ Close() error }
 	api   *apiServer
 	ring  *ringstream.Service
+	pipe  *pipestream.Service
 	state *statesync.Server
 	probe *probe.Prober
 	// relays feeds AutoRelay its candidates (node.relay_client).
@@ -136,6 +138,7 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 	}
 	logConnKinds(n.host, log)
 	n.ring = ringstream.New(n.host, cfg.Allreduce.Session(nil).MaxFrame(), n.learnAddrs, log.Named("allreduce"))
+	n.pipe = pipestream.New(n.host, n.learnAddrs, log.Named("pipeline"))
 	n.state = statesync.NewServer(n.host, log.Named("state"))
 	n.probe = probe.New(n.host, cfg.Probe.Prober(), log.Named("probe"))
 	// The node lives until Close, not until the caller's context ends: Close
@@ -473,6 +476,7 @@ func (n *Node) Close() error {
 			errs = append(errs, n.mdns.Close())
 		}
 		n.ring.Close()
+		n.pipe.Close()
 		errs = append(errs, n.gsp.Close())
 		n.cancel()
 		n.wg.Wait()
@@ -492,6 +496,7 @@ func (n *Node) Kill() error {
 			n.mdns.Close()
 		}
 		n.ring.Close()
+		n.pipe.Close()
 		err := n.gsp.Close()
 		n.cancel()
 		n.wg.Wait()

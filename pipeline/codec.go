@@ -31,3 +31,13 @@ func newCodec(spec string, n int, seed uint64) (compress.Codec, error) {
 	}
 	return c, nil
 }
+
+// MaxPayload bounds the encoded size of a message of n activation values
+// (or their gradients) under codec spec: what a receiver must accept.
+func MaxPayload(spec string, n int) (int, error) {
+	c, err := newCodec(spec, max(n, 1), 0)
+	if err != nil {
+		return 0, err
+	}
+	return c.MaxEncodedLen(n), nil
+}

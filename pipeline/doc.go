@@ -8,5 +8,7 @@
 // hybrid layout of S stages × R replicas from link and compute figures.
 //
 // It does no IO of its own: a Transport carries the messages (MemNetwork
-// in memory; a libp2p protocol is still to come).
+// in memory, protocol/pipestream between peers). Assign lays a ring
+// epoch's members out as stages × replicas; package train runs a stage per
+// peer (train.pipeline_stages).
 package pipeline

@@ -315,6 +315,60 @@ func (st *Stage) SumTied(ctx context.Context, step uint64) error {
 	return nil
 }
 
+// Agree decides with the other stages whether the pipeline applies step,
+// after every stage's all-reduce (and SumTied): ok says whether this
+// stage's gradient can be applied (finite), and the verdict is true only
+// when every stage's is, so that no stage applies a step another refuses.
+// A Commit message carries the verdict so far forward from stage 0 to
+// S−1; the last stage adds its own and sends it back with loss, its loss
+// over the step's batch, in Loss messages. Every stage returns the
+// verdict and the last stage's loss. 2(S−1) small messages in sequence:
+// the end of each step is a barrier across the pipeline.
+func (st *Stage) Agree(ctx context.Context, step uint64, ok bool, loss float64) (float64, bool, error) {
+	var b [LossBytes]byte
+	if !st.first {
+		k := Key{Step: step, Kind: Commit}
+		p, err := st.t.Recv(ctx, k)
+		if err != nil {
+			return 0, false, fmt.Errorf("pipeline: stage %d receiving %v: %w", st.cfg.Stage, k, err)
+		}
+		if len(p) != CommitBytes || p[0] > 1 {
+			return 0, false, fmt.Errorf("pipeline: stage %d: a %v of %d bytes (%v)", st.cfg.Stage, k, len(p), p)
+		}
+		ok = ok && p[0] == 1
+	}
+	if !st.last {
+		k := Key{Step: step, Kind: Commit}
+		if ok {
+			b[0] = 1
+		}
+		if err := st.t.Send(ctx, k, b[:CommitBytes]); err != nil {
+			return 0, false, fmt.Errorf("pipeline: stage %d sending %v: %w", st.cfg.Stage, k, err)
+		}
+		k.Kind = Loss
+		p, err := st.t.Recv(ctx, k)
+		if err != nil {
+			return 0, false, fmt.Errorf("pipeline: stage %d receiving %v: %w", st.cfg.Stage, k, err)
+		}
+		if len(p) != LossBytes || p[8] > 1 {
+			return 0, false, fmt.Errorf("pipeline: stage %d: a %v of %d bytes", st.cfg.Stage, k, len(p))
+		}
+		loss, ok = math.Float64frombits(binary.LittleEndian.Uint64(p)), p[8] == 1
+	}
+	if !st.first {
+		k := Key{Step: step, Kind: Loss}
+		binary.LittleEndian.PutUint64(b[:], math.Float64bits(loss))
+		b[8] = 0
+		if ok {
+			b[8] = 1
+		}
+		if err := st.t.Send(ctx, k, b[:]); err != nil {
+			return 0, false, fmt.Errorf("pipeline: stage %d sending %v: %w", st.cfg.Stage, k, err)
+		}
+	}
+	return loss, ok, nil
+}
+
 // appendFloats appends v as little-endian fp32 bytes (model.FloatBytes's
 // layout, without allocating).
 func appendFloats(dst []byte, v []float32) []byte {

@@ -19,9 +19,20 @@ const (
 	// Tied is a stage's part of the gradient of the weight the first and
 	// the last stage share, sent to the other one of the two.
 	Tied
-	// Loss is the step's training loss, computed by the last stage and
-	// passed back stage by stage so that every stage can report it.
+	// Loss is the step's training loss, computed by the last stage, with
+	// the pipeline's verdict on the step (Stage.Agree), passed back stage by
+	// stage so that every stage reports the loss and decides alike.
 	Loss
+	// Commit is whether every stage up to the sender can apply the step,
+	// passed forward stage by stage (Stage.Agree).
+	Commit
+)
+
+// LossBytes and CommitBytes are the payload sizes of Loss and Commit
+// messages.
+const (
+	LossBytes   = 9
+	CommitBytes = 1
 )
 
 // String returns the kind's name.
@@ -35,13 +46,15 @@ func (k Kind) String() string {
 		return "tied"
 	case Loss:
 		return "loss"
+	case Commit:
+		return "commit"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
 
 // Key names one message of a pipeline. With the receiving stage it names
-// the sender too: an Activation comes from the stage before, a Gradient
-// and a Loss from the stage after, Tied from the other end of the
+// the sender too: an Activation and a Commit come from the stage before, a
+// Gradient and a Loss from the stage after, Tied from the other end of the
 // pipeline.
 type Key struct {
 	Step  uint64
@@ -55,8 +68,8 @@ func (k Key) String() string {
 }
 
 // Transport carries one stage's messages in a pipeline of stages:
-// Activation messages to stage s+1, Gradient and Loss messages to stage
-// s−1, Tied messages between stages 0 and S−1. Package
+// Activation and Commit messages to stage s+1, Gradient and Loss messages
+// to stage s−1, Tied messages between stages 0 and S−1. Package
 // protocol/pipestream implements it between peers; MemNetwork does in
 // memory.
 type Transport interface {
@@ -77,7 +90,7 @@ func Dest(k Kind, s, stages int) (int, error) { return dest(k, s, stages) }
 // from, or an error when stage s receives no such message.
 func Source(k Kind, s, stages int) (int, error) {
 	switch {
-	case k == Activation && s > 0 && s < stages:
+	case (k == Activation || k == Commit) && s > 0 && s < stages:
 		return s - 1, nil
 	case (k == Gradient || k == Loss) && s >= 0 && s+1 < stages:
 		return s + 1, nil
@@ -92,7 +105,7 @@ func Source(k Kind, s, stages int) (int, error) {
 // dest returns the stage a message of kind k from stage s of stages goes to.
 func dest(k Kind, s, stages int) (int, error) {
 	switch {
-	case k == Activation && s+1 < stages:
+	case (k == Activation || k == Commit) && s >= 0 && s+1 < stages:
 		return s + 1, nil
 	case (k == Gradient || k == Loss) && s > 0 && s < stages:
 		return s - 1, nil

@@ -19,18 +19,41 @@ import (
 // model.Model on the local devices, its optimizer, and its data:
 // Fashion-MNIST for the classifiers, a text corpus (train.data) for gpt.
 type ModelLearner struct {
-	cfg     config.Train
-	devs    []gpu.Device
-	m       *model.Model
-	opt     *model.Optimizer
+	cfg  config.Train
+	devs []gpu.Device
+	m    *model.Model
+	opt  *model.Optimizer
+	dataset
+	batches []model.Batch
+	idx     []int
+	layouts []compress.Layout
+}
+
+// dataset is the training and held-out data of train.model, and the
+// sampler that draws every step's global batch from it.
+type dataset struct {
 	train   source
 	test    model.Samples
 	corpus  string // gpt: what identifies the corpus across the cluster
 	text    *data.TextCorpus
 	sampler *data.Sampler
-	batches []model.Batch
-	idx     []int
-	layouts []compress.Layout
+}
+
+// loadDataset loads cfg's data: a text corpus for gpt, else train and
+// test (Fashion-MNIST from train.data_dir when either is nil).
+func loadDataset(cfg config.Train, train, test *data.Dataset) (dataset, error) {
+	var d dataset
+	var err error
+	if cfg.Model == "gpt" {
+		err = d.loadText(cfg)
+	} else {
+		err = d.loadImages(cfg, train, test)
+	}
+	if err != nil {
+		return dataset{}, err
+	}
+	d.sampler = data.NewSampler(cfg.Seed, d.train.Len())
+	return d, nil
 }
 
 var _ Learner = (*ModelLearner)(nil)
@@ -65,12 +88,7 @@ func NewModelLearner(cfg config.Train, bucketBytes int, train, test *data.Datase
 	if l.devs, err = gpu.OpenAll(cfg.Devices); err != nil {
 		return nil, fmt.Errorf("train: train.devices: %w", err)
 	}
-	if cfg.Model == "gpt" {
-		err = l.loadText()
-	} else {
-		err = l.loadImages(train, test)
-	}
-	if err != nil {
+	if l.dataset, err = loadDataset(cfg, train, test); err != nil {
 		l.Close()
 		return nil, err
 	}
@@ -89,7 +107,6 @@ func NewModelLearner(cfg config.Train, bucketBytes int, train, test *data.Datase
 		l.Close()
 		return nil, err
 	}
-	l.sampler = data.NewSampler(cfg.Seed, l.train.Len())
 	l.batches = make([]model.Batch, len(l.devs))
 	for _, b := range l.m.Buckets() {
 		l.layouts = append(l.layouts, compress.Layout{Shapes: b.Shapes()})
@@ -100,8 +117,7 @@ func NewModelLearner(cfg config.Train, bucketBytes int, train, test *data.Datase
 // loadImages takes train and test, or loads Fashion-MNIST from
 // train.data_dir when either is nil, and limits them to
 // train.train_samples and train.eval_samples.
-func (l *ModelLearner) loadImages(train, test *data.Dataset) error {
-	cfg := l.cfg
+func (d *dataset) loadImages(cfg config.Train, train, test *data.Dataset) error {
 	if train == nil || test == nil {
 		var err error
 		if train, test, err = data.LoadFashionMNIST(cfg.DataDir); err != nil {
@@ -117,15 +133,14 @@ func (l *ModelLearner) loadImages(train, test *data.Dataset) error {
 	if cfg.EvalSamples > 0 && cfg.EvalSamples < test.Len() {
 		test = test.Subset(cfg.EvalSamples)
 	}
-	l.train, l.test = imageSource{train}, test
+	d.train, d.test = imageSource{train}, test
 	return nil
 }
 
 // loadText loads the gpt's corpus (train.data, or the Go standard
 // library's source): training windows, and train.eval_samples held-out
 // windows (0: all of them).
-func (l *ModelLearner) loadText() error {
-	cfg := l.cfg
+func (d *dataset) loadText(cfg config.Train) error {
 	opts := data.TextOptions{Extensions: cfg.DataExt, HeldOut: data.DefaultHeldOut, MaxBytes: cfg.DataMaxBytes, Context: cfg.GPT.Context}
 	var c *data.TextCorpus
 	var err error
@@ -140,9 +155,9 @@ func (l *ModelLearner) loadText() error {
 	h := sha256.New()
 	h.Write(c.TrainBytes())
 	h.Write(c.HeldOutBytes())
-	l.corpus = fmt.Sprintf("%d bytes:%x", c.Size(), h.Sum(nil)[:8])
-	l.text = c
-	l.train, l.test = textSource{c.Train(cfg.Seed)}, c.HeldOutSamples(cfg.EvalSamples)
+	d.corpus = fmt.Sprintf("%d bytes:%x", c.Size(), h.Sum(nil)[:8])
+	d.text = c
+	d.train, d.test = textSource{c.Train(cfg.Seed)}, c.HeldOutSamples(cfg.EvalSamples)
 	return nil
 }
 
@@ -170,9 +185,15 @@ func (l *ModelLearner) Devices() []string {
 // Settings implements Learner: the model and its layout, the optimizer and
 // its schedule, the data and the seed.
 func (l *ModelLearner) Settings() Settings {
-	cfg := l.cfg
+	return l.settings(l.cfg, l.m.Signature(), len(l.devs))
+}
+
+// settings returns the settings of a learner of cfg on this data: the
+// model (signature identifies its layout), the optimizer and its
+// schedule, the data and the seed.
+func (d *dataset) settings(cfg config.Train, signature string, devices int) Settings {
 	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
-	sig := sha256.Sum256([]byte(l.m.Signature()))
+	sig := sha256.Sum256([]byte(signature))
 	s := Settings{
 		"train.model":         cfg.Model + ":" + hex.EncodeToString(sig[:8]),
 		"train.optimizer":     cfg.Optimizer,
@@ -183,10 +204,10 @@ func (l *ModelLearner) Settings() Settings {
 		"train.dropout":       f(cfg.Dropout),
 		"train.batch_size":    strconv.Itoa(cfg.BatchSize),
 		"train.train_samples": strconv.Itoa(cfg.TrainSamples),
-		"train.devices":       strconv.Itoa(len(l.devs)),
+		"train.devices":       strconv.Itoa(devices),
 	}
-	if l.corpus != "" {
-		s["train.data"] = l.corpus
+	if d.corpus != "" {
+		s["train.data"] = d.corpus
 	}
 	return s
 }

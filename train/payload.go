@@ -39,6 +39,9 @@ type Ready struct {
 	// fetches the state of that step accepts only the hash most of its
 	// holders announced.
 	Hash string `json:"hash,omitempty"`
+	// Stage is the pipeline stage the sender's state is of (0 without
+	// pipeline stages, train.pipeline_stages = 1).
+	Stage int `json:"stage,omitempty"`
 }
 
 // In reports whether r was announced in epoch ep.
@@ -46,10 +49,12 @@ func (r *Ready) In(ep gossip.Epoch) bool {
 	return r != nil && r.Epoch == ep.Number && r.Digest == ep.Digest()
 }
 
-// ParamCheck is a parameter hash after Step completed steps.
+// ParamCheck is a parameter hash after Step completed steps, of pipeline
+// stage Stage (0 without pipeline stages).
 type ParamCheck struct {
-	Step uint64 `json:"step"`
-	Hash string `json:"hash"`
+	Step  uint64 `json:"step"`
+	Hash  string `json:"hash"`
+	Stage int    `json:"stage,omitempty"`
 }
 
 // maxDevices and maxSettings bound the devices and settings a payload lists.

@@ -129,10 +129,24 @@ type Trainer struct {
 	// gradient was not finite (maxNonFiniteRetries stop the run).
 	nonFinite int
 
+	// stages is the learner when it holds a pipeline stage
+	// (train.pipeline_stages > 1; nil: pure data parallelism). pipe is the
+	// epoch's pipeline while one runs; pipeWaitLogged the last epoch whose
+	// layout did not fit; wantStage the stage a state fetch is for;
+	// slowestStep the longest step (the pipeline's deadlines).
+	stages         *PipeLearner
+	pipe           *pipeEpoch
+	pipeWaitLogged uint64
+	wantStage      int
+	slowestStep    time.Duration
+
 	// mu guards the parameters, optimizer state and step against the state server.
 	mu        sync.Mutex
 	step      uint64
 	forceSync bool
+	// prevState is the stage this peer held before the layout moved it,
+	// served until a step completes (pipeline stages only).
+	prevState *heldState
 }
 
 // Options are a Trainer's optional collaborators.
@@ -170,6 +184,18 @@ type Options struct {
 // the model (NewDiLoCo): the Trainer's steps are outer steps, train.steps/H
 // of them.
 func New(c Cluster, cfg config.Train, ar config.Allreduce, o Options) (*Trainer, error) {
+	if cfg.PipelineStages > 1 {
+		pl, err := NewPipeLearner(cfg, ar.BucketBytes, o.Train, o.Test)
+		if err != nil {
+			return nil, err
+		}
+		t, err := NewWithLearner(c, pl, cfg, ar, o)
+		if err != nil {
+			pl.Close()
+			return nil, err
+		}
+		return t, nil
+	}
 	ml, err := NewModelLearner(cfg, ar.BucketBytes, o.Train, o.Test)
 	if err != nil {
 		return nil, err
@@ -208,22 +234,9 @@ func NewWithLearner(c Cluster, l Learner, cfg config.Train, ar config.Allreduce,
 	if t.timeline == nil {
 		t.timeline = telemetry.Tee(nil)
 	}
-	for b := range l.Buckets() {
-		c, err := t.newCodec(t.arCfg.Codec, b)
-		if err != nil {
-			return nil, fmt.Errorf("train: allreduce.codec: %w", err)
-		}
-		t.codecs = append(t.codecs, c)
-		if c.Class() == compress.ClassLowRank {
-			p, err := t.newCodec("none", b)
-			if err != nil {
-				return nil, err
-			}
-			t.plain = append(t.plain, p)
-		}
-	}
-	if len(t.codecs) == 0 {
-		return nil, errors.New("train: the model has no parameters")
+	t.stages, _ = l.(*PipeLearner)
+	if err := t.buildCodecs(); err != nil {
+		return nil, err
 	}
 	t.settings = settingsOf(cfg, ar, l)
 	t.cfgHash = t.settings.resumeHash()
@@ -234,6 +247,29 @@ func NewWithLearner(c Cluster, l Learner, cfg config.Train, ar config.Allreduce,
 		zap.Int("buckets", len(t.codecs)), zap.String("codec", t.codecs[0].Spec()),
 		zap.Strings("devices", l.Devices()), zap.Int("steps", cfg.Steps))
 	return t, nil
+}
+
+// buildCodecs makes the all-reduce codecs of the learner's buckets.
+func (t *Trainer) buildCodecs() error {
+	t.codecs, t.plain = nil, nil
+	for b := range t.l.Buckets() {
+		c, err := t.newCodec(t.arCfg.Codec, b)
+		if err != nil {
+			return fmt.Errorf("train: allreduce.codec: %w", err)
+		}
+		t.codecs = append(t.codecs, c)
+		if c.Class() == compress.ClassLowRank {
+			p, err := t.newCodec("none", b)
+			if err != nil {
+				return err
+			}
+			t.plain = append(t.plain, p)
+		}
+	}
+	if len(t.codecs) == 0 {
+		return errors.New("train: the model has no parameters")
+	}
+	return nil
 }
 
 // resume restores the latest checkpoint of train.checkpoint_dir, if any.
@@ -258,6 +294,11 @@ func (t *Trainer) resume(ctx context.Context) error {
 // restore replaces the learner's state with c and records its step and
 // parameter hash.
 func (t *Trainer) restore(ctx context.Context, c *model.Checkpoint) error {
+	if t.stages != nil && t.wantStage != t.stages.Stage() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return t.switchStage(t.wantStage, c, uint64(c.Step))
+	}
 	if want := 4 * uint64(t.l.NumParams()); uint64(len(c.Params)) != want {
 		return fmt.Errorf("train: a state of %d parameter bytes, the model has %d", len(c.Params), want)
 	}
@@ -308,8 +349,12 @@ func (t *Trainer) Close() {
 // from, which must be a member of this peer's current ring epoch. The
 // snapshot is copied under the trainer's lock and serialized outside it.
 func (t *Trainer) serveState(from string, step uint64) ([]byte, error) {
-	if _, ep := t.c.View(); !slices.Contains(ep.Order, from) {
+	_, ep := t.c.View()
+	if !slices.Contains(ep.Order, from) {
 		return nil, fmt.Errorf("%w: %s is not a member of ring epoch %d", statesync.ErrRefused, from, ep.Number)
+	}
+	if t.stages != nil {
+		return t.servePipeState(from, step, ep)
 	}
 	t.mu.Lock()
 	if t.step != step {
@@ -404,7 +449,7 @@ func (t *Trainer) waitEpoch(ctx context.Context) (gossip.Epoch, error) {
 	var logged uint64
 	for {
 		_, ep := t.c.View()
-		if ep.Number >= t.minEpoch && slices.Contains(ep.Order, self) && len(ep.Order) >= t.cfg.MinPeers {
+		if ep.Number >= t.minEpoch && slices.Contains(ep.Order, self) && len(ep.Order) >= t.cfg.MinPeers && t.pipeFits(ep) {
 			return ep, nil
 		}
 		if ep.Number != 0 && ep.Number != logged && len(ep.Order) < t.cfg.MinPeers {
@@ -424,24 +469,25 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 	if err != nil {
 		return err
 	}
-	t.payload.Ready = &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: t.step, Hash: hash}
+	t.payload.Ready = &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: t.step, Hash: hash, Stage: t.heldStage()}
 	t.publish()
 	var target uint64
 	var ready map[string]uint64
 	var hashes map[string]string
+	var held map[string]int
 	deadline := time.Now().Add(t.cfg.ReadyTimeout.D())
 	for {
 		members, cur := t.c.View()
 		if !sameEpoch(cur, ep) {
 			return errEpochChanged
 		}
-		ready, hashes = map[string]uint64{}, map[string]string{}
+		ready, hashes, held = map[string]uint64{}, map[string]string{}, map[string]int{}
 		for _, m := range members {
 			if r := payloadOf(m).Ready; r.In(ep) {
-				ready[m.PeerID], hashes[m.PeerID] = r.Step, r.Hash
+				ready[m.PeerID], hashes[m.PeerID], held[m.PeerID] = r.Step, r.Hash, r.Stage
 			}
 		}
-		ready[t.self], hashes[t.self] = t.step, t.payload.Ready.Hash
+		ready[t.self], hashes[t.self], held[t.self] = t.step, t.payload.Ready.Hash, t.heldStage()
 		all := true
 		for _, p := range ep.Order {
 			_, ok := ready[p]
@@ -456,6 +502,9 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 			}
 			if err != nil {
 				return err
+			}
+			if t.stages != nil {
+				break // enterStage lays out the pipelines
 			}
 			devices := map[string]int{t.self: len(t.payload.Devices)}
 			for _, m := range members {
@@ -484,6 +533,9 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 		if !ctxutil.Sleep(ctx, pollInterval) {
 			return ctx.Err()
 		}
+	}
+	if t.stages != nil {
+		return t.enterStage(ctx, ep, ready, hashes, held)
 	}
 	target, want := chooseState(ep.Order, ready, hashes, uint64(t.cfg.Steps))
 	if target == 0 && hashes[ep.Coordinator] != "" {
@@ -592,10 +644,10 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64, want st
 	// member fetching from it would refuse the new state for not matching.
 	t.payload.Check = nil
 	if t.cfg.CheckEvery > 0 && step%uint64(t.cfg.CheckEvery) == 0 {
-		t.payload.Check = &ParamCheck{Step: step, Hash: hash}
+		t.payload.Check = &ParamCheck{Step: step, Hash: hash, Stage: t.heldStage()}
 	}
 	if t.payload.Ready != nil {
-		t.payload.Ready.Step, t.payload.Ready.Hash = step, hash
+		t.payload.Ready.Step, t.payload.Ready.Hash, t.payload.Ready.Stage = step, hash, t.heldStage()
 	}
 	t.publish()
 	t.log.Info("training state synchronised", zap.String("from", src), zap.Uint64("step", step), zap.String("param_hash", hash))
@@ -612,7 +664,7 @@ func (t *Trainer) checkState(src string, step uint64, want string, b []byte) (*m
 	if err != nil {
 		return nil, "", fmt.Errorf("train: state from %s: %w", src, err)
 	}
-	if c.ConfigHash != t.cfgHash || uint64(c.Step) != step {
+	if c.ConfigHash != t.stateHash(t.wantStage) || uint64(c.Step) != step {
 		return nil, "", fmt.Errorf("train: state from %s is for another configuration or step (%d)", src, c.Step)
 	}
 	sum := sha256.Sum256(c.Params) // the parameter hash: SHA-256 of the little-endian fp32 bytes
@@ -657,7 +709,18 @@ func (t *Trainer) requestEpoch(current uint64) {
 // ends. It returns an error only when training cannot go on: a local device
 // failed (*model.DeviceError).
 func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
-	spec := plan.NewEpochSpec(ep, t.self, t.arCfg.Session(t.log.Named("allreduce")), t.arCfg.Codec, t.c.LinkMatrix(ep.Order))
+	var spec plan.EpochSpec
+	if t.stages != nil {
+		// This peer's stage of a pipeline, and the ring of the stage's replicas.
+		var err error
+		if spec, t.pipe, err = t.beginPipe(ep); err != nil {
+			t.log.Error("cannot start the pipeline stage", zap.Error(err))
+			t.requestEpoch(ep.Number)
+			return nil
+		}
+	} else {
+		spec = plan.NewEpochSpec(ep, t.self, t.arCfg.Session(t.log.Named("allreduce")), t.arCfg.Codec, t.c.LinkMatrix(ep.Order))
+	}
 	links := spec.LinkCodecs(len(t.codecs), func(b int, s string) (compress.Codec, error) { return t.newCodec(s, b) })
 	for _, note := range spec.Notes {
 		t.log.Warn(note)
@@ -672,6 +735,10 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 	sess, err := allreduce.NewSession(spec.Ring, tr, spec.Session)
 	if err != nil {
 		tr.Reset(err)
+		if pe := t.pipe; pe != nil {
+			t.pipe = nil
+			t.endPipe(pe, err)
+		}
 		t.log.Error("cannot start all-reduce session", zap.Error(err))
 		t.requestEpoch(ep.Number)
 		return nil
@@ -757,6 +824,16 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 			break
 		}
 	}
+	if pe := t.pipe; pe != nil {
+		// First: a failed step resets the pipeline's streams, so that its
+		// other stages fail at once rather than at a deadline.
+		t.pipe = nil
+		var why error
+		if failed || ctx.Err() != nil {
+			why = errEpochChanged
+		}
+		t.endPipe(pe, why)
+	}
 	sess.Close()
 	if failed || ctx.Err() != nil {
 		tr.Reset(errEpochChanged)
@@ -777,6 +854,10 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 	step := t.step
 	sh := t.shard
 	sentBefore := tr.Sent()
+	var pipeBefore uint64
+	if t.pipe != nil {
+		pipeBefore = t.pipe.tr.Sent()
+	}
 	round := sess.NewRound(ctx, step)
 	var addErr error
 	grads := make([][]float32, 0, len(t.codecs))
@@ -808,28 +889,44 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 	})
 	computed := time.Now()
 	werr := round.Wait()
-	reduced := time.Now()
 	if err := errors.Join(cerr, addErr, werr); err != nil {
 		return err
 	}
-	if slices.ContainsFunc(grads, model.HasNonFinite) {
+	if t.stages != nil {
+		// The tied table's other part, and the pipeline's verdict: a step
+		// any stage cannot apply is applied by none.
+		last, apply, err := t.stages.Settle(ctx, step)
+		if err != nil {
+			return err
+		}
+		if !apply {
+			return fmt.Errorf("%w at step %d (on this stage or another of the pipeline)", errNonFiniteAverage, step)
+		}
+		loss = last
+	} else if slices.ContainsFunc(grads, model.HasNonFinite) {
 		// Every peer holds the same average: none applies it, and the step
 		// is retried (the codecs' residuals are reset).
 		return fmt.Errorf("%w at step %d", errNonFiniteAverage, step)
 	}
+	reduced := time.Now()
 	t.mu.Lock()
 	err := t.l.Apply(ctx, step)
 	if err == nil {
 		t.step++
 		t.hash = ""
+		t.prevState = nil // every member of the epoch holds its stage now
 	}
 	t.mu.Unlock()
 	if err != nil {
 		return err
 	}
 	end := time.Now()
+	t.noteStepTime(end.Sub(start))
 	elapsed := end.Sub(start).Seconds()
 	sent := float64(tr.Sent() - sentBefore)
+	if t.pipe != nil {
+		sent += float64(t.pipe.tr.Sent() - pipeBefore) // activations, their gradients, the tied table
+	}
 	samples := float64(sh.Global)
 	allreduceS := reduced.Sub(computed).Seconds()
 	t.timeline.Add(telemetry.Record{Kind: telemetry.KindStep, Time: end, Step: t.step, Steps: uint64(t.cfg.Steps),
@@ -860,7 +957,18 @@ func blamed(err error) string {
 	if errors.As(err, &pe) {
 		return string(pe.Peer)
 	}
+	var ce culprit
+	if errors.As(err, &ce) {
+		return ce.Culprit()
+	}
 	return ""
+}
+
+// culprit is an error that names the peer held responsible (a
+// *pipestream.PeerError).
+type culprit interface {
+	error
+	Culprit() string
 }
 
 // errNonFinite marks a run stopped because its parameters are not finite.
@@ -883,8 +991,8 @@ const maxNonFiniteRetries = 3
 // failures blamed on one member exclude it from ring epochs for a back-off,
 // so the others train on without it.
 func (t *Trainer) blame(err error, ep gossip.Epoch) {
-	var pe *allreduce.PeerError
-	if !errors.As(err, &pe) || string(pe.Peer) == t.self || !slices.Contains(ep.Order, string(pe.Peer)) {
+	p := blamed(err)
+	if p == "" || p == t.self || !slices.Contains(ep.Order, p) {
 		return
 	}
 	switch {
@@ -893,7 +1001,7 @@ func (t *Trainer) blame(err error, ep gossip.Epoch) {
 	default:
 		return
 	}
-	t.strike(string(pe.Peer), pe.Err)
+	t.strike(p, err)
 }
 
 // strike counts one more consecutive failure against member p;
@@ -941,7 +1049,7 @@ func (t *Trainer) afterStep(ctx context.Context) error {
 		}
 		t.checks[t.step] = t.hash
 		delete(t.checks, t.step-uint64(16*t.cfg.CheckEvery))
-		t.payload.Check = &ParamCheck{Step: t.step, Hash: t.hash} // published after the step: the others compare promptly
+		t.payload.Check = &ParamCheck{Step: t.step, Hash: t.hash, Stage: t.heldStage()} // published after the step: the others compare promptly
 	}
 	if t.cfg.CheckpointDir != "" && t.cfg.CheckpointEvery > 0 && s%t.cfg.CheckpointEvery == 0 {
 		t.checkpoint()
@@ -995,21 +1103,26 @@ func (t *Trainer) checkpoint() {
 	t.event(telemetry.EventCheckpoint, "", path)
 }
 
-// checkParams compares this peer's last parameter hash with the coordinator's
-// for the same step. On a mismatch it logs an error, marks this peer for a
-// re-sync from the coordinator, and returns true.
+// checkParams compares this peer's last parameter hash with the
+// coordinator's for the same step (with pipeline stages, its stage
+// leader's: stageLeader). On a mismatch it logs an error, marks this peer
+// for a re-sync from the coordinator (the stage leader), and returns true.
 func (t *Trainer) checkParams(ep gossip.Epoch) bool {
-	self := t.self
-	if ep.Coordinator == self {
-		return false
+	ref, stage, role := ep.Coordinator, 0, "coordinator"
+	if t.stages != nil {
+		var ok bool
+		if ref, stage, ok = t.stageLeader(ep); !ok {
+			return false
+		}
+		role = "stage leader"
 	}
-	if len(t.checks) == 0 {
+	if ref == t.self || len(t.checks) == 0 {
 		return false
 	}
 	members, _ := t.c.View()
 	for _, m := range members {
 		c := payloadOf(m).Check
-		if m.PeerID != ep.Coordinator || c == nil {
+		if m.PeerID != ref || c == nil || c.Stage != stage {
 			continue
 		}
 		mine, ok := t.checks[c.Step]
@@ -1017,8 +1130,8 @@ func (t *Trainer) checkParams(ep gossip.Epoch) bool {
 			continue
 		}
 		if c.Hash != mine {
-			t.log.Error("parameter hash differs from the coordinator's: re-syncing from it",
-				zap.Uint64("step", c.Step), zap.String("mine", mine), zap.String("coordinator", c.Hash))
+			t.log.Error("parameter hash differs from the "+role+"'s: re-syncing from it",
+				zap.Int("stage", stage), zap.Uint64("step", c.Step), zap.String("mine", mine), zap.String(role, c.Hash))
 			clear(t.checks)
 			t.mismatches++
 			t.mu.Lock()
@@ -1068,7 +1181,7 @@ func (t *Trainer) finish(ctx context.Context) (Result, gossip.Epoch, error) {
 		members, ep := t.c.View()
 		// Keep answering new epochs: a peer that joins now syncs to the final state.
 		if slices.Contains(ep.Order, self) && !t.payload.Ready.In(ep) {
-			t.payload.Ready = &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: t.step, Hash: res.ParamHash}
+			t.payload.Ready = &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: t.step, Hash: res.ParamHash, Stage: t.heldStage()}
 			t.publish()
 		}
 		done := true

@@ -42,12 +42,12 @@ const ID protocol.ID = "/p2ptrain/pipe/1"
 //
 //	offset size field
 //	0      1    version (Version)
-//	1      1    kind (pipeline.Kind: 1 activation, 2 gradient, 3 tied, 4 loss)
+//	1      1    kind (pipeline.Kind: 1 activation, 2 gradient, 3 tied, 4 loss, 5 commit)
 //	2      2    reserved, zero
-//	4      4    codec ID (CodecID of the activation codec; 0 for tied and loss)
+//	4      4    codec ID (CodecID of the activation codec; 0 for the others)
 //	8      8    epoch number
 //	16     8    step
-//	24     4    micro-batch (0 for tied and loss)
+//	24     4    micro-batch (0 but for activations and gradients)
 //	28     4    payload length
 //
 // all little-endian. The receiver checks every field against its own
@@ -65,9 +65,6 @@ const HeaderLen = 32
 
 // MaxDigest is the longest epoch digest a hello may carry.
 const MaxDigest = ringstream.MaxDigest
-
-// lossLen is a Loss frame's payload: the loss as a float64.
-const lossLen = 8
 
 const (
 	// helloTimeout bounds reading the hello of an inbound stream.
@@ -378,7 +375,7 @@ func (t *Transport) notify() {
 
 // sends reports whether stage from sends messages of some kind to this stage.
 func (t *Transport) sends(from int) bool {
-	for _, k := range []pipeline.Kind{pipeline.Activation, pipeline.Gradient, pipeline.Tied, pipeline.Loss} {
+	for _, k := range []pipeline.Kind{pipeline.Activation, pipeline.Gradient, pipeline.Tied, pipeline.Loss, pipeline.Commit} {
 		if s, err := pipeline.Source(k, t.stage, len(t.p.Peers)); err == nil && s == from {
 			return true
 		}
@@ -466,13 +463,8 @@ func (t *Transport) check(s int, h []byte) (pipeline.Key, int, error) {
 	if src, err := pipeline.Source(kind, t.stage, len(t.p.Peers)); err != nil || src != s {
 		return k, 0, fmt.Errorf("%w: stage %d sent a %v frame to stage %d", allreduce.ErrBadFrame, s, kind, t.stage)
 	}
-	wantCodec, maxLen, exact := t.codecID, int64(t.p.MaxPayload), false
-	switch kind {
-	case pipeline.Tied:
-		wantCodec, maxLen, exact = 0, int64(t.p.TiedBytes), true
-	case pipeline.Loss:
-		wantCodec, maxLen, exact = 0, lossLen, true
-	}
+	wantCodec, limit, exact := t.bound(kind)
+	maxLen := int64(limit)
 	if codec != wantCodec {
 		return k, 0, fmt.Errorf("%w: %v frame of codec %#x, want %#x (train.activation_codec %q)", allreduce.ErrCodecMismatch, kind, codec, wantCodec, t.p.Codec)
 	}
@@ -496,12 +488,23 @@ func (t *Transport) check(s int, h []byte) (pipeline.Key, int, error) {
 	return k, int(n), nil
 }
 
+// linkError classifies a broken stream to a peer: a reset from its side
+// is an abort (allreduce.ErrAborted: its step failed, the peer is not to
+// blame for this one), anything else a failure of the peer or its link.
+func linkError(err error) error {
+	var se *network.StreamError
+	switch {
+	case errors.As(err, &se) && se.Remote:
+		return fmt.Errorf("%w: it reset its link (its step failed, or it stopped): %v", allreduce.ErrAborted, err)
+	case errors.Is(err, io.EOF):
+		return fmt.Errorf("%w: it closed its link", allreduce.ErrPeerFailed)
+	}
+	return fmt.Errorf("%w: its link broke: %v", allreduce.ErrPeerFailed, err)
+}
+
 // linkGone records that the stream from peer from ended.
 func (t *Transport) linkGone(from string, err error) {
-	why := fmt.Errorf("%w: its link broke: %v", allreduce.ErrPeerFailed, err)
-	if errors.Is(err, io.EOF) {
-		why = fmt.Errorf("%w: it closed its link", allreduce.ErrPeerFailed)
-	}
+	why := linkError(err)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.links[from] == nil {
@@ -532,13 +535,7 @@ func (t *Transport) Send(ctx context.Context, k pipeline.Key, payload []byte) er
 		return err
 	}
 	to := t.peerOf(s)
-	codec, limit := t.codecID, t.p.MaxPayload
-	switch k.Kind {
-	case pipeline.Tied:
-		codec, limit = 0, t.p.TiedBytes
-	case pipeline.Loss:
-		codec, limit = 0, lossLen
-	}
+	codec, limit, _ := t.bound(k.Kind)
 	if len(payload) > limit || k.Micro < 0 || k.Micro >= t.p.Micro {
 		return fmt.Errorf("pipestream: %v of %d bytes to %s exceeds the pipeline's bound of %d or its %d micro-batches", k, len(payload), to, limit, t.p.Micro)
 	}
@@ -555,7 +552,7 @@ func (t *Transport) Send(ctx context.Context, k pipeline.Key, payload []byte) er
 		if cerr := context.Cause(ctx); cerr != nil {
 			err = cerr
 		}
-		l.err = &PeerError{Peer: to, Epoch: t.p.Epoch, Step: k.Step, Err: fmt.Errorf("%w: sending %v: %w", allreduce.ErrPeerFailed, k, err)}
+		l.err = &PeerError{Peer: to, Epoch: t.p.Epoch, Step: k.Step, Err: fmt.Errorf("sending %v: %w", k, linkError(err))}
 		return l.err
 	}
 	if l.s == nil {
@@ -579,6 +576,20 @@ func (t *Transport) Send(ctx context.Context, k pipeline.Key, payload []byte) er
 	t.sent.Add(uint64(len(l.buf)))
 	t.svc.sent.Add(uint64(len(l.buf)))
 	return nil
+}
+
+// bound returns the codec ID and the payload bound of messages of kind k,
+// and whether the payload must have exactly that size.
+func (t *Transport) bound(k pipeline.Kind) (codec uint32, limit int, exact bool) {
+	switch k {
+	case pipeline.Tied:
+		return 0, t.p.TiedBytes, true
+	case pipeline.Loss:
+		return 0, pipeline.LossBytes, true
+	case pipeline.Commit:
+		return 0, pipeline.CommitBytes, true
+	}
+	return t.codecID, t.p.MaxPayload, false
 }
 
 // appendFrame appends message k's frame: its header and payload.

@@ -258,7 +258,7 @@ func TestFramesBeforeOpenAndEarlyStepAreDelivered(t *testing.T) {
 	if err := b.Send(ctx, pipeline.Key{Step: 10, Micro: 2, Kind: pipeline.Gradient}, []byte("g")); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Send(ctx, pipeline.Key{Step: 10, Kind: pipeline.Loss}, make([]byte, 8)); err != nil {
+	if err := b.Send(ctx, pipeline.Key{Step: 10, Kind: pipeline.Loss}, make([]byte, pipeline.LossBytes)); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := a.Recv(ctx, pipeline.Key{Step: 10, Micro: 2, Kind: pipeline.Gradient}); err != nil || string(got) != "g" {
@@ -302,8 +302,10 @@ func TestSilentPeerTimesOut(t *testing.T) {
 
 // TestDeadOrResetPeerFailsPromptly: a stage whose neighbour resets its
 // transport (a failed step), or whose neighbour's host dies, fails its
-// Recv at once with ErrPeerFailed naming the neighbour, long before the
-// deadline.
+// Recv at once with a *PeerError naming the neighbour, long before the
+// deadline: ErrAborted for a reset (the neighbour's step failed: it is
+// not to blame), ErrPeerFailed or ErrAborted for a host that died (a
+// closing host resets its streams too).
 func TestDeadOrResetPeerFailsPromptly(t *testing.T) {
 	for _, how := range []string{"reset", "killed", "killed before sending"} {
 		t.Run(how, func(t *testing.T) {
@@ -327,9 +329,11 @@ func TestDeadOrResetPeerFailsPromptly(t *testing.T) {
 			}
 			_, err := b.Recv(ctx, pipeline.Key{Step: 10, Micro: 1, Kind: pipeline.Activation})
 			var pe *PeerError
-			if !errors.As(err, &pe) || pe.Peer != c.ids[0] || !errors.Is(err, allreduce.ErrPeerFailed) {
-				t.Fatalf("Recv from a %s stage: %v; want ErrPeerFailed naming %s", how, err, c.ids[0])
+			want := errors.Is(err, allreduce.ErrAborted) || (how != "reset" && errors.Is(err, allreduce.ErrPeerFailed))
+			if !errors.As(err, &pe) || pe.Peer != c.ids[0] || !want {
+				t.Fatalf("Recv from a %s stage: %v; want a *PeerError naming %s", how, err, c.ids[0])
 			}
+			t.Logf("%s: %v", how, err)
 			if d := time.Since(start); d > 10*time.Second {
 				t.Fatalf("the failure took %s to show", d)
 			}
