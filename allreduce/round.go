@@ -25,6 +25,15 @@ type Bucket struct {
 	// Out receives the average over all peers, identical bit for bit on
 	// every peer, and only when the whole round succeeds. It may alias Data.
 	Out []float32
+	// InPlace lets the round write the average straight into Out as each
+	// chunk completes, instead of into a scratch that Wait copies out: one
+	// pass over the bucket less, and no bucket-sized scratch. If the round
+	// fails, Out then holds a mix of averages and (when it aliases Data)
+	// local values: set it only when a retry recomputes or re-copies Data,
+	// as the trainer does. Aliasing stays safe: every schedule reads a
+	// chunk's Data before it writes that chunk's average. Low-rank codecs
+	// ignore it.
+	InPlace bool
 	// Links optionally gives per-link codecs (see EdgeCodecs). They are used
 	// by the ring schedule of ClassLinear and ClassQuantized codecs and
 	// ignored otherwise.
@@ -48,10 +57,12 @@ type LinkCodecs struct {
 // Round is the all-reduce of one training step's buckets. The caller Adds
 // buckets as they become ready (backward order); each one's all-reduce starts
 // at once, at most Config.Concurrency at a time in the order they were
-// added. Wait then blocks until all are done and copies every result out.
+// added. Wait then blocks until all are done and copies every result out
+// (but for InPlace buckets, already written).
 //
-// If the round fails, no Out is written: the caller keeps its gradients and
-// retries the step in the next epoch. Codecs with error feedback
+// If the round fails, no Out is written (InPlace buckets' may be): the
+// caller keeps (or recomputes) its gradients and retries the step in the
+// next epoch. Codecs with error feedback
 // (ClassErrorFeedback, ClassSparse) have then advanced their residuals; call
 // their Reset before the retry. Low-rank codecs: call ResetShared at the
 // epoch change on every peer.
@@ -173,9 +184,16 @@ func (r *Round) dispatch() {
 		go func() {
 			defer r.wg.Done()
 			defer func() { <-r.s.sem }()
-			j.scratch = r.s.floats.get(len(j.b.Data))
-			readyScratch(j.scratch, j.b.Codec.Class())
-			j.err = r.s.reduceBucket(r.ctx, r.step, j.b, j.scratch)
+			// Low-rank codecs build their output from a cleared buffer
+			// while Data is still to be factored: never in place.
+			class := j.b.Codec.Class()
+			out := j.b.Out
+			if !j.b.InPlace || class == compress.ClassLowRank {
+				j.scratch = r.s.floats.get(len(j.b.Data))
+				out = j.scratch
+			}
+			readyScratch(out, class, j.scratch == nil)
+			j.err = r.s.reduceBucket(r.ctx, r.step, j.b, out)
 		}()
 	}
 }
@@ -185,18 +203,18 @@ func (r *Round) dispatch() {
 // value unwritten fails their checks instead of passing an earlier round's.
 var scratchPoison bool
 
-// readyScratch prepares a pooled scratch (stale contents) for a bucket of
-// codec class c. The schedules of every class but low-rank write each
+// readyScratch prepares the output of a bucket of codec class c: a pooled
+// scratch (stale contents), or with inPlace the bucket's Out. The schedules of every class but low-rank write each
 // output value exactly once on success (finish decodes every chunk of the
 // layout, and the layout tiles the bucket), so they skip clearing it: a
 // pass over the whole gradient that cost about a tenth of a 64 MiB onebit
 // all-reduce's CPU. Low-rank codecs build their output in Absorb, which is
 // not bound to that rule, and get a cleared buffer.
-func readyScratch(b []float32, c compress.Class) {
+func readyScratch(b []float32, c compress.Class, inPlace bool) {
 	switch {
 	case c == compress.ClassLowRank:
 		clear(b)
-	case scratchPoison:
+	case scratchPoison && !inPlace: // Out may alias Data, which is still to be read
 		nan := float32(math.NaN())
 		for i := range b {
 			b[i] = nan
@@ -245,7 +263,9 @@ func (r *Round) Wait() error {
 	}
 	if err == nil {
 		for _, j := range r.jobs {
-			copy(j.b.Out, j.scratch)
+			if j.scratch != nil { // nil: written in place
+				copy(j.b.Out, j.scratch)
+			}
 		}
 	} else if e := r.s.errNow(); e != nil {
 		err = e

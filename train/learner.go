@@ -42,6 +42,9 @@ type Learner interface {
 	// soon as its gradient g is complete; g stays this learner's until the
 	// next Compute or Restore, and the Trainer may scale it and has the
 	// all-reduce replace it with the average, which Apply then applies.
+	// The all-reduce writes g in place: after a failed attempt g holds a
+	// mix of values, and the Trainer calls Compute again for the retry, so
+	// each call must hand over a gradient computed (or copied) anew.
 	// It returns the local training loss.
 	Compute(ctx context.Context, step uint64, sh Shard, ready func(b int, g []float32)) (loss float64, err error)
 	// Apply applies the averaged gradients (what the all-reduce wrote into

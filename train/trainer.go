@@ -879,7 +879,9 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 		if t.plain != nil && step < uint64(max(t.cfg.WarmupSteps, t.cfg.LowRankWarmupSteps)) {
 			codec = t.plain[b]
 		}
-		bk := allreduce.Bucket{ID: uint32(b), Codec: codec, Data: g, Out: g}
+		// In place: a failed step is retried with a gradient computed (or
+		// copied from the training process) anew, so g need not survive it.
+		bk := allreduce.Bucket{ID: uint32(b), Codec: codec, Data: g, Out: g, InPlace: true}
 		if links != nil {
 			bk.Links = links[b]
 		}

@@ -303,7 +303,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 				rd := sessions[i].NewRound(ctx, uint64(round))
 				for b := o.Buckets - 1; b >= 0; b-- {
 					d := data[i][bounds[b]:bounds[b+1]]
-					bk := allreduce.Bucket{ID: uint32(b), Codec: codecs[i][b], Data: d, Out: out[i][bounds[b]:bounds[b+1]]}
+					bk := allreduce.Bucket{ID: uint32(b), Codec: codecs[i][b], Data: d, Out: out[i][bounds[b]:bounds[b+1]], InPlace: true} // as the trainer's
 					if links != nil {
 						bk.Links = links[i][b]
 					}

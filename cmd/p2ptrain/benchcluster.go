@@ -628,7 +628,7 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 		rd := s.NewRound(ctx, b.step)
 		for i := b.buckets - 1; i >= 0; i-- {
 			lo, hi := bounds[i], bounds[i+1]
-			bk := allreduce.Bucket{ID: uint32(i), Codec: codecs[i], Data: data[lo:hi], Out: out[lo:hi]}
+			bk := allreduce.Bucket{ID: uint32(i), Codec: codecs[i], Data: data[lo:hi], Out: out[lo:hi], InPlace: true} // as the trainer's
 			if links != nil {
 				bk.Links = links[i]
 			}
