@@ -23,6 +23,9 @@
 # (qsgd:bits=4,block=512), hence one flag per codec.
 #
 # Common options: --size [64MiB] --rounds [5] --delay --loss --mtu --queue --open --timeout
+# --gloo (after each run, PyTorch's gloo all-reduce on the same hosts: netns.sh --gloo; a line
+# under the row gives CPU-seconds per GB all-reduced per process of both, and busbw of both, each
+# as p2ptrain's over gloo's; without it the line gives p2ptrain's CPU per GB alone)
 # --binary PATH (default: build bin/p2ptrain once) --out FILE (every host's JSON
 # line of every run, with "compare" naming the preset, appended as JSON Lines)
 # --markdown FILE (the same figures as one Markdown table, overwritten: what
@@ -55,7 +58,7 @@ while [ $# -gt 0 ]; do
 	--out) need_arg "$@"; out=$2; shift 2 ;;
 	--markdown) need_arg "$@"; markdown=$2; shift 2 ;;
 	--delay | --loss | --mtu | --queue | --timeout) need_arg "$@"; common+=("$1" "$2"); shift 2 ;;
-	--open) common+=("$1"); shift ;;
+	--open | --gloo) common+=("$1"); shift ;;
 	-h | --help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
 	--) shift; extra=("$@"); break ;;
 	*) usage_err "unknown argument $1" ;;
@@ -159,6 +162,7 @@ run_table() {
 			fi
 			printf '%-28s %-10s %10.3f %11.4f %11.4f %10s %10s  %s\n' "$c" "$s" "$med" "$algbw" "$busbw" \
 				"$linkrel" "$ratio" "$verdict"
+			cpu_line "$jl" "$busbw"
 			if [ -n "$markdown" ]; then
 				ran=$(field schedule "$jl")
 				printf '| %s | %s | %s | %.3f s | %s | %s | %s× | %s |\n' "$label" "$c" "$s → ${ran:-?}" "$med" "$linkrel" \
@@ -170,6 +174,25 @@ run_table() {
 			fi
 		done
 	done
+}
+
+# cpu_line file busbw: the CPU-seconds per GB all-reduced per process (the
+# mean over hosts) of p2ptrain and, when the file has gloo's lines
+# ("impl":"gloo", netns.sh --gloo), of gloo, with busbw and the ratios.
+cpu_line() {
+	local mean='{ if (match($0, /"cpu_s_per_gb"[[:space:]]*:[[:space:]]*[-0-9.eE+]+/)) { v = substr($0, RSTART, RLENGTH); sub(/.*:[[:space:]]*/, "", v); s += v; n++ } } END { if (n > 0) printf "%.2f", s / n }'
+	local p g gbus
+	p=$(grep -v '"impl"' "$1" | awk "$mean")
+	g=$(grep '"impl"[[:space:]]*:[[:space:]]*"gloo"' "$1" | awk "$mean")
+	gbus=$(grep '"impl"[[:space:]]*:[[:space:]]*"gloo"' "$1" | head -n 1 |
+		sed -nE 's/.*"busbw_gbps"[[:space:]]*:[[:space:]]*([-0-9.eE+]+).*/\1/p')
+	if [ -n "$g" ] && [ -n "$gbus" ]; then
+		awk -v p="$p" -v g="$g" -v b="$2" -v gb="$gbus" 'BEGIN {
+			printf "    cpu_s/GB per process: p2ptrain %s, gloo %s (%.2f×); busbw gloo %.4f Gbit/s (p2ptrain %.2f× gloo'"'"'s)\n",
+				p, g, (g > 0 ? p / g : 0), gb, (gb > 0 ? b / gb : 0) }'
+	elif [ -n "$p" ]; then
+		printf '    cpu_s/GB per daemon: %s\n' "$p"
+	fi
 }
 
 # bench_min_bps netns-args...: the slowest rate among --rate/--rates, in bit/s.
