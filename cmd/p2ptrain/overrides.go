@@ -43,6 +43,7 @@ var otherEnv = []string{
 	"P2PTRAIN_NVRTC_LIB",       // gpu/cuda: the NVRTC library file or directory
 	"P2PTRAIN_OPT",             // data's Fashion-MNIST benchmark: optimizer
 	"P2PTRAIN_REQUIRE_GPU",     // GPU tests: 1 fails them instead of skipping without a GPU
+	"P2PTRAIN_SCALE_TABLE",     // allreducebench: 1 runs TestScaleTable (scripts/scale-table.sh)
 	"P2PTRAIN_SKIP_BROWSER",    // e2e: 1 skips the page's browser test without chromium
 	"P2PTRAIN_SOCKET",          // python/: the daemon's socket for a PyTorch script
 	"P2PTRAIN_TEST_LOG",        // tests: log level of in-process test peers
