@@ -250,13 +250,32 @@ func TestTorchBridgeKilledPeer(t *testing.T) {
 
 // TestTorchBridgeLateJoiner: a peer that joins a running cluster gets the
 // state (parameters, optimizer, step) from a live peer's script through
-// the daemons, and ends identical to the others.
+// the daemons, and ends identical to the others. The running scripts are
+// stopped (SIGSTOP) from step 50 until the joiner is in their ring, so
+// they cannot finish first however fast a step is; their daemons keep
+// serving gossip meanwhile, and the state the joiner asks for is answered
+// once the scripts continue.
 func TestTorchBridgeLateJoiner(t *testing.T) {
 	requireTorch(t)
-	const steps = 1000 // long enough that the others still train once the joiner's script is up
+	const steps = 300
 	peers := startTorchCluster(t, 2, torchRun{steps: steps, minPeers: 2})
 	waitScriptStep(t, peers[0], 50)
+	for _, p := range peers {
+		if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cont := func() {
+		for _, p := range peers[:2] {
+			p.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}
+	defer cont()
 	peers = append(peers, startTorchPeer(t, torchRun{steps: steps, minPeers: 2, boot: peers[0].d.addr}))
+	eventually(t, 2*time.Minute, "the joiner in the running peers' ring", func() error {
+		return sameRing([]*proc{peers[0].d, peers[1].d}, 3)
+	})
+	cont()
 	sameHashes(t, peers, steps)
 	if !strings.Contains(peers[2].d.stder.String(), "training state synchronised") {
 		t.Fatal("the joiner did not adopt a peer's state")
