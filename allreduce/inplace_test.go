@@ -14,24 +14,33 @@ import (
 // TestInPlaceMatchesScratch: a bucket all-reduced in place, its Out
 // aliasing its Data as the trainer hands it over, gets the same bits as
 // one reduced into a scratch and copied out, round after round, for every
-// schedule and codec class. A schedule that wrote a chunk's average before
+// schedule and codec class, robust aggregation too. A schedule that wrote a chunk's average before
 // it read that chunk's Data would differ.
 func TestInPlaceMatchesScratch(t *testing.T) {
 	cases := []struct {
-		spec  string
-		sched allreduce.Schedule
-		w     int
+		spec   string
+		sched  allreduce.Schedule
+		w      int
+		robust bool
 	}{
-		{"none", allreduce.ScheduleRing, 4}, {"none", allreduce.ScheduleDirect, 4}, {"none", allreduce.ScheduleProportional, 4},
-		{"none", allreduce.ScheduleHierarchical, 8}, {"fp16", allreduce.ScheduleHierarchical, 6},
-		{"int8", allreduce.ScheduleRing, 4}, {"sint8", "", 4}, {"qsgd:bits=4", "", 4},
-		{"onebit", "", 4}, {"onebit", allreduce.ScheduleAllGather, 4}, {"topk:ratio=0.1", "", 4}, {"powersgd:rank=2", "", 4},
+		{"none", allreduce.ScheduleRing, 4, false}, {"none", allreduce.ScheduleDirect, 4, false}, {"none", allreduce.ScheduleProportional, 4, false},
+		{"none", allreduce.ScheduleHierarchical, 8, false}, {"fp16", allreduce.ScheduleHierarchical, 6, false},
+		{"int8", allreduce.ScheduleRing, 4, false}, {"sint8", "", 4, false}, {"qsgd:bits=4", "", 4, false},
+		{"onebit", "", 4, false}, {"onebit", allreduce.ScheduleAllGather, 4, false}, {"topk:ratio=0.1", "", 4, false}, {"powersgd:rank=2", "", 4, false},
+		{"none", allreduce.ScheduleDirect, 4, true}, {"int8", "", 4, true},
 	}
 	const n, rounds = 5003, 3
 	for _, k := range cases {
-		t.Run(fmt.Sprintf("%s/%s/%d", k.spec, k.sched, k.w), func(t *testing.T) {
-			want := inPlaceRounds(t, k.spec, k.sched, k.w, n, rounds, false)
-			got := inPlaceRounds(t, k.spec, k.sched, k.w, n, rounds, true)
+		t.Run(fmt.Sprintf("%s/%s/%d/robust=%v", k.spec, k.sched, k.w, k.robust), func(t *testing.T) {
+			cfg := allreduce.Config{ChunkBytes: 4096, Schedule: k.sched}
+			if k.sched == allreduce.ScheduleProportional {
+				cfg.Shares = []float64{0.1, 0.2, 0.3, 0.4}
+			}
+			if k.robust {
+				cfg.Robust = &allreduce.Robust{Tau: 1, Iters: 2}
+			}
+			want := inPlaceRounds(t, k.spec, cfg, k.w, n, rounds, false)
+			got := inPlaceRounds(t, k.spec, cfg, k.w, n, rounds, true)
 			for r := range want {
 				if !bitsEqual(got[r], want[r]) {
 					t.Fatalf("round %d: the in-place average differs from the scratch one", r)
@@ -44,12 +53,8 @@ func TestInPlaceMatchesScratch(t *testing.T) {
 // inPlaceRounds runs rounds all-reduces of fresh data on w peers, in place
 // (Out = a copy of Data, as the trainer's gradient buffer) or not, and
 // returns peer 0's result of each after checking that every peer agrees.
-func inPlaceRounds(t *testing.T, spec string, sched allreduce.Schedule, w, n, rounds int, inPlace bool) [][]float32 {
+func inPlaceRounds(t *testing.T, spec string, cfg allreduce.Config, w, n, rounds int, inPlace bool) [][]float32 {
 	t.Helper()
-	cfg := allreduce.Config{ChunkBytes: 4096, Schedule: sched}
-	if sched == allreduce.ScheduleProportional {
-		cfg.Shares = []float64{0.1, 0.2, 0.3, 0.4}
-	}
 	c := newCluster(t, w, 3, cfg, memtransport.Options{Capacity: 8})
 	defer c.close()
 	codecs := make([]compress.Codec, w)
