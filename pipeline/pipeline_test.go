@@ -63,22 +63,31 @@ func wholeName(whole map[string][]float32, name string) string {
 func newProblem(t testing.TB, name string, cfg model.Config, n int) *problem {
 	t.Helper()
 	cfg.MaxBatch = n
-	whole, err := model.New(name, cfg, []gpu.Device{gpu.NewCPU(0)}, 11)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(whole.Close)
-	rng := rand.New(rand.NewPCG(5, 9))
-	for i := range whole.Params() {
-		whole.Params()[i] += float32(rng.NormFloat64() * 0.05)
-	}
-	whole.SyncReplicas()
+	whole := perturbedModel(t, name, cfg, 5)
 	b := whole.RandomBatch(n, 9)
 	st, err := whole.ComputeGradients([]model.Batch{b}, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &problem{name: name, cfg: cfg, n: n, batch: b, whole: whole, loss: st, grads: byName(whole, whole.Grads())}
+}
+
+// perturbedModel builds the whole model name (seed 11) and perturbs its
+// parameters with noise drawn from seed, so that biases and LayerNorm
+// shifts are generic.
+func perturbedModel(t testing.TB, name string, cfg model.Config, seed uint64) *model.Model {
+	t.Helper()
+	whole, err := model.New(name, cfg, []gpu.Device{gpu.NewCPU(0)}, 11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(whole.Close)
+	rng := rand.New(rand.NewPCG(seed, 9))
+	for i := range whole.Params() {
+		whole.Params()[i] += float32(rng.NormFloat64() * 0.05)
+	}
+	whole.SyncReplicas()
+	return whole
 }
 
 // outcome is what a pipelined step computed: the last stage's loss, every
@@ -101,21 +110,7 @@ func runPipeline(t testing.TB, p *problem, split Split, M int, sc Schedule, code
 	S := split.Stages()
 	net := NewMemNetwork(S)
 	want := byName(p.whole, p.whole.Params())
-	stages := make([]*Stage, S)
-	for s := range S {
-		m, err := model.NewStage(p.name, p.cfg, gpu.NewCPU(s), 11, split[s], split[s+1])
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(m.Close)
-		for name, v := range byName(m, m.Params()) {
-			copy(v, want[wholeName(want, name)])
-		}
-		m.SyncReplicas()
-		if stages[s], err = NewStage(m, net.Stage(s), Config{Stages: S, Stage: s, Micro: M, Schedule: sc, Codec: codec, Seed: uint64(s)}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	stages := newStages(t, p.name, p.cfg, p.whole, split, net, Config{Micro: M, Schedule: sc, Codec: codec})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a bound on a deadlock, not a wait
 	defer cancel()
 	out := outcome{results: make([]Result, S), grads: map[string][]float32{}}
@@ -154,6 +149,33 @@ func runPipeline(t testing.TB, p *problem, split Split, M int, sc Schedule, code
 		}
 	}
 	return out
+}
+
+// newStages builds the stages of model name cut at split, each with the
+// parameters of the whole model from, and their runners over net: c with
+// Stages, Stage and Seed (c.Seed plus the stage) filled in.
+func newStages(t testing.TB, name string, cfg model.Config, from *model.Model, split Split, net *MemNetwork, c Config) []*Stage {
+	t.Helper()
+	want := byName(from, from.Params())
+	S := split.Stages()
+	stages := make([]*Stage, S)
+	seed := c.Seed
+	for s := range S {
+		m, err := model.NewStage(name, cfg, gpu.NewCPU(s), 11, split[s], split[s+1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.Close)
+		for name, v := range byName(m, m.Params()) {
+			copy(v, want[wholeName(want, name)])
+		}
+		m.SyncReplicas()
+		c.Stages, c.Stage, c.Seed = S, s, seed+uint64(s)
+		if stages[s], err = NewStage(m, net.Stage(s), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return stages
 }
 
 // gradError returns the largest per-tensor relative error ‖g−ref‖₂/‖ref‖₂

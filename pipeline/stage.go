@@ -53,6 +53,11 @@ type Stage struct {
 	enc         []byte
 	tiedSum     []float32
 	sent, recvd int64
+	// evalIn holds an evaluation chunk's input (stages but the first);
+	// evalOut encodes the evaluation's activations, seeded alike on every
+	// peer (Evaluate).
+	evalIn  []float32
+	evalOut compress.Codec
 }
 
 // NewStage returns the runner of stage cfg.Stage of cfg.Stages over m,

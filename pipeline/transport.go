@@ -26,6 +26,13 @@ const (
 	// Commit is whether every stage up to the sender can apply the step,
 	// passed forward stage by stage (Stage.Agree).
 	Commit
+	// EvalActivation is a chunk of the held-out set's activations, sent to
+	// the next stage (Stage.Evaluate); Key.Micro is the chunk's index.
+	EvalActivation
+	// EvalStats is the held-out figures the last stage computed over the
+	// chunks of an evaluation round so far, passed back stage by stage
+	// (Stage.Evaluate); Key.Micro is the round's index.
+	EvalStats
 )
 
 // LossBytes and CommitBytes are the payload sizes of Loss and Commit
@@ -48,14 +55,18 @@ func (k Kind) String() string {
 		return "loss"
 	case Commit:
 		return "commit"
+	case EvalActivation:
+		return "eval activation"
+	case EvalStats:
+		return "eval stats"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
 
 // Key names one message of a pipeline. With the receiving stage it names
-// the sender too: an Activation and a Commit come from the stage before, a
-// Gradient and a Loss from the stage after, Tied from the other end of the
-// pipeline.
+// the sender too: an Activation, a Commit and an EvalActivation come from
+// the stage before, a Gradient, a Loss and an EvalStats from the stage
+// after, Tied from the other end of the pipeline.
 type Key struct {
 	Step  uint64
 	Micro int
@@ -68,8 +79,8 @@ func (k Key) String() string {
 }
 
 // Transport carries one stage's messages in a pipeline of stages:
-// Activation and Commit messages to stage s+1, Gradient and Loss messages
-// to stage s−1, Tied messages between stages 0 and S−1. Package
+// Activation, Commit and EvalActivation messages to stage s+1, Gradient,
+// Loss and EvalStats messages to stage s−1, Tied messages between stages 0 and S−1. Package
 // protocol/pipestream implements it between peers; MemNetwork does in
 // memory.
 type Transport interface {
@@ -82,6 +93,17 @@ type Transport interface {
 	Recv(ctx context.Context, k Key) ([]byte, error)
 }
 
+// Kinds lists every message kind.
+func Kinds() []Kind {
+	return []Kind{Activation, Gradient, Tied, Loss, Commit, EvalActivation, EvalStats}
+}
+
+// forward reports whether messages of kind k go from stage s to s+1.
+func (k Kind) forward() bool { return k == Activation || k == Commit || k == EvalActivation }
+
+// backward reports whether messages of kind k go from stage s to s−1.
+func (k Kind) backward() bool { return k == Gradient || k == Loss || k == EvalStats }
+
 // Dest returns the stage a message of kind k from stage s of stages goes
 // to, or an error when stage s sends no such message.
 func Dest(k Kind, s, stages int) (int, error) { return dest(k, s, stages) }
@@ -90,9 +112,9 @@ func Dest(k Kind, s, stages int) (int, error) { return dest(k, s, stages) }
 // from, or an error when stage s receives no such message.
 func Source(k Kind, s, stages int) (int, error) {
 	switch {
-	case (k == Activation || k == Commit) && s > 0 && s < stages:
+	case k.forward() && s > 0 && s < stages:
 		return s - 1, nil
-	case (k == Gradient || k == Loss) && s >= 0 && s+1 < stages:
+	case k.backward() && s >= 0 && s+1 < stages:
 		return s + 1, nil
 	case k == Tied && stages > 1 && s == 0:
 		return stages - 1, nil
@@ -105,9 +127,9 @@ func Source(k Kind, s, stages int) (int, error) {
 // dest returns the stage a message of kind k from stage s of stages goes to.
 func dest(k Kind, s, stages int) (int, error) {
 	switch {
-	case (k == Activation || k == Commit) && s >= 0 && s+1 < stages:
+	case k.forward() && s >= 0 && s+1 < stages:
 		return s + 1, nil
-	case (k == Gradient || k == Loss) && s > 0 && s < stages:
+	case k.backward() && s > 0 && s < stages:
 		return s - 1, nil
 	case k == Tied && stages > 1 && s == 0:
 		return stages - 1, nil

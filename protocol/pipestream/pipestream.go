@@ -2,9 +2,9 @@
 // (/p2ptrain/pipe/1): the pipeline.Transport of one peer's stage in one
 // pipeline of one ring epoch, over libp2p streams. It carries the
 // activations a stage sends to the next stage, the activation gradients
-// and the loss it sends to the previous one, and the shared token table's
-// gradient exchanged between the first and the last stage
-// (docs/pipeline.md).
+// and the loss it sends to the previous one, the shared token table's
+// gradient exchanged between the first and the last stage, and an
+// evaluation's activations and held-out figures (docs/pipeline.md).
 package pipestream
 
 import (
@@ -42,18 +42,22 @@ const ID protocol.ID = "/p2ptrain/pipe/1"
 //
 //	offset size field
 //	0      1    version (Version)
-//	1      1    kind (pipeline.Kind: 1 activation, 2 gradient, 3 tied, 4 loss, 5 commit)
+//	1      1    kind (pipeline.Kind: 1 activation, 2 gradient, 3 tied, 4 loss, 5 commit,
+//	            6 eval activation, 7 eval stats)
 //	2      2    reserved, zero
-//	4      4    codec ID (CodecID of the activation codec; 0 for the others)
+//	4      4    codec ID (CodecID of the activation codec for kinds 1, 2 and 6;
+//	            0 for the others)
 //	8      8    epoch number
 //	16     8    step
-//	24     4    micro-batch (0 but for activations and gradients)
+//	24     4    micro-batch (kinds 1, 2), held-out chunk (6) or evaluation
+//	            round (7); 0 for the others
 //	28     4    payload length
 //
 // all little-endian. The receiver checks every field against its own
 // pipeline before it allocates the payload: the sender must be the stage
 // that sends that kind to it, the epoch its own, the codec its own, the
-// micro-batch below the step's count, the length within the kind's bound,
+// micro-batch below the step's count (a chunk below the held-out set's, a
+// round below its rounds), the length within the kind's bound,
 // and the step the one it works on or the next. Any violation fails the
 // transport with a *PeerError naming the sender.
 
@@ -132,6 +136,10 @@ type Pipe struct {
 	// MaxPayload bounds an activation or gradient payload, TiedBytes is
 	// the exact size of a Tied payload (0: the pipeline exchanges none).
 	MaxPayload, TiedBytes int
+	// EvalChunks is the number of chunks an evaluation cuts the held-out
+	// set into (pipeline.EvalChunks; 0: the pipeline does not evaluate,
+	// and refuses evaluation frames).
+	EvalChunks int
 	// Step is the first step the pipeline runs: frames of an earlier step
 	// are refused.
 	Step uint64
@@ -148,8 +156,8 @@ func (p Pipe) validate() error {
 		return fmt.Errorf("pipestream: self %s is not in pipeline %v", p.Self, p.Peers)
 	case p.Micro < 1:
 		return fmt.Errorf("pipestream: %d micro-batches", p.Micro)
-	case p.MaxPayload < 0 || p.TiedBytes < 0 || p.Timeout < 0:
-		return fmt.Errorf("pipestream: negative bound (payload %d, tied %d, timeout %s)", p.MaxPayload, p.TiedBytes, p.Timeout)
+	case p.MaxPayload < 0 || p.TiedBytes < 0 || p.EvalChunks < 0 || p.Timeout < 0:
+		return fmt.Errorf("pipestream: negative bound (payload %d, tied %d, eval chunks %d, timeout %s)", p.MaxPayload, p.TiedBytes, p.EvalChunks, p.Timeout)
 	}
 	for i, q := range p.Peers {
 		if q == "" || slices.Contains(p.Peers[:i], q) {
@@ -318,7 +326,8 @@ func (s *Service) handle(st network.Stream) {
 // in one epoch over libp2p streams. Messages received are buffered until
 // Recv takes them, so a sender never waits for the receiver's schedule;
 // what can be buffered is bounded by the pipeline (two steps of at most
-// Micro messages per kind and sender, each at most Pipe.MaxPayload).
+// Micro messages per kind and sender, each at most Pipe.MaxPayload; an
+// evaluation's window of two rounds of Micro chunks).
 type Transport struct {
 	svc     *Service
 	p       Pipe
@@ -375,7 +384,7 @@ func (t *Transport) notify() {
 
 // sends reports whether stage from sends messages of some kind to this stage.
 func (t *Transport) sends(from int) bool {
-	for _, k := range []pipeline.Kind{pipeline.Activation, pipeline.Gradient, pipeline.Tied, pipeline.Loss, pipeline.Commit} {
+	for _, k := range pipeline.Kinds() {
 		if s, err := pipeline.Source(k, t.stage, len(t.p.Peers)); err == nil && s == from {
 			return true
 		}
@@ -468,14 +477,13 @@ func (t *Transport) check(s int, h []byte) (pipeline.Key, int, error) {
 	if codec != wantCodec {
 		return k, 0, fmt.Errorf("%w: %v frame of codec %#x, want %#x (train.activation_codec %q)", allreduce.ErrCodecMismatch, kind, codec, wantCodec, t.p.Codec)
 	}
-	if kind == pipeline.Activation || kind == pipeline.Gradient {
-		if micro >= uint32(t.p.Micro) {
-			return k, 0, fmt.Errorf("%w: micro-batch %d of %d", allreduce.ErrBadFrame, micro, t.p.Micro)
+	if bound := t.micros(kind); micro >= uint32(bound) {
+		if bound == 1 {
+			return k, 0, fmt.Errorf("%w: %v frame names micro-batch %d", allreduce.ErrBadFrame, kind, micro)
 		}
-		k.Micro = int(micro)
-	} else if micro != 0 {
-		return k, 0, fmt.Errorf("%w: %v frame names micro-batch %d", allreduce.ErrBadFrame, kind, micro)
+		return k, 0, fmt.Errorf("%w: %v frame names micro-batch, chunk or round %d of %d", allreduce.ErrBadFrame, kind, micro, bound)
 	}
+	k.Micro = int(micro)
 	if n > maxLen || (exact && n != maxLen) {
 		return k, 0, fmt.Errorf("%w: %v payload of %d bytes, at most %d", allreduce.ErrFrameTooLarge, kind, n, maxLen)
 	}
@@ -536,8 +544,8 @@ func (t *Transport) Send(ctx context.Context, k pipeline.Key, payload []byte) er
 	}
 	to := t.peerOf(s)
 	codec, limit, _ := t.bound(k.Kind)
-	if len(payload) > limit || k.Micro < 0 || k.Micro >= t.p.Micro {
-		return fmt.Errorf("pipestream: %v of %d bytes to %s exceeds the pipeline's bound of %d or its %d micro-batches", k, len(payload), to, limit, t.p.Micro)
+	if micros := t.micros(k.Kind); len(payload) > limit || k.Micro < 0 || k.Micro >= micros {
+		return fmt.Errorf("pipestream: %v of %d bytes to %s exceeds the pipeline's bound of %d bytes or of %d micro-batches, chunks or rounds", k, len(payload), to, limit, micros)
 	}
 	l, err := t.outLink(to)
 	if err != nil {
@@ -588,8 +596,26 @@ func (t *Transport) bound(k pipeline.Kind) (codec uint32, limit int, exact bool)
 		return 0, pipeline.LossBytes, true
 	case pipeline.Commit:
 		return 0, pipeline.CommitBytes, true
+	case pipeline.EvalStats:
+		return 0, pipeline.EvalStatsBytes, true
 	}
 	return t.codecID, t.p.MaxPayload, false
+}
+
+// micros returns the bound on the micro-batch field of kind k's frames:
+// the micro-batches of a step (activations and gradients), the held-out
+// set's chunks (eval activations) or an evaluation's rounds (eval stats),
+// and 1 (the field is 0) for the others.
+func (t *Transport) micros(k pipeline.Kind) int {
+	switch k {
+	case pipeline.Activation, pipeline.Gradient:
+		return t.p.Micro
+	case pipeline.EvalActivation:
+		return t.p.EvalChunks
+	case pipeline.EvalStats:
+		return pipeline.EvalRounds(t.p.EvalChunks, t.p.Micro)
+	}
+	return 1
 }
 
 // appendFrame appends message k's frame: its header and payload.
@@ -598,11 +624,7 @@ func appendFrame(b []byte, k pipeline.Key, codec uint32, epoch uint64, payload [
 	b = binary.LittleEndian.AppendUint32(b, codec)
 	b = binary.LittleEndian.AppendUint64(b, epoch)
 	b = binary.LittleEndian.AppendUint64(b, k.Step)
-	micro := uint32(0)
-	if k.Kind == pipeline.Activation || k.Kind == pipeline.Gradient {
-		micro = uint32(k.Micro)
-	}
-	b = binary.LittleEndian.AppendUint32(b, micro)
+	b = binary.LittleEndian.AppendUint32(b, uint32(k.Micro)) // Send checked it against the kind's bound
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(payload)))
 	return append(b, payload...)
 }

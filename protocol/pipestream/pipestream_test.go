@@ -46,7 +46,7 @@ func newCluster(t *testing.T, n int) *cluster {
 // pipe is stage s's Pipe of a pipeline over all of c's hosts.
 func (c *cluster) pipe(s int) Pipe {
 	return Pipe{Epoch: 5, Digest: "d1g3st", Peers: c.ids, Self: c.ids[s], Micro: 4, Codec: "none",
-		MaxPayload: 1 << 16, TiedBytes: 64, Step: 10, Timeout: 20 * time.Second}
+		MaxPayload: 1 << 16, TiedBytes: 64, EvalChunks: 6, Step: 10, Timeout: 20 * time.Second}
 }
 
 func (c *cluster) open(t *testing.T, s int, p Pipe) *Transport {
@@ -66,11 +66,13 @@ func testCtx(t *testing.T) context.Context {
 }
 
 // TestPipelineStepOverLibp2pMatchesMemory: a gpt cut in 3 stages on 3
-// hosts runs one step (4 micro-batches, 1F1B, dyn8 activations) and the
-// tied table's exchange over the protocol, and every stage's gradient,
-// loss and byte count is bit-identical to the same step over a MemNetwork.
+// hosts runs one step (4 micro-batches, 1F1B, dyn8 activations), the
+// tied table's exchange and then an evaluation (110 held-out samples: 10
+// chunks in 3 rounds) over the protocol, and every stage's gradient, loss,
+// byte count and held-out figures are bit-identical to the same over a
+// MemNetwork.
 func TestPipelineStepOverLibp2pMatchesMemory(t *testing.T) {
-	const S, M, n = 3, 4, 12
+	const S, M, n, held = 3, 4, 12, 110
 	cfg := model.Config{MaxBatch: n, GPT: model.GPTConfig{Layers: 2, DModel: 16, Heads: 2, Context: 8, Vocab: 32}}
 	infos, err := model.Layers("gpt", cfg)
 	if err != nil {
@@ -90,11 +92,12 @@ func TestPipelineStepOverLibp2pMatchesMemory(t *testing.T) {
 	}
 	defer whole.Close()
 	batch := whole.RandomBatch(n, 4)
+	ds := model.BatchSamples{B: whole.RandomBatch(held, 5), N: held}
 	c := newCluster(t, S)
 	type result struct {
 		res   pipeline.Result
 		grads []float32
-		sent  uint64
+		eval  model.Stats
 	}
 	run := func(transport func(s int) pipeline.Transport) []result {
 		out := make([]result, S)
@@ -118,8 +121,10 @@ func TestPipelineStepOverLibp2pMatchesMemory(t *testing.T) {
 				}
 				if err := st.SumTied(testCtx(t), 10); err != nil && !errors.Is(err, pipeline.ErrNoTie) {
 					errs[s] = err
+					return
 				}
 				out[s].grads = slices.Clone(m.Grads())
+				out[s].eval, errs[s] = st.Evaluate(testCtx(t), 11, ds)
 			}()
 		}
 		wg.Wait()
@@ -135,12 +140,16 @@ func TestPipelineStepOverLibp2pMatchesMemory(t *testing.T) {
 		p := c.pipe(s)
 		p.Codec, p.Micro = "dyn8", M
 		p.TiedBytes = 4 * cfg.GPT.Vocab * cfg.GPT.DModel // the token table, fp32
+		p.EvalChunks = pipeline.EvalChunks(held, n)
 		trs[s] = c.open(t, s, p)
 	}
 	got := run(func(s int) pipeline.Transport { return trs[s] })
 	for s := range S {
 		if got[s].res != want[s].res {
 			t.Errorf("stage %d: result %+v over libp2p, %+v in memory", s, got[s].res, want[s].res)
+		}
+		if got[s].eval != want[S-1].eval || want[s].eval != want[S-1].eval {
+			t.Errorf("stage %d: held-out figures %+v over libp2p, %+v in memory, the last stage's %+v", s, got[s].eval, want[s].eval, want[S-1].eval)
 		}
 		if !slices.Equal(got[s].grads, want[s].grads) {
 			t.Errorf("stage %d: gradients differ between libp2p and memory", s)
@@ -149,8 +158,8 @@ func TestPipelineStepOverLibp2pMatchesMemory(t *testing.T) {
 			t.Errorf("stage %d sent nothing", s)
 		}
 	}
-	if want[S-1].res.Stats.Samples == 0 {
-		t.Fatal("the last stage counted no labels")
+	if want[S-1].res.Stats.Samples == 0 || want[S-1].eval.Samples != held*cfg.GPT.Context {
+		t.Fatalf("the last stage counted %d labels in the step and %d held out", want[S-1].res.Stats.Samples, want[S-1].eval.Samples)
 	}
 	for s := range S {
 		if err := trs[s].Close(); err != nil {
@@ -186,29 +195,43 @@ func header(kind pipeline.Kind, codec uint32, step uint64, micro, n uint32) []by
 func TestBadFramesFailNamingThePeer(t *testing.T) {
 	none := CodecID("none")
 	setLen := func(h []byte, n uint32) []byte { binary.LittleEndian.PutUint32(h[28:], n); return h }
+	eval := func(micro, n uint32) []byte { return header(pipeline.EvalStats, 0, 10, micro, n) }
 	cases := []struct {
 		name  string
+		from  int // the sending stage: 0 but for frames that stage 2 sends back
 		frame func() []byte
 		want  error
 	}{
-		{"version", func() []byte { h := header(pipeline.Activation, none, 10, 0, 8); h[0] = 9; return h }, allreduce.ErrBadFrame},
-		{"reserved", func() []byte { h := header(pipeline.Activation, none, 10, 0, 8); h[3] = 1; return h }, allreduce.ErrBadFrame},
-		{"epoch", func() []byte {
+		{"version", 0, func() []byte { h := header(pipeline.Activation, none, 10, 0, 8); h[0] = 9; return h }, allreduce.ErrBadFrame},
+		{"reserved", 0, func() []byte { h := header(pipeline.Activation, none, 10, 0, 8); h[3] = 1; return h }, allreduce.ErrBadFrame},
+		{"epoch", 0, func() []byte {
 			h := header(pipeline.Activation, none, 10, 0, 8)
 			binary.LittleEndian.PutUint64(h[8:], 6)
 			return h
 		}, allreduce.ErrEpochMismatch},
-		{"codec", func() []byte { return header(pipeline.Activation, CodecID("dyn8"), 10, 0, 8) }, allreduce.ErrCodecMismatch},
-		{"kind from the wrong stage", func() []byte { return header(pipeline.Gradient, none, 10, 0, 8) }, allreduce.ErrBadFrame},
-		{"unknown kind", func() []byte { return header(pipeline.Kind(77), none, 10, 0, 8) }, allreduce.ErrBadFrame},
-		{"micro-batch", func() []byte { return header(pipeline.Activation, none, 10, 4, 8) }, allreduce.ErrBadFrame},
-		{"huge length", func() []byte { return setLen(header(pipeline.Activation, none, 10, 0, 0), 1<<32-1) }, allreduce.ErrFrameTooLarge},
-		{"stale step", func() []byte { return header(pipeline.Activation, none, 9, 0, 8) }, allreduce.ErrBadFrame},
-		{"step ahead", func() []byte { return header(pipeline.Activation, none, 12, 0, 8) }, allreduce.ErrBadFrame},
-		{"duplicate", func() []byte {
+		{"codec", 0, func() []byte { return header(pipeline.Activation, CodecID("dyn8"), 10, 0, 8) }, allreduce.ErrCodecMismatch},
+		{"kind from the wrong stage", 0, func() []byte { return header(pipeline.Gradient, none, 10, 0, 8) }, allreduce.ErrBadFrame},
+		{"unknown kind", 0, func() []byte { return header(pipeline.Kind(77), none, 10, 0, 8) }, allreduce.ErrBadFrame},
+		{"micro-batch", 0, func() []byte { return header(pipeline.Activation, none, 10, 4, 8) }, allreduce.ErrBadFrame},
+		{"huge length", 0, func() []byte { return setLen(header(pipeline.Activation, none, 10, 0, 0), 1<<32-1) }, allreduce.ErrFrameTooLarge},
+		{"stale step", 0, func() []byte { return header(pipeline.Activation, none, 9, 0, 8) }, allreduce.ErrBadFrame},
+		{"step ahead", 0, func() []byte { return header(pipeline.Activation, none, 12, 0, 8) }, allreduce.ErrBadFrame},
+		{"duplicate", 0, func() []byte {
 			f := appendFrame(nil, pipeline.Key{Step: 10, Kind: pipeline.Activation}, none, 5, make([]byte, 8))
 			return append(f, f...)
 		}, allreduce.ErrBadFrame},
+		// An evaluation's frames: chunks below EvalChunks (6), rounds below
+		// its rounds (2 of Micro 4), figures of exactly EvalStatsBytes.
+		{"eval chunk", 0, func() []byte { return header(pipeline.EvalActivation, none, 10, 6, 8) }, allreduce.ErrBadFrame},
+		{"eval codec", 0, func() []byte { return header(pipeline.EvalActivation, 0, 10, 0, 8) }, allreduce.ErrCodecMismatch},
+		{"eval length", 0, func() []byte { return setLen(header(pipeline.EvalActivation, none, 10, 5, 0), 1<<16+1) }, allreduce.ErrFrameTooLarge},
+		{"eval stats from the wrong stage", 0, func() []byte { return eval(0, pipeline.EvalStatsBytes) }, allreduce.ErrBadFrame},
+		{"eval stats round", 2, func() []byte { return eval(2, pipeline.EvalStatsBytes) }, allreduce.ErrBadFrame},
+		{"eval stats short", 2, func() []byte { return eval(1, pipeline.EvalStatsBytes-1) }, allreduce.ErrFrameTooLarge},
+		{"eval stats long", 2, func() []byte { return eval(1, pipeline.EvalStatsBytes+1) }, allreduce.ErrFrameTooLarge},
+		{"eval stats codec", 2, func() []byte { return header(pipeline.EvalStats, none, 10, 1, pipeline.EvalStatsBytes) }, allreduce.ErrCodecMismatch},
+		{"eval stats stale step", 2, func() []byte { return header(pipeline.EvalStats, 0, 9, 0, pipeline.EvalStatsBytes) }, allreduce.ErrBadFrame},
+		{"loss frame names a micro-batch", 2, func() []byte { return header(pipeline.Loss, 0, 10, 1, pipeline.LossBytes) }, allreduce.ErrBadFrame},
 	}
 	c := newCluster(t, 3)
 	for i, tc := range cases {
@@ -217,7 +240,7 @@ func TestBadFramesFailNamingThePeer(t *testing.T) {
 			p := c.pipe(1)
 			p.Digest = digest
 			tr := c.open(t, 1, p)
-			st := rawStream(t, c, 0, 1, digest)
+			st := rawStream(t, c, tc.from, 1, digest)
 			defer st.Reset()
 			if _, err := st.Write(tc.frame()); err != nil {
 				t.Fatal(err)
@@ -225,8 +248,8 @@ func TestBadFramesFailNamingThePeer(t *testing.T) {
 			// Stage 1 waits for stage 0's activation of step 10, micro-batch 1.
 			_, err := tr.Recv(testCtx(t), pipeline.Key{Step: 10, Micro: 1, Kind: pipeline.Activation})
 			var pe *PeerError
-			if !errors.As(err, &pe) || pe.Peer != c.ids[0] || !errors.Is(err, tc.want) {
-				t.Fatalf("Recv after a bad frame: %v; want a *PeerError naming %s wrapping %v", err, c.ids[0], tc.want)
+			if !errors.As(err, &pe) || pe.Peer != c.ids[tc.from] || !errors.Is(err, tc.want) {
+				t.Fatalf("Recv after a bad frame: %v; want a *PeerError naming %s wrapping %v", err, c.ids[tc.from], tc.want)
 			}
 			// The transport stays failed.
 			if _, err := tr.Recv(testCtx(t), pipeline.Key{Step: 10, Kind: pipeline.Gradient}); err == nil {
@@ -273,6 +296,12 @@ func TestFramesBeforeOpenAndEarlyStepAreDelivered(t *testing.T) {
 	// Sends the pipeline's bounds forbid are refused before any IO.
 	if err := a.Send(ctx, pipeline.Key{Step: 11, Micro: 4, Kind: pipeline.Activation}, nil); err == nil {
 		t.Error("a micro-batch beyond train.micro_batches was sent")
+	}
+	if err := a.Send(ctx, pipeline.Key{Step: 11, Micro: 6, Kind: pipeline.EvalActivation}, nil); err == nil {
+		t.Error("a chunk beyond the held-out set's was sent")
+	}
+	if err := a.Send(ctx, pipeline.Key{Step: 11, Micro: 1, Kind: pipeline.Commit}, make([]byte, pipeline.CommitBytes)); err == nil {
+		t.Error("a commit naming a micro-batch was sent")
 	}
 	if err := a.Send(ctx, pipeline.Key{Step: 11, Kind: pipeline.Activation}, make([]byte, 1<<16+1)); err == nil {
 		t.Error("a payload beyond MaxPayload was sent")
