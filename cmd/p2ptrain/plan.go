@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
+	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -96,6 +98,7 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	device := fs.String("device", "cpu", "device `SPEC` to time the layers on, e.g. cpu or cuda:0")
 	timeBatch := fs.Int("time-batch", 0, "samples to time the layers on (`N`; default the per-peer batch, at most 4)")
 	reps := fs.Int("reps", 3, "timed passes per layer (`N`; the median counts)")
+	layerTimes := fs.String("layer-times", "", "take the per-layer times from `FILE` (the JSON of `p2ptrain plan --json` for the same model) instead of timing them")
 	top := fs.Int("top", 0, "print only the `N` fastest layouts (0: all)")
 	showLayers := fs.Bool("layers", false, "print the measured per-layer times too")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -145,11 +148,17 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	if n == 0 {
 		n = min(max(*batch / *peers, 1), 4)
 	}
-	infos, times, devName, err := timeLayers(*name, cfg, *device, n, *reps)
-	if err != nil {
-		return err
+	var infos []model.LayerInfo
+	var costs []pipeline.LayerCost
+	var devName string
+	if *layerTimes != "" {
+		infos, costs, devName, n, err = loadLayerTimes(*name, cfg, *layerTimes)
+	} else {
+		var times []model.LayerTime
+		if infos, times, devName, err = timeLayers(*name, cfg, *device, n, *reps); err == nil {
+			costs, err = pipeline.Costs(infos, times, n)
+		}
 	}
-	costs, err := pipeline.Costs(infos, times, n)
 	if err != nil {
 		return err
 	}
@@ -233,6 +242,41 @@ func timeLayers(name string, cfg model.Config, spec string, n, reps int) ([]mode
 		return nil, nil, "", fmt.Errorf("plan: timing %s's layers on %s: %w", name, devs[0].Name(), err)
 	}
 	return infos, times, devs[0].Name(), nil
+}
+
+// loadLayerTimes reads the per-sample layer times of a `p2ptrain plan
+// --json` report in file for model name: its layers must be the model's
+// (same count, parameters and output sizes). It returns the model's layers,
+// their costs, the times' origin and the batch they were timed on.
+func loadLayerTimes(name string, cfg model.Config, file string) ([]model.LayerInfo, []pipeline.LayerCost, string, int, error) {
+	infos, err := model.Layers(name, cfg)
+	if err != nil {
+		return nil, nil, "", 0, err
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, nil, "", 0, fmt.Errorf("plan: --layer-times: %w", err)
+	}
+	var rep planReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, nil, "", 0, fmt.Errorf("plan: --layer-times %s: %w", file, err)
+	}
+	if len(rep.Layers) != len(infos) {
+		return nil, nil, "", 0, fmt.Errorf("plan: --layer-times %s has %d layers, the model %d", file, len(rep.Layers), len(infos))
+	}
+	costs := make([]pipeline.LayerCost, len(infos))
+	for i, in := range infos {
+		l := rep.Layers[i]
+		if l.Params != in.Params || l.OutElems != in.OutElems {
+			return nil, nil, "", 0, fmt.Errorf("plan: --layer-times %s: layer %d is %q (%d parameters, %d outputs), the model's %q (%d, %d)",
+				file, i, l.Layer, l.Params, l.OutElems, in.Describe, in.Params, in.OutElems)
+		}
+		if !(l.ForwardS >= 0 && l.BackwardS >= 0) || math.IsInf(l.ForwardS+l.BackwardS, 0) {
+			return nil, nil, "", 0, fmt.Errorf("plan: --layer-times %s: layer %d's times %g s and %g s are out of range", file, i, l.ForwardS, l.BackwardS)
+		}
+		costs[i] = pipeline.LayerCost{Forward: l.ForwardS, Backward: l.BackwardS, Params: in.Params, Tied: in.Tied, TiedParams: in.TiedParams, OutElems: in.OutElems}
+	}
+	return infos, costs, fmt.Sprintf("%s (from %s)", rep.Device, file), rep.TimedBatch, nil
 }
 
 // printPlan writes the report as tables.

@@ -2,6 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -85,5 +90,90 @@ func TestPlanErrors(t *testing.T) {
 	code, _, errOut := runCLI(t, "plan", "--model", "gpt", "--preset", "tiny", "--gpt-heads", "3", "--reps", "1")
 	if code != 1 || !strings.Contains(errOut, "Heads 3") {
 		t.Errorf("64 wide, 3 heads: exit %d, %q", code, errOut)
+	}
+}
+
+// TestPlanLayerTimes checks --layer-times: a report's own layer times give
+// the same projection, doubled times double pure data parallelism's compute
+// (and raise a pipeline's, less than twice: its transfers stay), and a
+// file of another model, or none, is an error naming it.
+func TestPlanLayerTimes(t *testing.T) {
+	code, out, errOut := runCLI(t, append(tinyPlan, "--json")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep planReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	same := filepath.Join(dir, "same.json")
+	if err := os.WriteFile(same, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	doubled := rep
+	doubled.Layers = slices.Clone(rep.Layers)
+	for i := range doubled.Layers {
+		doubled.Layers[i].ForwardS *= 2
+		doubled.Layers[i].BackwardS *= 2
+	}
+	b, err := json.Marshal(doubled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twice := filepath.Join(dir, "twice.json")
+	if err := os.WriteFile(twice, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	project := func(file string) map[string]planLayout {
+		t.Helper()
+		code, out, errOut := runCLI(t, append(tinyPlan, "--json", "--layer-times", file)...)
+		if code != 0 {
+			t.Fatalf("--layer-times %s: exit %d: %s", file, code, errOut)
+		}
+		var r planReport
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(r.Device, file) || r.TimedBatch != rep.TimedBatch {
+			t.Errorf("device %q, timed batch %d", r.Device, r.TimedBatch)
+		}
+		m := map[string]planLayout{}
+		for _, l := range r.Layouts {
+			m[l.Layout+" "+l.GradCodec+" "+l.ActCodec] = l
+		}
+		return m
+	}
+	want := map[string]planLayout{}
+	for _, l := range rep.Layouts {
+		want[l.Layout+" "+l.GradCodec+" "+l.ActCodec] = l
+	}
+	got, got2 := project(same), project(twice)
+	for k, w := range want {
+		if !reflect.DeepEqual(got[k], w) {
+			t.Errorf("%s: %+v from the file, %+v timed", k, got[k], w)
+		}
+		// Pure data parallelism's compute is the layers' alone; a pipeline's
+		// adds the hops' transfers, which do not change.
+		c := got2[k].PipelineS
+		if w.Stages == 1 && math.Abs(c-2*w.PipelineS) > 1e-12*c || w.Stages > 1 && !(c > w.PipelineS && c < 2*w.PipelineS) {
+			t.Errorf("%s: compute %g s with doubled times, %g s with the file's", k, c, w.PipelineS)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--gpt-layers", "3"}, "has 5 layers, the model 6"},
+		{[]string{"--gpt-d-model", "32"}, "layer 0 is"},
+	} {
+		code, _, errOut := runCLI(t, append(append(slices.Clone(tinyPlan), "--layer-times", same), tc.args...)...)
+		if code != 1 || !strings.Contains(errOut, tc.want) || !strings.Contains(errOut, same) {
+			t.Errorf("%v: exit %d, %q; want 1 and %q", tc.args, code, errOut, tc.want)
+		}
+	}
+	missing := filepath.Join(dir, "missing.json")
+	if code, _, errOut := runCLI(t, append(tinyPlan, "--layer-times", missing)...); code != 1 || !strings.Contains(errOut, "--layer-times") {
+		t.Errorf("a missing file: exit %d, %q", code, errOut)
 	}
 }
