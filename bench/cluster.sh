@@ -7,6 +7,8 @@
 #                            temporary work directory, removed after a successful run)
 #   WORK_NAME                the temporary work directory's name (/tmp/WORK_NAME.XXXXXX)
 #   CLUSTER_TAG              the daemons' --cluster is CLUSTER_TAG-RUN
+#   BINARY                   (optional) the p2ptrain binary to run; without it cluster_up
+#                            builds bin/p2ptrain
 # It sets work, BIN, boot, pids and status (set status=0 when the script
 # succeeded), and traps EXIT/INT/TERM: every process it started is killed and
 # the namespaces are removed, but only when cluster_up made them (when p2pt-*
@@ -65,9 +67,13 @@ cluster_up() {
 			sleep 20
 		done
 	fi
-	say "building bin/p2ptrain"
-	(cd "$ROOT" && timeout 600 go build -o bin/p2ptrain ./cmd/p2ptrain) || die "go build ./cmd/p2ptrain failed"
-	BIN=$ROOT/bin/p2ptrain
+	if [ -n "${BINARY:-}" ]; then
+		BIN=$BINARY # the script's --binary: run it as it is
+	else
+		say "building bin/p2ptrain"
+		(cd "$ROOT" && timeout 600 go build -o bin/p2ptrain ./cmd/p2ptrain) || die "go build ./cmd/p2ptrain failed"
+		BIN=$ROOT/bin/p2ptrain
+	fi
 	built=1
 	"$ROOT/bench/netns.sh" --up --hosts "$hosts" "$@" 2>"$work/netns.err" ||
 		{ cat "$work/netns.err" >&2; die "bench/netns.sh --up failed"; }
