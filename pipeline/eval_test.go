@@ -210,3 +210,34 @@ func TestEvaluateRefusesBadFigures(t *testing.T) {
 		t.Errorf("empty held-out set: %v", err)
 	}
 }
+
+// TestEvaluateFailures: a neighbour lost mid-evaluation fails it on every
+// stage: the sender with the transport's error, naming the chunk, the
+// stage waiting for it when the evaluation's context ends (the trainer
+// resets the pipeline, which ends every wait at once).
+func TestEvaluateFailures(t *testing.T) {
+	p := newEvalProblem(t, "gpt", model.Config{GPT: tinyGPT}, 4, 23)
+	net := NewMemNetwork(2)
+	stages := newStages(t, p.name, p.cfg, p.whole, Split{0, 2, 5}, net, Config{Micro: 2, Codec: "none"})
+	stages[0].t = &failing{Transport: stages[0].t, left: 2}
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for s, st := range stages {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, errs[s] = st.Evaluate(ctx, 5, p.ds); errs[s] != nil {
+				cancel() // the trainer resets the pipeline
+			}
+		}()
+	}
+	wg.Wait()
+	cancel()
+	if errs[0] == nil || !strings.Contains(errs[0].Error(), "peer gone") || !strings.Contains(errs[0].Error(), "chunk 2 eval activation") {
+		t.Errorf("stage 0: %v", errs[0])
+	}
+	if errs[1] == nil || !errors.Is(errs[1], context.Canceled) {
+		t.Errorf("stage 1: %v", errs[1])
+	}
+}

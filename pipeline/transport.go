@@ -75,6 +75,12 @@ type Key struct {
 
 // String formats the key for errors.
 func (k Key) String() string {
+	switch k.Kind {
+	case EvalActivation:
+		return fmt.Sprintf("step %d chunk %d %v", k.Step, k.Micro, k.Kind)
+	case EvalStats:
+		return fmt.Sprintf("step %d round %d %v", k.Step, k.Micro, k.Kind)
+	}
 	return fmt.Sprintf("step %d micro-batch %d %v", k.Step, k.Micro, k.Kind)
 }
 
