@@ -37,6 +37,9 @@ const (
 	EventCheckpoint = "checkpoint"
 	// EventDone: the run finished (Message: the done line).
 	EventDone = "done"
+	// EventEvalFailed: an evaluation through a pipeline failed (Peer: the
+	// member blamed, if any; Message: why); training goes on.
+	EventEvalFailed = "eval_failed"
 )
 
 // Record is one line of a run's timeline. Fields that do not apply to its

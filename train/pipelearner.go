@@ -48,6 +48,10 @@ type PipeLearner struct {
 	idx   []int
 	// loss is the last stage's loss of the last Compute.
 	loss float64
+	// eval is the last evaluation through the pipeline, of the held
+	// stage's parameters that hash to evalHash ("": none).
+	eval     model.Stats
+	evalHash string
 }
 
 var _ Learner = (*PipeLearner)(nil)
@@ -77,7 +81,7 @@ func NewPipeLearner(cfg config.Train, bucketBytes int, train, test *data.Dataset
 	if l.layers, err = model.Layers(cfg.Model, l.mcfg); err != nil {
 		return nil, err
 	}
-	if l.split, _, err = pipeline.Balance(pipeline.ParamCosts(l.layers), int(cfg.PipelineStages)); err != nil {
+	if l.split, _, err = pipeline.Balance(pipeline.ParamCosts(l.layers), cfg.PipelineStages); err != nil {
 		return nil, fmt.Errorf("train: train.pipeline_stages: %s has %d layers: %w", cfg.Model, len(l.layers), err)
 	}
 	if l.dev, err = gpu.Open(cfg.Devices[0]); err != nil {
@@ -197,6 +201,7 @@ func (l *PipeLearner) Settings() Settings {
 		descs[i] = ly.Describe + ":" + strconv.Itoa(ly.Params)
 	}
 	s := l.dataset.settings(l.cfg, l.cfg.Model+"["+strings.Join(descs, " ")+"]", 1)
+	s["train.eval_samples"] = strconv.Itoa(l.cfg.EvalSamples) // the stages evaluate together
 	s["train.pipeline"] = fmt.Sprintf("%d stages %v, %d micro-batches, %s activations, %s", l.split.Stages(), []int(l.split),
 		l.cfg.MicroBatches, l.cfg.ActivationCodec, l.sched)
 	return s
@@ -266,9 +271,16 @@ func (l *PipeLearner) Restore(_ context.Context, c *model.Checkpoint) error {
 	return l.m.Restore(c, l.opt)
 }
 
-// Evaluate implements Learner: a stage cannot evaluate on its own (a
-// pipelined evaluation is not written yet).
-func (l *PipeLearner) Evaluate() (model.Stats, error) { return model.Stats{}, ErrNoEvaluation }
+// Evaluate implements Learner: a stage cannot evaluate on its own; it
+// returns the figures of the last evaluation through the pipeline
+// (EvaluatePipeline) while the held stage's parameters are the ones it
+// evaluated, and ErrNoEvaluation otherwise.
+func (l *PipeLearner) Evaluate() (model.Stats, error) {
+	if st, ok := l.evaluated(); ok {
+		return st, nil
+	}
+	return model.Stats{}, ErrNoEvaluation
+}
 
 // Close implements Learner.
 func (l *PipeLearner) Close() error {

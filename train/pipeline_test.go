@@ -99,6 +99,7 @@ func relL2(a, b []float32) float64 {
 // model's after the last step (observed about 1e-5), the two peers of a
 // pipeline reporting the same loss bit for bit, replicas of a stage ending
 // bit-identical, and the two copies of the token table equal bit for bit.
+// Both evaluate after step 10 and at the end: checkPipelineEval.
 func TestPipelineMatchesDataParallel(t *testing.T) {
 	const steps, batch = 20, 8
 	start := func(peers int, cfg func(boot ...string) config.Config) []*trainPeer {
@@ -114,8 +115,9 @@ func TestPipelineMatchesDataParallel(t *testing.T) {
 		}
 		return ps
 	}
-	dp := start(2, func(boot ...string) config.Config { return gptConfig(steps, 2, batch, boot...) })
-	pp := start(4, func(boot ...string) config.Config { return pipeConfig(steps, 4, batch, 2, boot...) })
+	evalEvery := func(cfg config.Config) config.Config { cfg.Train.EvalEvery = steps / 2; return cfg }
+	dp := start(2, func(boot ...string) config.Config { return evalEvery(gptConfig(steps, 2, batch, boot...)) })
+	pp := start(4, func(boot ...string) config.Config { return evalEvery(pipeConfig(steps, 4, batch, 2, boot...)) })
 	sameResult(t, dp, steps)
 
 	// Stages: replicas bit-identical, and the pipeline's two ends hold
@@ -195,6 +197,7 @@ func TestPipelineMatchesDataParallel(t *testing.T) {
 	}
 	t.Logf("loss %.4f → %.4f; largest relative difference of a step's mean loss %.2g, of a tensor after %d steps %.2g (%s)",
 		a[0], a[steps-1], maxRel, steps, worst, worstName)
+	checkPipelineEval(t, dp, pp, []uint64{steps / 2, steps}, first, last)
 }
 
 // TestPipelineKilledPeerRetriesAfterJoiner: 4 peers with train.min_peers

@@ -309,7 +309,7 @@ func (t *Trainer) beginPipe(ep gossip.Epoch) (plan.EpochSpec, *pipeEpoch, error)
 	// generous, and a dead neighbour is noticed by its link first.
 	timeout := max(t.cfg.ReadyTimeout.D(), 4*t.slowestStep)
 	tr, err := opener.OpenPipe(pipestream.Pipe{Epoch: ep.Number, Digest: ep.Digest(), Peers: as.Pipelines[r], Self: t.self,
-		Micro: t.cfg.MicroBatches, Codec: t.cfg.ActivationCodec, MaxPayload: maxPayload, TiedBytes: tied, Step: t.step, Timeout: timeout})
+		Micro: t.cfg.MicroBatches, Codec: t.cfg.ActivationCodec, MaxPayload: maxPayload, TiedBytes: tied, EvalChunks: t.stages.EvalChunks(), Step: t.step, Timeout: timeout})
 	if err != nil {
 		return plan.EpochSpec{}, nil, err
 	}

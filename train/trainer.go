@@ -819,6 +819,12 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 		}
 		clear(t.strikes)
 		t.nonFinite = 0
+		// Not stepCtx: a newer epoch need not cancel an evaluation, whose
+		// waits are bounded by the pipeline's deadlines.
+		if err := t.evalPipeline(ctx, ep); err != nil {
+			failed = true // the pipeline holds the evaluation's messages: reset it
+			break
+		}
 		if t.checkParams(ep) {
 			failed = true
 			break
