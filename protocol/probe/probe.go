@@ -93,11 +93,11 @@ var errProbe = errors.New("probe")
 // LinkStatus is this peer's latest measurement of its link to another member.
 type LinkStatus struct {
 	Peer string `json:"peer"`
-	// MbitS is the throughput from this peer to Peer in Mbit/s (10^6 bit/s),
-	// smoothed over recent probes.
+	// MbitS is the throughput from this peer to Peer in Mbit/s (10^6 bit/s):
+	// the highest of the last probeWindow probes.
 	MbitS float64 `json:"mbit_s"`
-	// RTTMs is the round-trip time in milliseconds (median of a few pings),
-	// smoothed over recent probes.
+	// RTTMs is the round-trip time in milliseconds (median of a few pings):
+	// the lowest of the last probeWindow probes.
 	RTTMs float64 `json:"rtt_ms"`
 	// MeasuredAt is when the latest probe finished.
 	MeasuredAt time.Time `json:"measured_at"`
@@ -113,10 +113,27 @@ type probeSample struct {
 	took        time.Duration
 }
 
+// probeWindow is how many recent probes a link's figures come from: the
+// highest throughput and the lowest round trip among them, the filters
+// TCP BBR uses for a path's bottleneck bandwidth and propagation delay.
+// What disturbs a probe (CPU load on either peer, training traffic on the
+// same link, a queue) only lowers its throughput and lengthens its round
+// trip, so the extreme of a few probes is the link's and an average is
+// not: on equal links with busy CPUs, averaged figures differed by tens of
+// percent, and the planner took proportional shares the links did not
+// have. A link that really slows down shows once its faster probes have
+// left the window: after probeWindow probes (probe.interval apart).
+const probeWindow = 3
+
+// linkSample is one probe's figures.
+type linkSample struct{ mbit, rtt float64 }
+
 // linkState is what the Prober keeps per peer.
 type linkState struct {
 	status   LinkStatus
 	measured bool
+	// recent holds the last probeWindow probes' figures, oldest first.
+	recent []linkSample
 	// due is when the peer may be probed next; size the next upload.
 	due  time.Time
 	size int
@@ -418,12 +435,13 @@ func (p *Prober) record(id peer.ID, smp probeSample, err error, start, end time.
 	interval := max(p.cfg.Interval, gap)
 	l.due = end.Add(interval + rand.N(interval/10+1))
 	l.size = smp.next
-	mbit := smp.bytesPS * 8 / 1e6
-	rtt := smp.rtt.Seconds() * 1e3
-	if l.measured {
-		// Smooth: half the new figure, half the old.
-		mbit = (mbit + l.status.MbitS) / 2
-		rtt = (rtt + l.status.RTTMs) / 2
+	if len(l.recent) == probeWindow {
+		l.recent = append(l.recent[:0], l.recent[1:]...)
+	}
+	l.recent = append(l.recent, linkSample{mbit: smp.bytesPS * 8 / 1e6, rtt: smp.rtt.Seconds() * 1e3})
+	mbit, rtt := l.recent[0].mbit, l.recent[0].rtt
+	for _, r := range l.recent[1:] {
+		mbit, rtt = max(mbit, r.mbit), min(rtt, r.rtt)
 	}
 	l.status = LinkStatus{Peer: id.String(), MbitS: roundFigure(mbit), RTTMs: roundFigure(rtt), MeasuredAt: end}
 	l.measured = true

@@ -171,16 +171,44 @@ func TestProberSchedule(t *testing.T) {
 	if len(st) != 2 || st[0].MbitS != 800 && st[1].MbitS != 800 || st[0].RTTMs != 1 {
 		t.Fatalf("statuses %+v", st)
 	}
-	// A smoothed second figure.
-	p.record(got, probeSample{rtt: 3 * time.Millisecond, bytesPS: 3e8, next: 1 << 20}, nil, due, due.Add(took))
+	// Later figures: the highest throughput and the lowest round trip of
+	// the last probeWindow probes. A disturbed probe (slower, longer round
+	// trip) changes nothing; a link that slows down shows once its faster
+	// probes have left the window.
+	first := 0.0
 	for _, s := range p.Statuses() {
-		if s.Peer == got.String() && (s.RTTMs != 2) {
-			t.Fatalf("smoothed status %+v", s)
+		if s.Peer == got.String() {
+			first = s.MbitS
 		}
+	}
+	at := due
+	figure := func(mbit float64, rtt time.Duration) LinkStatus {
+		t.Helper()
+		p.record(got, probeSample{rtt: rtt, bytesPS: mbit * 1e6 / 8, next: 1 << 20}, nil, at, at.Add(took))
+		at = at.Add(time.Hour)
+		for _, s := range p.Statuses() {
+			if s.Peer == got.String() {
+				return s
+			}
+		}
+		t.Fatalf("no status for %s", got)
+		return LinkStatus{}
+	}
+	if s := figure(first/2, 3*time.Millisecond); s.MbitS != first || s.RTTMs != 1 {
+		t.Fatalf("after one disturbed probe: %+v, want the first probe's %v Mbit/s and 1 ms", s, first)
+	}
+	if s := figure(first/2, 3*time.Millisecond); s.MbitS != first || s.RTTMs != 1 {
+		t.Fatalf("after two disturbed probes: %+v, want %v Mbit/s and 1 ms", s, first)
+	}
+	if s := figure(first/2, 3*time.Millisecond); s.MbitS != first/2 || s.RTTMs != 3 {
+		t.Fatalf("after %d slower probes: %+v, want the slower link's %v Mbit/s and 3 ms", probeWindow, s, first/2)
+	}
+	if s := figure(first, 2*time.Millisecond); s.MbitS != first || s.RTTMs != 2 {
+		t.Fatalf("after a faster probe: %+v, want %v Mbit/s and 2 ms at once", s, first)
 	}
 	// A failed probe (a timeout) keeps the old figure and holds back neither
 	// this peer beyond its interval nor other peers beyond probeMaxIdle.
-	fail := due.Add(time.Hour)
+	fail := at.Add(time.Hour)
 	p.record(got, probeSample{}, fmt.Errorf("boom"), fail, fail.Add(probeStreamTimeout))
 	if len(p.Statuses()) != 2 {
 		t.Fatal("a failed probe dropped the figure")
