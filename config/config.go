@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -163,8 +164,9 @@ type Train struct {
 	OuterOverlap bool `toml:"outer_overlap"`
 	// PipelineStages cuts the model into this many stages on consecutive
 	// members of the ring epoch (docs/pipeline.md); 1 is pure data
-	// parallelism.
-	PipelineStages int `toml:"pipeline_stages"`
+	// parallelism, StagesAuto ("auto") lets the ring coordinator choose
+	// when training starts.
+	PipelineStages Stages `toml:"pipeline_stages"`
 	// MicroBatches is the number of micro-batches a pipeline cuts each
 	// step's batch_size samples into (with PipelineStages > 1).
 	MicroBatches int `toml:"micro_batches"`
@@ -173,6 +175,46 @@ type Train struct {
 	ActivationCodec string `toml:"activation_codec"`
 	// PipelineSchedule orders a stage's micro-batches: 1f1b or gpipe.
 	PipelineSchedule string `toml:"pipeline_schedule"`
+}
+
+// Stages is train.pipeline_stages: a number of stages (1: pure data
+// parallelism), or StagesAuto. In the file it is an integer or the string
+// "auto".
+type Stages int
+
+// StagesAuto is train.pipeline_stages = "auto": the ring coordinator
+// chooses the number of stages when training starts, from the projection
+// of every layout (docs/pipeline.md). Its value is one no integer of a
+// config file takes by mistake (integers skip UnmarshalText).
+const StagesAuto Stages = math.MinInt32
+
+// Auto reports whether s is "auto".
+func (s Stages) Auto() bool { return s == StagesAuto }
+
+// String returns "auto" or the number.
+func (s Stages) String() string {
+	if s.Auto() {
+		return "auto"
+	}
+	return strconv.Itoa(int(s))
+}
+
+// MarshalText writes "auto" or the number.
+func (s Stages) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads "auto" or a number written as text (a TOML integer
+// does not come here: the decoder stores it as it is).
+func (s *Stages) UnmarshalText(b []byte) error {
+	if string(b) == "auto" {
+		*s = StagesAuto
+		return nil
+	}
+	n, err := strconv.Atoi(string(b))
+	if err != nil || n == int(StagesAuto) {
+		return fmt.Errorf("train.pipeline_stages: %q is not a number of stages or \"auto\"", string(b))
+	}
+	*s = Stages(n)
+	return nil
 }
 
 // GPT is the [train.gpt] section: the decoder-only transformer's shape.
@@ -545,6 +587,11 @@ func (c *Config) Validate() error {
 		checkDuration(bad, "allreduce.frame_timeout", ftm, 100*time.Millisecond, time.Hour)
 	}
 	c.Train.validate(bad)
+	if c.Train.PipelineStages.Auto() && compress.Validate(c.Allreduce.Codec) == nil {
+		if _, err := pipeline.CodecCostOf(c.Allreduce.Codec); err != nil {
+			bad("allreduce.codec", "train.pipeline_stages = auto projects each layout's all-reduce from the codec's size: %v", err)
+		}
+	}
 	if iv := c.Probe.Interval.D(); iv < time.Second || iv > 24*time.Hour {
 		bad("probe.interval", "%s is outside 1s..24h", iv)
 	}
@@ -735,18 +782,20 @@ func (t *Train) validatePipeline(bad func(key, format string, args ...any)) {
 		bad("train.micro_batches", "%d must be at least 1", t.MicroBatches)
 	}
 	s := t.PipelineStages
-	if s < 1 || s > 256 {
-		bad("train.pipeline_stages", "%d must be in [1, 256] (1: pure data parallelism)", s)
+	if !s.Auto() && (s < 1 || s > 256) {
+		bad("train.pipeline_stages", "%v must be in [1, 256] or \"auto\" (1: pure data parallelism; auto: the ring coordinator chooses when training starts)", s)
 		return
 	}
 	if s == 1 {
 		return
 	}
-	if t.MicroBatches > t.BatchSize {
+	// With auto, each pipeline takes S × batch_size samples and a number
+	// of stages whose micro-batches do not fit is not a candidate.
+	if !s.Auto() && t.MicroBatches > t.BatchSize {
 		bad("train.micro_batches", "%d is above train.batch_size (%d): each of a pipeline's micro-batches needs a sample", t.MicroBatches, t.BatchSize)
 	}
 	cfg := model.Config{Hidden: t.Hidden, MaxBatch: 1, GPT: model.GPTConfig{Layers: t.GPT.Layers, DModel: t.GPT.DModel, Heads: t.GPT.Heads, Context: t.GPT.Context, Vocab: t.GPT.Vocab}}
-	if layers, err := model.Layers(t.Model, cfg); err == nil && len(layers) < s {
+	if layers, err := model.Layers(t.Model, cfg); !s.Auto() && err == nil && len(layers) < int(s) {
 		bad("train.pipeline_stages", "%d stages need a model of at least %d layers; %s has %d (the gpt has train.gpt.layers + 3, the mlp len(train.hidden) + 1)", s, s, t.Model, len(layers))
 	}
 	for _, c := range []struct {
@@ -761,7 +810,7 @@ func (t *Train) validatePipeline(bad func(key, format string, args ...any)) {
 		{"train.checkpoint_dir", t.CheckpointDir == "", "resuming a stage's checkpoint is not written yet"},
 	} {
 		if !c.off {
-			bad(c.key, "cannot be used with train.pipeline_stages = %d: %s", s, c.why)
+			bad(c.key, "cannot be used with train.pipeline_stages = %v: %s", s, c.why)
 		}
 	}
 }

@@ -24,6 +24,13 @@ func TestPipelineKeysAreValidated(t *testing.T) {
 			c.Train.ActivationCodec = "none"
 		},
 		func(c *Config) { c.Train.PipelineStages = 3; c.Train.Hidden = []int{64, 64} }, // the mlp: 3 layers
+		func(c *Config) { gpt(c); c.Train.PipelineStages = StagesAuto },
+		// auto: micro-batches above batch_size only rule out the layouts
+		// whose pipelines (S × batch_size samples) cannot hold them.
+		func(c *Config) {
+			gpt(c)
+			c.Train.PipelineStages, c.Train.BatchSize, c.Train.MicroBatches = StagesAuto, 4, 8
+		},
 	}
 	base := func() Config {
 		c := DefaultConfig()
@@ -42,7 +49,10 @@ func TestPipelineKeysAreValidated(t *testing.T) {
 		want []string
 	}{
 		{func(c *Config) { gpt(c); c.Train.PipelineStages = 6 }, []string{"train.pipeline_stages", "6 stages", "gpt has 5"}},
-		{func(c *Config) { c.Train.PipelineStages = 0 }, []string{"train.pipeline_stages", "[1, 256]"}},
+		{func(c *Config) { c.Train.PipelineStages = 0 }, []string{"train.pipeline_stages", "[1, 256]", "auto"}},
+		{func(c *Config) { c.Train.PipelineStages = -1 }, []string{"train.pipeline_stages", "-1 must be"}},
+		{func(c *Config) { gpt(c); c.Train.PipelineStages = StagesAuto; c.Train.ClipNorm = 1 }, []string{"train.clip_norm", "pipeline_stages = auto"}},
+		{func(c *Config) { gpt(c); c.Train.PipelineStages = StagesAuto; c.Allreduce.Codec = "powersgd:rank=4" }, []string{"allreduce.codec", "pipeline_stages = auto", "low-rank"}},
 		{func(c *Config) { c.Train.PipelineSchedule = "zigzag" }, []string{"train.pipeline_schedule", "zigzag"}},
 		{func(c *Config) { c.Train.ActivationCodec = "powersgd:rank=4" }, []string{"train.activation_codec", "linear or quantized"}},
 		{func(c *Config) { c.Train.MicroBatches = 0 }, []string{"train.micro_batches", "at least 1"}},
@@ -64,6 +74,29 @@ func TestPipelineKeysAreValidated(t *testing.T) {
 			if !strings.Contains(err.Error(), w) {
 				t.Errorf("error %q does not say %q", err, w)
 			}
+		}
+	}
+}
+
+// TestStagesText: train.pipeline_stages reads an integer or "auto" and
+// writes them back; any other text is refused naming the key.
+func TestStagesText(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Stages
+	}{{"auto", StagesAuto}, {"2", 2}, {"1", 1}, {"0", 0}} {
+		var s Stages
+		if err := s.UnmarshalText([]byte(tc.in)); err != nil || s != tc.want {
+			t.Errorf("%q: %v, %v; want %v", tc.in, s, err, tc.want)
+		}
+		if b, _ := s.MarshalText(); string(b) != tc.in {
+			t.Errorf("%v writes %q, want %q", s, b, tc.in)
+		}
+	}
+	for _, in := range []string{"fast", "Auto", "2.5", "", "-2147483648"} {
+		var s Stages
+		if err := s.UnmarshalText([]byte(in)); err == nil || !strings.Contains(err.Error(), "train.pipeline_stages") {
+			t.Errorf("%q: %v, %v; want an error naming train.pipeline_stages", in, s, err)
 		}
 	}
 }

@@ -81,7 +81,7 @@ func NewPipeLearner(cfg config.Train, bucketBytes int, train, test *data.Dataset
 	if l.layers, err = model.Layers(cfg.Model, l.mcfg); err != nil {
 		return nil, err
 	}
-	if l.split, _, err = pipeline.Balance(pipeline.ParamCosts(l.layers), cfg.PipelineStages); err != nil {
+	if l.split, _, err = pipeline.Balance(pipeline.ParamCosts(l.layers), int(cfg.PipelineStages)); err != nil {
 		return nil, fmt.Errorf("train: train.pipeline_stages: %s has %d layers: %w", cfg.Model, len(l.layers), err)
 	}
 	if l.dev, err = gpu.Open(cfg.Devices[0]); err != nil {

@@ -199,6 +199,9 @@ func (k configKey) set(cfg *config.Config, raw, source string) error {
 // isDuration reports whether t is config.Duration.
 func isDuration(t reflect.Type) bool { return t == reflect.TypeFor[config.Duration]() }
 
+// isStages reports whether t is config.Stages (an integer or "auto").
+func isStages(t reflect.Type) bool { return t == reflect.TypeFor[config.Stages]() }
+
 // literal writes raw as a TOML value of the key's type: strings are taken
 // as they are (quoted here), durations as the file accepts them (a string
 // such as 5s, or a bare integer of nanoseconds), lists as a TOML array or
@@ -212,9 +215,9 @@ func (k configKey) literal(raw string) (string, error) {
 		return "", errors.New("a value must be one line")
 	}
 	switch {
-	case isDuration(k.typ):
+	case isDuration(k.typ) || isStages(k.typ):
 		if _, err := strconv.ParseInt(strings.ReplaceAll(v, "_", ""), 0, 64); err == nil {
-			return v, nil // nanoseconds, as in the file: Validate explains a value this small
+			return v, nil // nanoseconds or stages, as in the file: Validate explains a value this small
 		}
 		return tomlString(v), nil
 	case k.typ.Kind() == reflect.Slice:
@@ -262,6 +265,8 @@ func describeType(t reflect.Type) string {
 	switch {
 	case isDuration(t):
 		return "a duration"
+	case isStages(t):
+		return "an integer or \"auto\""
 	case t.Kind() == reflect.Slice:
 		return "a list (comma-separated, or a TOML array) of " + strings.TrimPrefix(strings.TrimPrefix(describeType(t.Elem()), "an "), "a ") + "s"
 	case t.Kind() == reflect.Bool:

@@ -136,6 +136,7 @@ func TestOverrideErrors(t *testing.T) {
 		{"train.steps", "--set train.steps: want section.key=value"},
 		{"train.gpt=2", `unknown key "train.gpt" (did you mean train.gpt.layers`},
 		{"train.stepz=2", `unknown key "train.stepz" (did you mean train.steps?)`},
+		{"train.pipeline_stages=fast", `train.pipeline_stages takes an integer or "auto"`},
 	} {
 		_, err := resolveArgs(t, append(slices.Clone(loopback), "--set", tc.set)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -146,6 +147,20 @@ func TestOverrideErrors(t *testing.T) {
 	_, err := resolveArgs(t, append(slices.Clone(loopback), "--set", "gossip.heartbeat=5")...)
 	if err == nil || !strings.Contains(err.Error(), "gossip.heartbeat: 5ns is below 10ms: a bare number counts nanoseconds") {
 		t.Errorf("--set gossip.heartbeat=5: %v", err)
+	}
+}
+
+// TestOverrideStages: train.pipeline_stages takes "auto" and integers from
+// --set and the environment, as from the file.
+func TestOverrideStages(t *testing.T) {
+	cfg, err := resolveArgs(t, append(slices.Clone(loopback), "--set", "train.model=gpt", "--set", "train.pipeline_stages=auto")...)
+	if err != nil || !cfg.Train.PipelineStages.Auto() {
+		t.Fatalf("--set train.pipeline_stages=auto: %v, %v", cfg.Train.PipelineStages, err)
+	}
+	t.Setenv(envPrefix+"TRAIN_PIPELINE_STAGES", "2")
+	cfg, err = resolveArgs(t, append(slices.Clone(loopback), "--set", "train.model=gpt")...)
+	if err != nil || cfg.Train.PipelineStages != 2 {
+		t.Fatalf("%sTRAIN_PIPELINE_STAGES=2: %v, %v", envPrefix, cfg.Train.PipelineStages, err)
 	}
 }
 
