@@ -89,7 +89,13 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 	class := b.Codec.Class()
 	sch := s.scheduleFor(class)
 	shares := s.sharesFor(sch)
-	chunk := s.chunkElems()
+	chunk, minElems := s.chunkElems(), minChunkElems
+	if b.Links == nil && class != compress.ClassSparse && class != compress.ClassLowRank {
+		// Per-link codecs would need one scale for every edge's codec, and
+		// sparse and low-rank frames do not scale with the chunk's values.
+		f := wireScale(b.Codec, chunk)
+		chunk, minElems = chunk*f, minElems*f
+	}
 
 	checkFrame := func(elems int) error {
 		if m := HeaderSize + b.Codec.MaxEncodedLen(elems); m > s.max {
@@ -104,7 +110,7 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 	}
 	switch class {
 	case compress.ClassLinear, compress.ClassQuantized:
-		l := makeLayout(n, s.w, 1, chunk, shares)
+		l := makeLayout(n, s.w, 1, chunk, minElems, shares)
 		if err := checkFrame(min(chunk, max(n, 1))); err != nil {
 			return err
 		}
@@ -128,7 +134,7 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 		return run(o, sch, &l, ops, 0)
 
 	case compress.ClassErrorFeedback, compress.ClassSparse:
-		l := makeLayout(n, s.w, 1, chunk, shares)
+		l := makeLayout(n, s.w, 1, chunk, minElems, shares)
 		if err := checkFrame(min(chunk, max(n, 1))); err != nil {
 			return err
 		}
@@ -151,7 +157,7 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 		local := make([]float32, nScales)
 		ss.Scales(local, b.Data)
 		absmax := make([]float32, nScales)
-		scaleLayout := makeLayout(nScales, s.w, 1, chunk, shares)
+		scaleLayout := makeLayout(nScales, s.w, 1, s.chunkElems(), minChunkElems, shares)
 		// The scales are few (one per block) and the data waits for them:
 		// the direct schedule takes 2 hops where the ring takes 2(W−1),
 		// for the same bytes (MAX is exact in any order).
@@ -159,7 +165,7 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 			return err
 		}
 		scaledChunk := max(gran, chunk-chunk%gran)
-		l := makeLayout(n, s.w, gran, scaledChunk, shares)
+		l := makeLayout(n, s.w, gran, scaledChunk, minElems, shares)
 		if err := checkFrame(min(scaledChunk, max(n, 1))); err != nil {
 			return err
 		}
@@ -182,7 +188,7 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 			}
 			in = nil
 			sum := make([]float32, len(f))
-			factorLayout := makeLayout(len(f), s.w, 1, chunk, shares)
+			factorLayout := makeLayout(len(f), s.w, 1, chunk, minElems, shares)
 			ops := &rawOps{bucketCtx: &bucketCtx{step: step, w: s.w, rank: s.rank, data: f, out: sum}}
 			factorSched := sch
 			if factorSched != ScheduleProportional && factorSched != ScheduleDirect {

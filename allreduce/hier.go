@@ -240,7 +240,7 @@ func (h *hierGroups) crossPass(l *layout, c int) *ringPass {
 // bucket's result.
 func hierReduce(o *op, h *hierGroups, n int, ops *codecOps) error {
 	s := o.s
-	l := makeLayout(n, h.cols*len(h.sizes), 1, s.chunkElems(), nil)
+	l := makeLayout(n, h.cols*len(h.sizes), 1, s.chunkElems(), minChunkElems, nil)
 	partial := s.floats.get(n)
 	defer s.floats.put(partial)
 	finals := make([][]byte, len(l.chunks))

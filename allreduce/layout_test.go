@@ -1,6 +1,10 @@
 package allreduce
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/p2ptrain/p2ptrain/compress"
+)
 
 // TestLayoutCovers checks that segments and chunks tile the buffer exactly,
 // respect the granule and follow shares.
@@ -14,7 +18,7 @@ func TestLayoutCovers(t *testing.T) {
 		{1000, 4, 1, 64, []float64{0, 1.0 / 3, 1.0 / 3, 1.0 / 3}},
 		{999, 3, 10, 64, []float64{0.5, 0.5, 0}},
 	} {
-		l := makeLayout(tc.n, tc.w, tc.g, tc.c, tc.shares)
+		l := makeLayout(tc.n, tc.w, tc.g, tc.c, minChunkElems, tc.shares)
 		next := 0
 		for s := 0; s < tc.w; s++ {
 			if l.segStart[s] != next {
@@ -61,7 +65,7 @@ func TestLayoutPipelinesSmallSegments(t *testing.T) {
 		{"the granule rounds the chunk up", 1 << 18, 4, 2048, 1 << 16, 8, 1 << 13},
 		{"an odd granule", 1 << 18, 4, 3000, 1 << 16, 8, 9000},
 	} {
-		l := makeLayout(tc.n, tc.w, tc.g, tc.c, nil)
+		l := makeLayout(tc.n, tc.w, tc.g, tc.c, minChunkElems, nil)
 		a, b := l.seg(0)
 		if b-a != tc.wantChunks || l.chunks[a].n != tc.wantN {
 			t.Errorf("%s: segment 0 has %d chunks, the first of %d values; want %d of %d", tc.name, b-a, l.chunks[a].n, tc.wantChunks, tc.wantN)
@@ -70,6 +74,32 @@ func TestLayoutPipelinesSmallSegments(t *testing.T) {
 			if ch.off%tc.g != 0 {
 				t.Errorf("%s: chunk at %d is not aligned to the granule %d", tc.name, ch.off, tc.g)
 			}
+		}
+	}
+}
+
+// TestWireScale checks that a compressing codec's chunks hold as many more
+// values as it compresses, so its frames stay near the configured chunk's
+// fp32 bytes, and that the scale is bounded.
+func TestWireScale(t *testing.T) {
+	const chunk = 1 << 16 // the default 256 KiB
+	for _, tc := range []struct {
+		spec string
+		want int
+	}{
+		{"none", 1}, {"fp16", 2}, {"bf16", 2}, {"int8", 4}, {"sint8", 4}, {"dyn8", 4},
+		{"qsgd:bits=4", 8}, {"onebit", 31}, {"sign", 32},
+	} {
+		c, err := compress.New(tc.spec, compress.Options{Layout: compress.FlatLayout(1 << 20), Seed: 1})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.spec, err)
+		}
+		got := wireScale(c, chunk)
+		if got != tc.want {
+			t.Errorf("%s: wireScale %d, want %d", tc.spec, got, tc.want)
+		}
+		if enc := c.MaxEncodedLen(got * chunk); enc > 4*chunk*105/100 {
+			t.Errorf("%s: a scaled chunk encodes to %d bytes, more than 5%% over the fp32 chunk's %d", tc.spec, enc, 4*chunk)
 		}
 	}
 }
