@@ -26,6 +26,10 @@ type Payload struct {
 	Devices []string `json:"devices,omitempty"`
 	// Settings are the sender's training settings (Settings.cluster).
 	Settings Settings `json:"settings,omitempty"`
+	// Stages is the number of pipeline stages the sender trains with
+	// under train.pipeline_stages = "auto" (nil: not chosen yet, or a
+	// fixed number).
+	Stages *StagesChoice `json:"stages,omitempty"`
 }
 
 // Ready is a member's training position at the start of an epoch. The
@@ -91,6 +95,9 @@ func DecodePayload(b []byte) (Payload, error) {
 	}
 	if p.Check != nil && (len(p.Check.Hash) == 0 || len(p.Check.Hash) > 128) {
 		return Payload{}, fmt.Errorf("train: heartbeat payload: parameter hash of %d characters", len(p.Check.Hash))
+	}
+	if err := p.Stages.check(); err != nil {
+		return Payload{}, fmt.Errorf("train: heartbeat payload: %w", err)
 	}
 	return p, nil
 }

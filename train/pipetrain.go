@@ -72,15 +72,14 @@ func (t *Trainer) stateHash(s int) [32]byte {
 	return model.ConfigHash(hex.EncodeToString(t.cfgHash[:]), "stage", strconv.Itoa(s))
 }
 
-// layoutOf returns ep's layout, or an error saying why ep cannot hold the
-// pipelines: fewer members than stages, or a count that is not a multiple
-// of the stages (a stage would lack a replica; training waits for a member
-// to join or leave).
+// layoutOf returns ep's layout (the members beyond a multiple of the
+// stages idle), or an error saying why ep cannot hold a pipeline: fewer
+// members than stages (training waits for members to join).
 func (t *Trainer) layoutOf(ep gossip.Epoch) (pipeline.Assignment, error) {
 	S := t.stages.Stages()
-	if len(ep.Order)%S != 0 {
-		return pipeline.Assignment{}, fmt.Errorf("ring epoch %d has %d members: train.pipeline_stages = %d needs a multiple of %d (every stage a replica in every pipeline); waiting for members to join or leave",
-			ep.Number, len(ep.Order), S, S)
+	if len(ep.Order) < S {
+		return pipeline.Assignment{}, fmt.Errorf("ring epoch %d has %d members: %d pipeline stages (train.pipeline_stages = %v) need at least %d, a member per stage; waiting for members to join",
+			ep.Number, len(ep.Order), S, t.cfg.PipelineStages, S)
 	}
 	return pipeline.Assign(ep.Order, S)
 }
@@ -172,6 +171,9 @@ func (t *Trainer) enterStage(ctx context.Context, ep gossip.Epoch, steps map[str
 		return err
 	}
 	s, r, ok := as.Place(t.self)
+	if !ok && slices.Contains(as.Idle, t.self) {
+		return t.enterIdle(ctx, ep, as, steps, hashes, held)
+	}
 	if !ok {
 		return fmt.Errorf("train: %s has no place in ring epoch %d's layout %v", t.self, ep.Number, as)
 	}
@@ -179,7 +181,7 @@ func (t *Trainer) enterStage(ctx context.Context, ep gossip.Epoch, steps map[str
 	t.shard = Shard{Offset: r * B, Size: B, Global: as.Replicas * B, FirstDevice: r, Weight: 1}
 	target, want, err := choosePipeState(ep.Order, steps, hashes, held, as.Stages, uint64(t.cfg.Steps))
 	if err != nil {
-		return err
+		return t.settleUnsettled(ctx, ep, steps, held, err)
 	}
 	t.mu.Lock()
 	force := t.forceSync
@@ -250,18 +252,25 @@ func (t *Trainer) switchStage(s int, c *model.Checkpoint, step uint64) error {
 
 // servePipeState answers a state request from peer from in pipelined
 // mode: the held stage's state when from's place in this peer's epoch is
-// that stage, the stage this peer left when it is that one.
+// that stage (or from is idle in it: it asks for the stage it holds), the
+// stage this peer left when it is that one.
 func (t *Trainer) servePipeState(from string, step uint64, ep gossip.Epoch) ([]byte, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stages == nil {
+		return nil, fmt.Errorf("%w: holds no pipeline stage now", statesync.ErrUnavailable)
+	}
 	as, err := t.layoutOf(ep)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", statesync.ErrUnavailable, err)
 	}
 	s, _, ok := as.Place(from)
+	if !ok && slices.Contains(as.Idle, from) {
+		s, ok = t.stages.Stage(), true
+	}
 	if !ok {
 		return nil, fmt.Errorf("%w: %s has no stage in ring epoch %d", statesync.ErrRefused, from, ep.Number)
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	if p := t.prevState; p != nil && p.stage == s && p.step == step && t.stages.Stage() != s {
 		return p.state, nil
 	}

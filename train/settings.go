@@ -21,7 +21,10 @@ type Settings map[string]string
 // clusterOnly are the keys that must agree between peers but not between
 // a checkpoint and the run resuming it: extending a run (train.steps
 // higher) resumes it; codecs carry no state across a restart.
-var clusterOnly = []string{"train.steps", "allreduce.codec", "allreduce.bucket_bytes", "allreduce.robust"}
+// train.pipeline_stages too: a checkpoint of pipeline stages cannot be
+// resumed (config refuses train.checkpoint_dir with them), and a run of
+// one stage resumes the checkpoints written before the key was compared.
+var clusterOnly = []string{"train.steps", "allreduce.codec", "allreduce.bucket_bytes", "allreduce.robust", "train.pipeline_stages"}
 
 // localOnly are the keys that must agree between a checkpoint and the run
 // resuming it but may differ between peers: each peer's devices take
@@ -41,6 +44,7 @@ func settingsOf(cfg config.Train, ar config.Allreduce, l Learner) Settings {
 		"allreduce.codec":            ar.Codec,
 		"allreduce.bucket_bytes":     strconv.Itoa(ar.BucketBytes),
 		"allreduce.robust":           ar.RobustSpec(),
+		"train.pipeline_stages":      cfg.PipelineStages.String(),
 	}
 	for k, v := range l.Settings() {
 		s[k] = v

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -29,6 +30,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/internal/ctxutil"
 	"github.com/p2ptrain/p2ptrain/internal/finite"
 	"github.com/p2ptrain/p2ptrain/model"
+	"github.com/p2ptrain/p2ptrain/pipeline"
 	"github.com/p2ptrain/p2ptrain/plan"
 	"github.com/p2ptrain/p2ptrain/protocol/statesync"
 	"github.com/p2ptrain/p2ptrain/telemetry"
@@ -139,6 +141,13 @@ type Trainer struct {
 	pipeWaitLogged uint64
 	wantStage      int
 	slowestStep    time.Duration
+	// idleLogged is the last epoch whose layout left this peer idle;
+	// auto the state of train.pipeline_stages = "auto" (nil otherwise).
+	idleLogged atomic.Uint64
+	auto       *autoStages
+	// unsettled is the step this peer's stage settled its gradient for
+	// and did not learn its pipeline's verdict on (nil: none).
+	unsettled *unsettledStep
 
 	// mu guards the parameters, optimizer state and step against the state server.
 	mu        sync.Mutex
@@ -175,6 +184,10 @@ type Options struct {
 	// training event (failed steps and who was blamed, re-syncs,
 	// checkpoints).
 	Telemetry telemetry.Sink
+	// LayerCosts, when set, are the per-sample layer costs that
+	// train.pipeline_stages = "auto" chooses from, instead of the layers'
+	// times measured on this peer at start (tests).
+	LayerCosts []pipeline.LayerCost
 }
 
 // New builds the built-in model, optimizer and data of the [train]
@@ -239,6 +252,9 @@ func NewWithLearner(c Cluster, l Learner, cfg config.Train, ar config.Allreduce,
 		return nil, err
 	}
 	t.settings = settingsOf(cfg, ar, l)
+	if err := t.initAuto(o); err != nil {
+		return nil, err
+	}
 	t.cfgHash = t.settings.resumeHash()
 	t.payload.Devices = l.Devices()
 	t.payload.Settings = t.settings.cluster()
@@ -353,7 +369,10 @@ func (t *Trainer) serveState(from string, step uint64) ([]byte, error) {
 	if !slices.Contains(ep.Order, from) {
 		return nil, fmt.Errorf("%w: %s is not a member of ring epoch %d", statesync.ErrRefused, from, ep.Number)
 	}
-	if t.stages != nil {
+	t.mu.Lock()
+	pipelined := t.stages != nil // train.pipeline_stages = auto replaces the learner under t.mu
+	t.mu.Unlock()
+	if pipelined {
 		return t.servePipeState(from, step, ep)
 	}
 	t.mu.Lock()
@@ -362,6 +381,7 @@ func (t *Trainer) serveState(from string, step uint64) ([]byte, error) {
 		return nil, fmt.Errorf("%w: at step %d", statesync.ErrUnavailable, t.step)
 	}
 	c, err := t.l.State(step)
+	hash := t.cfgHash
 	t.mu.Unlock()
 	if err != nil {
 		if errors.Is(err, ErrStateUnavailable) {
@@ -369,7 +389,7 @@ func (t *Trainer) serveState(from string, step uint64) ([]byte, error) {
 		}
 		return nil, err
 	}
-	c.ConfigHash = t.cfgHash
+	c.ConfigHash = hash
 	return c.Marshal(), nil
 }
 
@@ -380,6 +400,9 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	if _, err := t.paramHash(ctx); err != nil {
+		return Result{}, err
+	}
+	if err := t.measureLayers(); err != nil {
 		return Result{}, err
 	}
 	t.publish()
@@ -502,6 +525,12 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 			}
 			if err != nil {
 				return err
+			}
+			if t.auto != nil {
+				// The number of stages, chosen by the coordinator.
+				if err := t.settleStages(ctx, ep); err != nil {
+					return err
+				}
 			}
 			if t.stages != nil {
 				break // enterStage lays out the pipelines
@@ -711,6 +740,12 @@ func (t *Trainer) requestEpoch(current uint64) {
 func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 	var spec plan.EpochSpec
 	if t.stages != nil {
+		if t.step >= uint64(t.cfg.Steps) {
+			return nil // entered only to take the final state
+		}
+		if as, idle := t.idleIn(ep); idle {
+			return t.sitIdle(ctx, ep, as)
+		}
 		// This peer's stage of a pipeline, and the ring of the stage's replicas.
 		var err error
 		if spec, t.pipe, err = t.beginPipe(ep); err != nil {
@@ -859,6 +894,7 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 	start := time.Now()
 	step := t.step
 	sh := t.shard
+	t.unsettled = nil // Compute replaces the gradient
 	sentBefore := tr.Sent()
 	var pipeBefore uint64
 	if t.pipe != nil {
@@ -903,8 +939,11 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 	if t.stages != nil {
 		// The tied table's other part, and the pipeline's verdict: a step
 		// any stage cannot apply is applied by none.
-		last, apply, err := t.stages.Settle(ctx, step)
+		sctx, stop := settleContext(ctx)
+		last, apply, err := t.stages.Settle(sctx, step)
+		stop()
 		if err != nil {
+			t.unsettled = &unsettledStep{stage: t.stages.Stage(), step: step}
 			return err
 		}
 		if !apply {
@@ -1190,6 +1229,7 @@ func (t *Trainer) finish(ctx context.Context) (Result, gossip.Epoch, error) {
 		// Keep answering new epochs: a peer that joins now syncs to the final state.
 		if slices.Contains(ep.Order, self) && !t.payload.Ready.In(ep) {
 			t.payload.Ready = &Ready{Epoch: ep.Number, Digest: ep.Digest(), Step: t.step, Hash: res.ParamHash, Stage: t.heldStage()}
+			t.confirmStages(ep)
 			t.publish()
 		}
 		done := true

@@ -111,6 +111,13 @@ func startTrainerHook(t *testing.T, cfg config.Config, onProgress func(*trainPee
 // through wrap (nil: directly), for peers that misbehave.
 func startTrainerWrapped(t *testing.T, cfg config.Config, onProgress func(*trainPeer, Progress), gradHook func(uint64, int, []float32), wrap func(*node.Node) Cluster) *trainPeer {
 	t.Helper()
+	return startTrainerOptions(t, cfg, onProgress, gradHook, wrap, nil)
+}
+
+// startTrainerOptions is startTrainerWrapped with edit applied to the
+// trainer's Options (nil: none).
+func startTrainerOptions(t *testing.T, cfg config.Config, onProgress func(*trainPeer, Progress), gradHook func(uint64, int, []float32), wrap func(*node.Node) Cluster, edit func(*Options)) *trainPeer {
+	t.Helper()
 	n, err := node.New(context.Background(), cfg, nodetest.Logger(t, cfg))
 	if err != nil {
 		t.Fatalf("start node: %v", err)
@@ -121,7 +128,7 @@ func startTrainerWrapped(t *testing.T, cfg config.Config, onProgress func(*train
 	if wrap != nil {
 		c = wrap(n)
 	}
-	tr, err := New(c, cfg.Train, cfg.Allreduce, Options{
+	o := Options{
 		Log: nodetest.Logger(t, cfg),
 		Progress: func(pr Progress) {
 			p.mu.Lock()
@@ -136,7 +143,11 @@ func startTrainerWrapped(t *testing.T, cfg config.Config, onProgress func(*train
 		Test:      fashion.test,
 		GradHook:  gradHook,
 		Telemetry: p.timeline,
-	})
+	}
+	if edit != nil {
+		edit(&o)
+	}
+	tr, err := New(c, cfg.Train, cfg.Allreduce, o)
 	if err != nil {
 		t.Fatalf("trainer: %v", err)
 	}

@@ -1,0 +1,552 @@
+package train
+
+import (
+	"cmp"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/p2ptrain/p2ptrain/config"
+	"github.com/p2ptrain/p2ptrain/data"
+	"github.com/p2ptrain/p2ptrain/gossip"
+	"github.com/p2ptrain/p2ptrain/internal/ctxutil"
+	"github.com/p2ptrain/p2ptrain/model"
+	"github.com/p2ptrain/p2ptrain/pipeline"
+	"github.com/p2ptrain/p2ptrain/plan"
+)
+
+// This file is train.pipeline_stages = "auto" (docs/pipeline.md). Every
+// peer starts with the whole model and times its layers. In the first ring
+// epoch in which training starts, its coordinator projects pure data
+// parallelism and every hybrid layout (pipeline.Setup.Plan) from its
+// layer times, the slowest measured link between neighbours of the ring,
+// the model's sizes, the global batch, the micro-batches and the codecs,
+// and announces the fastest layout's number of stages and cut of the
+// layers in its heartbeat payload, stamped with the epoch. The other
+// members wait for that announcement and adopt it; later coordinators
+// keep the choice the members hold, and confirm it in each epoch. The
+// choice holds for the run: changing it would discard every stage's state.
+
+// StagesChoice is the number of pipeline stages a cluster trains with
+// under train.pipeline_stages = "auto", and the cut of the model's layers
+// into them, as the coordinator of a ring epoch chose or confirmed it.
+type StagesChoice struct {
+	// Stages is S (1: pure data parallelism).
+	Stages int `json:"s"`
+	// Split is the cut of the layers into the stages (S+1 boundaries; nil
+	// for S = 1).
+	Split []int `json:"split,omitempty"`
+	// Epoch and Digest name the ring epoch whose coordinator announced
+	// it (gossip.Epoch.Digest).
+	Epoch  uint64 `json:"epoch"`
+	Digest string `json:"digest"`
+}
+
+// maxChoiceStages bounds a StagesChoice, as config bounds
+// train.pipeline_stages.
+const maxChoiceStages = 256
+
+// check reports a choice no peer can have made (nil is none).
+func (c *StagesChoice) check() error {
+	if c == nil {
+		return nil
+	}
+	switch {
+	case c.Stages < 1 || c.Stages > maxChoiceStages:
+		return fmt.Errorf("%d pipeline stages (want 1 to %d)", c.Stages, maxChoiceStages)
+	case (c.Stages == 1) != (len(c.Split) == 0), c.Stages > 1 && len(c.Split) != c.Stages+1:
+		return fmt.Errorf("%d pipeline stages cut at %v", c.Stages, c.Split)
+	case len(c.Digest) > 64:
+		return fmt.Errorf("an epoch digest of %d characters", len(c.Digest))
+	}
+	for i, b := range c.Split {
+		if (i == 0 && b != 0) || (i > 0 && b <= c.Split[i-1]) {
+			return fmt.Errorf("pipeline stages cut at %v: the cut must start at 0 and increase", c.Split)
+		}
+	}
+	return nil
+}
+
+// key identifies the choice without the epoch that announced it.
+func (c StagesChoice) key() string { return fmt.Sprint(c.Stages, c.Split) }
+
+// String describes the choice for logs and errors.
+func (c StagesChoice) String() string {
+	if c.Stages == 1 {
+		return "1 stage (pure data parallelism)"
+	}
+	parts := make([]string, 0, c.Stages)
+	for s := range c.Stages {
+		parts = append(parts, fmt.Sprintf("%d:%d", c.Split[s], c.Split[s+1]))
+	}
+	return fmt.Sprintf("%d stages (layers %s)", c.Stages, strings.Join(parts, " "))
+}
+
+// autoStages is a trainer's state under train.pipeline_stages = "auto".
+type autoStages struct {
+	// base is the [train] configuration as given: batch_size is each
+	// member's share of the global batch, whatever the choice.
+	base config.Train
+	// train and test are the datasets the learners are built on (nil:
+	// loaded from the configuration).
+	train, test *data.Dataset
+	// costs are this peer's per-sample layer costs (measured at start, or
+	// Options.LayerCosts).
+	costs []pipeline.LayerCost
+	// choice is the choice this peer trains with (nil: none yet; the
+	// learner is then the whole model, as for one stage).
+	choice *StagesChoice
+}
+
+// The links assumed while none between neighbours of the ring is
+// measured: a local network's.
+const (
+	defaultLinkMbit = 1000
+	defaultLinkRTT  = time.Millisecond
+)
+
+// profileSamples bounds the batch the layers are timed on at start, and
+// profileBudget the time spent timing (one pass more when a first one
+// took less than a third of it).
+const (
+	profileSamples = 4
+	profileBudget  = 3 * time.Second
+)
+
+// initAuto prepares train.pipeline_stages = "auto": the learner must be
+// the whole model on one device (New builds it), and the settings the
+// peers compare say "auto" rather than a number of stages.
+func (t *Trainer) initAuto(o Options) error {
+	if !t.cfg.PipelineStages.Auto() {
+		return nil
+	}
+	ml, ok := t.l.(*ModelLearner)
+	if !ok || len(ml.Devices()) != 1 {
+		return fmt.Errorf("train: train.pipeline_stages = auto needs the built-in model on one device (got a %T on %d devices)", t.l, len(t.l.Devices()))
+	}
+	t.auto = &autoStages{base: t.cfg, train: o.Train, test: o.Test, costs: slices.Clone(o.LayerCosts)}
+	autoSettings(t.settings, t.cfg)
+	t.payload.Settings = t.settings.cluster()
+	return nil
+}
+
+// autoSettings adds to s, a whole model's settings, what the peers of
+// train.pipeline_stages = "auto" must agree on before any choice: the
+// pipeline's keys (train.pipeline_stages itself is in every trainer's
+// settings, so an auto cluster and a fixed one refuse each other naming
+// it).
+func autoSettings(s Settings, cfg config.Train) {
+	s["train.pipeline"] = fmt.Sprintf("auto, %d micro-batches, %s activations, %s", cfg.MicroBatches, cfg.ActivationCodec, cfg.PipelineSchedule)
+}
+
+// measureLayers times the whole model's layers on this peer, unless
+// Options.LayerCosts gave them.
+func (t *Trainer) measureLayers() error {
+	a := t.auto
+	if a == nil || a.costs != nil {
+		return nil
+	}
+	ml, ok := t.l.(*ModelLearner)
+	if !ok {
+		return fmt.Errorf("train: timing the layers needs the whole model, the learner is a %T", t.l)
+	}
+	start := time.Now()
+	costs, err := profileCosts(ml.Model(), t.cfg)
+	if err != nil {
+		return fmt.Errorf("train: train.pipeline_stages = auto: timing the layers: %w", err)
+	}
+	a.costs = costs
+	var sum float64
+	for _, c := range costs {
+		sum += c.Forward + c.Backward
+	}
+	t.log.Info("timed the layers for train.pipeline_stages = auto", zap.Int("layers", len(costs)),
+		zap.Float64("ms_per_sample", sum*1e3), zap.Duration("took", time.Since(start)))
+	return nil
+}
+
+// profileCosts times m's layers (model.ProfileLayers) on a random batch of
+// at most profileSamples samples, within about profileBudget, and returns
+// their per-sample costs.
+func profileCosts(m *model.Model, cfg config.Train) ([]pipeline.LayerCost, error) {
+	infos, err := model.Layers(cfg.Model, layerConfig(cfg))
+	if err != nil {
+		return nil, err
+	}
+	n := min(cfg.BatchSize, profileSamples)
+	b := m.RandomBatch(n, cfg.Seed)
+	start := time.Now()
+	times, err := m.ProfileLayers(b, 1)
+	if err == nil && time.Since(start) < profileBudget/3 {
+		times, err = m.ProfileLayers(b, 3)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return pipeline.Costs(infos, times, n)
+}
+
+// layerConfig is the model configuration of cfg's layer list.
+func layerConfig(cfg config.Train) model.Config {
+	g := cfg.GPT
+	return model.Config{Hidden: cfg.Hidden, MaxBatch: 1,
+		GPT: model.GPTConfig{Layers: g.Layers, DModel: g.DModel, Heads: g.Heads, Context: g.Context, Vocab: g.Vocab}}
+}
+
+// linkSummary is what a choice assumes of the links: the slowest measured
+// rate between neighbours of the ring (bytes/s, each way) and the longest
+// measured round trip among them (seconds), or the defaults.
+type linkSummary struct {
+	Bandwidth, RTT float64
+	// Measured counts the ring's edges with a measured rate, of Edges.
+	Measured, Edges int
+	// RTTMeasured says the RTT was measured rather than the default.
+	RTTMeasured bool
+}
+
+// ringLinks summarises the links between neighbours of order (the ring's
+// edges, both directions) from bw (bytes/s) and rtt (seconds) matrices of
+// order, zero where nobody measured.
+func ringLinks(order []string, bw, rtt plan.Matrix) linkSummary {
+	P := len(order)
+	s := linkSummary{Bandwidth: math.Inf(1)}
+	at := func(m plan.Matrix, i, j int) float64 {
+		if len(m) != P || len(m[i]) != P {
+			return 0
+		}
+		return m[i][j]
+	}
+	for i := range P {
+		j := (i + 1) % P
+		if j == i || (P == 2 && i == 1) { // one peer: no edge; two: one
+			continue
+		}
+		s.Edges++
+		rate := math.Inf(1)
+		for _, v := range []float64{at(bw, i, j), at(bw, j, i)} {
+			if v > 0 && !math.IsInf(v, 0) {
+				rate = min(rate, v)
+			}
+		}
+		if !math.IsInf(rate, 1) {
+			s.Bandwidth = min(s.Bandwidth, rate)
+			s.Measured++
+		}
+		for _, v := range []float64{at(rtt, i, j), at(rtt, j, i)} {
+			if v > 0 && !math.IsInf(v, 0) {
+				s.RTT = max(s.RTT, v)
+				s.RTTMeasured = true
+			}
+		}
+	}
+	if s.Measured == 0 {
+		s.Bandwidth = defaultLinkMbit * 1e6 / 8
+	}
+	if !s.RTTMeasured {
+		s.RTT = defaultLinkRTT.Seconds()
+	}
+	return s
+}
+
+// String describes the summary for logs.
+func (s linkSummary) String() string {
+	switch {
+	case s.Edges == 0:
+		return "no link (one member): the default"
+	case s.Measured == 0:
+		return fmt.Sprintf("none of the ring's %d links measured yet: the default %d Mbit/s, RTT %s", s.Edges, defaultLinkMbit, defaultLinkRTT)
+	}
+	return fmt.Sprintf("the slowest of %d measured ring links (of %d)", s.Measured, s.Edges)
+}
+
+// stagesInput is what a number of stages is chosen from.
+type stagesInput struct {
+	// Costs are the layers' per-sample costs.
+	Costs []pipeline.LayerCost
+	// Peers is the ring epoch's member count; Batch the global batch
+	// (Peers × train.batch_size); Micro train.micro_batches.
+	Peers, Batch, Micro int
+	// Links are the links assumed.
+	Links linkSummary
+	// Schedule is train.pipeline_schedule; Grad and Act allreduce.codec
+	// and train.activation_codec.
+	Schedule  pipeline.Schedule
+	Grad, Act string
+}
+
+// planStages chooses the number of stages and the cut of the layers: the
+// fastest layout of pipeline.Setup.Plan, with the gradient and activation
+// codecs configured. It returns the projected layouts too, fastest first.
+func planStages(in stagesInput) (StagesChoice, []pipeline.Layout, error) {
+	grad, err := pipeline.CodecCostOf(in.Grad)
+	if err != nil {
+		return StagesChoice{}, nil, fmt.Errorf("allreduce.codec: %w", err)
+	}
+	act, err := pipeline.CodecCostOf(in.Act)
+	if err != nil {
+		return StagesChoice{}, nil, fmt.Errorf("train.activation_codec: %w", err)
+	}
+	setup := pipeline.Setup{Layers: in.Costs, Peers: in.Peers, Batch: in.Batch, Micro: in.Micro,
+		Bandwidth: in.Links.Bandwidth, RTT: in.Links.RTT, Schedule: in.Schedule}
+	layouts, err := setup.Plan([]pipeline.CodecCost{grad}, []pipeline.CodecCost{act})
+	if err != nil {
+		return StagesChoice{}, nil, err
+	}
+	best := layouts[0]
+	c := StagesChoice{Stages: best.Stages}
+	if best.Stages > 1 {
+		c.Split = slices.Clone([]int(best.Split))
+	}
+	return c, layouts, nil
+}
+
+// settleStages brings this peer to the choice of stages of ep's
+// coordinator, after every member announced itself ready in ep: the
+// coordinator keeps the choice most members hold, or makes it when none
+// holds one (chooseStages), and announces it stamped with ep; the others
+// wait for that announcement (at most train.ready_timeout) and adopt it.
+func (t *Trainer) settleStages(ctx context.Context, ep gossip.Epoch) error {
+	if ep.Coordinator == t.self {
+		c, err := t.chooseStages(ctx, ep)
+		if err != nil {
+			return err
+		}
+		return t.adoptStages(c, ep)
+	}
+	deadline := time.Now().Add(t.cfg.ReadyTimeout.D())
+	for {
+		members, cur := t.c.View()
+		if !sameEpoch(cur, ep) {
+			return errEpochChanged
+		}
+		for _, m := range members {
+			if c := payloadOf(m).Stages; m.PeerID == ep.Coordinator && c != nil && c.Epoch == ep.Number && c.Digest == ep.Digest() {
+				return t.adoptStages(*c, ep)
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("train: the coordinator %s of ring epoch %d announced no choice of train.pipeline_stages = auto within train.ready_timeout (%s)",
+				ep.Coordinator, ep.Number, t.cfg.ReadyTimeout.D())
+		}
+		if !ctxutil.Sleep(ctx, pollInterval) {
+			return ctx.Err()
+		}
+	}
+}
+
+// chooseStages is the coordinator's choice in ep: the choice most members
+// of ep hold (ties: this peer's own, then the fewer stages), or, when none
+// holds one, the fastest projected layout (planStages), logged with the
+// projection.
+func (t *Trainer) chooseStages(ctx context.Context, ep gossip.Epoch) (StagesChoice, error) {
+	a := t.auto
+	members, _ := t.c.View()
+	votes, byKey := map[string]int{}, map[string]StagesChoice{}
+	vote := func(c *StagesChoice) {
+		if c != nil {
+			votes[c.key()]++
+			byKey[c.key()] = *c
+		}
+	}
+	vote(a.choice)
+	for _, m := range members {
+		if m.PeerID != t.self && slices.Contains(ep.Order, m.PeerID) {
+			vote(payloadOf(m).Stages)
+		}
+	}
+	if len(votes) > 0 {
+		keys := make([]string, 0, len(votes))
+		for k := range votes {
+			keys = append(keys, k)
+		}
+		own := ""
+		if a.choice != nil {
+			own = a.choice.key()
+		}
+		slices.SortFunc(keys, func(x, y string) int {
+			return cmp.Or(votes[y]-votes[x], boolOrder(y == own, x == own), byKey[x].Stages-byKey[y].Stages, strings.Compare(x, y))
+		})
+		c := byKey[keys[0]]
+		if keys[0] != own {
+			t.log.Info("train.pipeline_stages = auto: taking the choice most members hold", zap.Uint64("epoch", ep.Number),
+				zap.String("choice", c.String()), zap.Int("holders", votes[keys[0]]), zap.Int("members", len(ep.Order)))
+		}
+		return c, nil
+	}
+	links := t.waitLinks(ctx, ep)
+	in := stagesInput{Costs: a.costs, Peers: len(ep.Order), Batch: len(ep.Order) * a.base.BatchSize, Micro: a.base.MicroBatches,
+		Links: links, Grad: t.arCfg.Codec, Act: a.base.ActivationCodec}
+	var err error
+	if in.Schedule, err = pipeline.ParseSchedule(a.base.PipelineSchedule); err != nil {
+		return StagesChoice{}, fmt.Errorf("train: train.pipeline_schedule: %w", err)
+	}
+	c, layouts, err := planStages(in)
+	if err != nil {
+		return StagesChoice{}, fmt.Errorf("train: choosing train.pipeline_stages = auto: %w", err)
+	}
+	t.logChoice(ep, in, c, layouts)
+	return c, nil
+}
+
+// boolOrder orders true before false.
+func boolOrder(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return -1
+	}
+	return 1
+}
+
+// waitLinks summarises the links between neighbours of ep's ring, waiting
+// up to half of train.ready_timeout for every one of them to be measured
+// (the probes of a new cluster take a few seconds).
+func (t *Trainer) waitLinks(ctx context.Context, ep gossip.Epoch) linkSummary {
+	deadline := time.Now().Add(t.cfg.ReadyTimeout.D() / 2)
+	for {
+		members, cur := t.c.View()
+		rtt, _ := plan.RTTMatrix(ep.Order, plan.LinkRows(members))
+		s := ringLinks(ep.Order, t.c.LinkMatrix(ep.Order), rtt)
+		if s.Measured == s.Edges || time.Now().After(deadline) || !sameEpoch(cur, ep) || !ctxutil.Sleep(ctx, pollInterval) {
+			return s
+		}
+	}
+}
+
+// logChoice logs the choice and the projection behind it, one line per
+// candidate layout, fastest first.
+func (t *Trainer) logChoice(ep gossip.Epoch, in stagesInput, c StagesChoice, layouts []pipeline.Layout) {
+	t.log.Info("train.pipeline_stages = auto: chose "+c.String(), zap.Uint64("epoch", ep.Number), zap.Int("peers", in.Peers),
+		zap.Int("global_batch", in.Batch), zap.Int("micro_batches", in.Micro), zap.String("grad_codec", in.Grad), zap.String("act_codec", in.Act),
+		zap.Float64("link_mbit_s", in.Links.Bandwidth*8/1e6), zap.Float64("rtt_ms", in.Links.RTT*1e3), zap.String("links", in.Links.String()),
+		zap.Float64("projected_step_s", layouts[0].Step))
+	for i, l := range layouts {
+		t.log.Info("projected layout", zap.Int("rank", i+1), zap.String("layout", l.Name()), zap.Ints("split", l.Split),
+			zap.Float64("step_s", l.Step), zap.Float64("compute_s", l.Compute), zap.Float64("bubble", l.Bubble),
+			zap.Float64("allreduce_s", l.AllReduce), zap.Float64("tied_s", l.Tied), zap.Float64("sent_mb_per_peer", l.PeerBytes/1e6),
+			zap.Int("params_per_peer", l.PeerParams))
+	}
+}
+
+// adoptStages makes this peer train with choice c, announced in ep: it
+// rebuilds the learner when c differs from the choice it holds (the whole
+// model for one stage, else stage 0 of c's cut, at step 0), and
+// announces c. A peer that discards the state of a step past 0 returns an
+// error: its Ready in ep announced that state, so it enters a new epoch.
+func (t *Trainer) adoptStages(c StagesChoice, ep gossip.Epoch) error {
+	a := t.auto
+	c.Split = slices.Clone(c.Split)
+	c.Epoch, c.Digest = ep.Number, ep.Digest()
+	first := a.choice == nil
+	changed := (first && c.Stages != 1) || (!first && a.choice.key() != c.key())
+	held := t.step
+	if changed {
+		if err := t.switchLearner(c); err != nil {
+			return err
+		}
+	}
+	if first || changed {
+		t.mu.Lock()
+		t.cfg.BatchSize = c.Stages * a.base.BatchSize // a pipeline of S members takes S shares
+		base := t.settings.resumeHash()
+		t.cfgHash = model.ConfigHash(hex.EncodeToString(base[:]), "stages", c.key())
+		t.mu.Unlock()
+		fields := []zap.Field{zap.Uint64("epoch", ep.Number), zap.String("coordinator", ep.Coordinator), zap.Int("stages", c.Stages), zap.Ints("split", c.Split)}
+		if first {
+			t.log.Info("train.pipeline_stages = auto: training with "+c.String(), fields...)
+		} else {
+			t.log.Warn("train.pipeline_stages = auto: the cluster holds another choice; this peer discards its state and takes "+c.String(),
+				append(fields, zap.Uint64("own_step", held))...)
+		}
+	}
+	a.choice = &c
+	announced := c
+	t.payload.Stages = &announced
+	if changed && t.payload.Ready != nil {
+		t.payload.Ready.Step, t.payload.Ready.Hash, t.payload.Ready.Stage = t.step, t.hash, t.heldStage()
+	}
+	t.publish()
+	if changed && held > 0 {
+		return fmt.Errorf("train: this peer held step %d of another choice of pipeline stages; entering a new ring epoch with %s", held, c)
+	}
+	return nil
+}
+
+// switchLearner replaces the learner by one of choice c at step 0: the
+// whole model for one stage, else stage 0 of c's cut, each pipeline
+// taking S × train.batch_size samples. A failure stops the run (the old
+// learner is closed first, to free its device memory).
+func (t *Trainer) switchLearner(c StagesChoice) error {
+	a := t.auto
+	cfg := a.base
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.l.Close(); err != nil {
+		t.log.Warn("closing the learner", zap.Error(err))
+	}
+	var l Learner
+	var pl *PipeLearner
+	var err error
+	if c.Stages == 1 {
+		l, err = NewModelLearner(cfg, t.arCfg.BucketBytes, a.train, a.test)
+	} else {
+		cfg.PipelineStages, cfg.BatchSize = config.Stages(c.Stages), c.Stages*cfg.BatchSize
+		if pl, err = NewPipeLearner(cfg, t.arCfg.BucketBytes, a.train, a.test); err == nil {
+			if err = pl.useSplit(c.Split); err != nil {
+				pl.Close()
+			}
+		}
+		l = pl
+	}
+	if err != nil {
+		return fmt.Errorf("%w: building the learner of %s: %w", ErrLearner, c, err)
+	}
+	t.l, t.stages = l, pl
+	t.step, t.hash, t.prevState, t.wantStage = 0, "", nil, 0
+	t.status.Step = 0
+	clear(t.checks)
+	t.payload.Check = nil
+	if err := t.buildCodecs(); err != nil {
+		return fmt.Errorf("%w: %w", ErrLearner, err)
+	}
+	t.status.Codec = t.codecs[0].Spec()
+	if _, err := t.paramHash(context.Background()); err != nil {
+		return fmt.Errorf("%w: %w", ErrLearner, err)
+	}
+	return nil
+}
+
+// confirmStages stamps this peer's choice with ep when it coordinates ep
+// without entering it (a finished peer answering a new epoch), so that
+// the members that enter ep adopt it.
+func (t *Trainer) confirmStages(ep gossip.Epoch) {
+	if a := t.auto; a != nil && a.choice != nil && ep.Coordinator == t.self {
+		c := *a.choice
+		c.Epoch, c.Digest = ep.Number, ep.Digest()
+		a.choice = &c
+		announced := c
+		t.payload.Stages = &announced
+	}
+}
+
+// useSplit cuts the model at split (a StagesChoice's, from the
+// coordinator's measured layer times) instead of at the parameter
+// counts, and holds stage 0 of that cut.
+func (l *PipeLearner) useSplit(split []int) error {
+	ok := len(split) == l.split.Stages()+1 && split[0] == 0 && split[len(split)-1] == len(l.layers)
+	for i := 1; ok && i < len(split); i++ {
+		ok = split[i] > split[i-1]
+	}
+	if !ok {
+		return fmt.Errorf("train: the cut %v does not split %d layers into %d stages", split, len(l.layers), l.split.Stages())
+	}
+	l.split = pipeline.Split(slices.Clone(split))
+	return l.SetStage(0, nil)
+}

@@ -1,0 +1,336 @@
+package train
+
+import (
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/p2ptrain/p2ptrain/config"
+	"github.com/p2ptrain/p2ptrain/gossip"
+	"github.com/p2ptrain/p2ptrain/model"
+	"github.com/p2ptrain/p2ptrain/node"
+	"github.com/p2ptrain/p2ptrain/pipeline"
+	"github.com/p2ptrain/p2ptrain/plan"
+)
+
+// fakeCosts are per-sample layer costs of cfg's model, as if measured:
+// block forward passes cost blockMs, the other layers a tenth of it, and
+// every backward pass twice its forward pass. Tests inject them
+// (Options.LayerCosts) so that no choice depends on this machine's speed.
+func fakeCosts(t *testing.T, cfg config.Train, blockMs float64) []pipeline.LayerCost {
+	t.Helper()
+	infos, err := model.Layers(cfg.Model, layerConfig(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]pipeline.LayerCost, len(infos))
+	for i, in := range infos {
+		f := blockMs / 10 * 1e-3
+		if strings.HasPrefix(in.Describe, "block") {
+			f = blockMs * 1e-3
+		}
+		out[i] = pipeline.LayerCost{Forward: f, Backward: 2 * f, Params: in.Params, Tied: in.Tied, TiedParams: in.TiedParams, OutElems: in.OutElems}
+	}
+	return out
+}
+
+// TestPlanStagesIsPlansFastest: the choice is pipeline.Plan's fastest
+// layout for the same inputs (its number of stages and its cut): over slow
+// links a hybrid layout (S > 1), over fast ones pure data parallelism
+// (S = 1), which then carries no cut.
+func TestPlanStagesIsPlansFastest(t *testing.T) {
+	cfg := config.DefaultConfig().Train
+	cfg.Model = "gpt"
+	cfg.GPT = config.GPT{Layers: 8, DModel: 512, Heads: 8, Context: 128, Vocab: 256}
+	costs := fakeCosts(t, cfg, 10)
+	for _, tc := range []struct {
+		name       string
+		mbit, rtt  float64
+		wantHybrid bool
+	}{{"20 Mbit/s", 20, 2e-3, true}, {"100 Gbit/s", 100e3, 1e-5, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := stagesInput{Costs: costs, Peers: 4, Batch: 4 * 8, Micro: 4, Schedule: pipeline.OneFOneB,
+				Links: linkSummary{Bandwidth: tc.mbit * 1e6 / 8, RTT: tc.rtt}, Grad: "none", Act: "dyn8"}
+			got, layouts, err := planStages(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			grad, _ := pipeline.CodecCostOf("none")
+			act, _ := pipeline.CodecCostOf("dyn8")
+			want, err := pipeline.Setup{Layers: costs, Peers: 4, Batch: 32, Micro: 4, Bandwidth: tc.mbit * 1e6 / 8, RTT: tc.rtt,
+				Schedule: pipeline.OneFOneB}.Plan([]pipeline.CodecCost{grad}, []pipeline.CodecCost{act})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Stages != want[0].Stages || !slices.Equal(got.Split, []int(want[0].Split)) || len(layouts) != len(want) {
+				t.Fatalf("chose %v, Plan's fastest is %s split %v", got, want[0].Name(), want[0].Split)
+			}
+			if tc.wantHybrid != (got.Stages > 1) {
+				t.Fatalf("chose %v over %s links; want a hybrid layout: %v", got, tc.name, tc.wantHybrid)
+			}
+			if err := got.check(); err != nil {
+				t.Fatalf("the choice %v does not pass its own check: %v", got, err)
+			}
+			again, _, _ := planStages(in)
+			if again.key() != got.key() {
+				t.Fatalf("the same inputs chose %v, then %v", got, again)
+			}
+			t.Logf("%s: %v, projected %.3f s per step (%d layouts)", tc.name, got, layouts[0].Step, len(layouts))
+		})
+	}
+}
+
+// TestRingLinks: the links assumed are the slowest rate and the longest
+// RTT measured between neighbours of the ring (each direction, a reverse
+// figure standing in), the defaults when none is measured.
+func TestRingLinks(t *testing.T) {
+	order := []string{"a", "b", "c", "d"}
+	mb := func(mbit float64) float64 { return mbit * 1e6 / 8 }
+	bw := plan.Matrix{
+		{0, mb(100), mb(1), 0},
+		{mb(100), 0, mb(50), 0},
+		{mb(1), mb(40), 0, 0}, // c → b is slower than b → c
+		{0, 0, 0, 0},          // nothing measured to or from d
+	}
+	rtt := plan.Matrix{{0, 2e-3, 0, 0}, {0, 0, 0, 0}, {0, 9e-3, 0, 0}, {0, 0, 0, 0}}
+	s := ringLinks(order, bw, rtt)
+	// Edges a-b, b-c, c-d, d-a: a-c (1 Mbit/s) is not a neighbour pair.
+	if s.Edges != 4 || s.Measured != 2 || s.Bandwidth != mb(40) || s.RTT != 9e-3 || !s.RTTMeasured {
+		t.Fatalf("got %+v; want 2 of 4 edges measured, 40 Mbit/s, RTT 9 ms", s)
+	}
+	none := ringLinks(order, make(plan.Matrix, 4), nil)
+	if none.Measured != 0 || none.Bandwidth != defaultLinkMbit*1e6/8 || none.RTT != defaultLinkRTT.Seconds() {
+		t.Fatalf("nothing measured: %+v; want the defaults", none)
+	}
+	if two := ringLinks(order[:2], plan.Matrix{{0, mb(10)}, {0, 0}}, nil); two.Edges != 1 || two.Bandwidth != mb(10) {
+		t.Fatalf("two members: %+v; want one edge at 10 Mbit/s", two)
+	}
+	if one := ringLinks(order[:1], plan.Matrix{{0}}, nil); one.Edges != 0 || one.Bandwidth != defaultLinkMbit*1e6/8 {
+		t.Fatalf("one member: %+v; want no edge and the default", one)
+	}
+}
+
+// TestAutoSettingsRefuseFixedStages: a peer of train.pipeline_stages =
+// "auto" and one of a fixed number do not train together, and the one in
+// the minority is told the key.
+func TestAutoSettingsRefuseFixedStages(t *testing.T) {
+	auto := testSettings(t, func(c *config.Train, _ *config.Allreduce) { c.PipelineStages = config.StagesAuto })
+	autoSettings(auto, config.DefaultConfig().Train)
+	for _, fixed := range []config.Stages{1, 2} {
+		other := testSettings(t, func(c *config.Train, _ *config.Allreduce) { c.PipelineStages = fixed })
+		ep := gossip.Epoch{Number: 3, Order: []string{"a", "b", "c"}, Coordinator: "a"}
+		members := settingsMembers(map[string]Settings{"a": other.cluster(), "b": other.cluster(), "c": auto.cluster()})
+		_, err := checkSettings(auto.cluster(), "c", members, ep)
+		if !errors.Is(err, ErrSettingsDiffer) || !strings.Contains(err.Error(), "train.pipeline_stages = auto here, "+fixed.String()+" there") {
+			t.Errorf("auto among pipeline_stages = %v: %v; want ErrSettingsDiffer naming train.pipeline_stages", fixed, err)
+		}
+	}
+	// The key does not change the resume hash of pure data parallelism.
+	if testSettings(t, nil).resumeHash() != testSettings(t, func(c *config.Train, _ *config.Allreduce) { c.PipelineStages = 2 }).resumeHash() {
+		t.Error("train.pipeline_stages changes the resume hash")
+	}
+}
+
+// TestStagesChoiceInPayload: a choice survives a heartbeat, and a choice
+// no peer can have made is refused with the payload.
+func TestStagesChoiceInPayload(t *testing.T) {
+	c := &StagesChoice{Stages: 2, Split: []int{0, 3, 7}, Epoch: 4, Digest: "0123456789abcdef"}
+	p, err := DecodePayload(Payload{Stages: c}.Encode())
+	if err != nil || p.Stages == nil || p.Stages.key() != c.key() || p.Stages.Epoch != 4 {
+		t.Fatalf("round trip: %+v, %v", p.Stages, err)
+	}
+	for _, bad := range []StagesChoice{
+		{Stages: 0}, {Stages: 300}, {Stages: 1, Split: []int{0, 7}}, {Stages: 2, Split: []int{0, 7}},
+		{Stages: 2, Split: []int{0, 5, 5}}, {Stages: 2, Split: []int{1, 3, 7}},
+	} {
+		if _, err := DecodePayload(Payload{Stages: &bad}.Encode()); err == nil {
+			t.Errorf("choice %+v accepted", bad)
+		}
+	}
+}
+
+// linkCluster is a node whose measured links all read mbit Mbit/s and
+// rttMs ms, in its link matrix and in the figures the members gossip.
+type linkCluster struct {
+	*node.Node
+	mbit, rttMs float64
+}
+
+func (c linkCluster) LinkMatrix(order []string) plan.Matrix {
+	m := make(plan.Matrix, len(order))
+	for i := range m {
+		m[i] = make([]float64, len(order))
+		for j := range m[i] {
+			if i != j {
+				m[i][j] = c.mbit * 1e6 / 8
+			}
+		}
+	}
+	return m
+}
+
+func (c linkCluster) View() ([]gossip.Member, gossip.Epoch) {
+	members, ep := c.Node.View()
+	for i := range members {
+		members[i].Links = nil
+		for _, o := range members {
+			if o.PeerID != members[i].PeerID {
+				members[i].Links = append(members[i].Links, gossip.LinkFigure{Peer: o.PeerID, MbitS: c.mbit, RTTMs: c.rttMs})
+			}
+		}
+	}
+	return members, ep
+}
+
+// startAuto starts peers trainers of cfg (its train.pipeline_stages set to
+// "auto", train.min_peers to peers) on links of mbit Mbit/s and rttMs ms,
+// with the layer costs costs (nil: timed on this machine).
+func startAuto(t *testing.T, peers int, cfg func(boot ...string) config.Config, mbit, rttMs float64, costs []pipeline.LayerCost) []*trainPeer {
+	t.Helper()
+	var ps []*trainPeer
+	for range peers {
+		c := cfg(bootstrapTo(ps)...)
+		c.Train.PipelineStages, c.Train.MinPeers = config.StagesAuto, peers
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, startTrainerOptions(t, c, nil, nil, func(n *node.Node) Cluster { return linkCluster{n, mbit, rttMs} },
+			func(o *Options) { o.LayerCosts = costs }))
+	}
+	for _, p := range ps {
+		p.wait(t, 3*time.Minute)
+		if p.err != nil {
+			t.Fatalf("peer %s: %v", p.n.ID(), p.err)
+		}
+	}
+	return ps
+}
+
+// TestAutoStagesChooseHybridOnSlowLinks: 4 peers of train.pipeline_stages
+// = "auto" on slow links (2 Mbit/s, RTT 20 ms), with injected layer costs,
+// all train with the choice of one party, which is planStages' (and so
+// pipeline.Plan's) fastest for the inputs the coordinator had: a hybrid
+// layout. Every peer ends at the last step, the replicas of each stage
+// bit-identical.
+func TestAutoStagesChooseHybridOnSlowLinks(t *testing.T) {
+	const steps, batch = 8, 4
+	cfg := func(boot ...string) config.Config {
+		c := gptConfig(steps, 4, batch, boot...)
+		c.Train.MicroBatches = 2
+		c.Train.ActivationCodec = "none"
+		return c
+	}
+	costs := fakeCosts(t, cfg().Train, 5)
+	want, _, err := planStages(stagesInput{Costs: costs, Peers: 4, Batch: 4 * batch, Micro: 2, Schedule: pipeline.OneFOneB,
+		Links: linkSummary{Bandwidth: 2e6 / 8, RTT: 20e-3}, Grad: "none", Act: "none"})
+	if err != nil || want.Stages < 2 {
+		t.Fatalf("the inputs choose %v, %v: the test needs them to choose a hybrid layout", want, err)
+	}
+	ps := startAuto(t, 4, cfg, 2, 20, costs)
+	byStage := map[int][]*trainPeer{}
+	for _, p := range ps {
+		c := p.tr.auto.choice
+		if c == nil || c.key() != want.key() {
+			t.Fatalf("peer %s trained with %v; want %v", p.n.ID(), c, want)
+		}
+		if p.res.Step != steps {
+			t.Fatalf("peer %s ended at step %d", p.n.ID(), p.res.Step)
+		}
+		s := stagePeer(t, p).Stage()
+		if got := stagePeer(t, p).Split(); !slices.Equal([]int(got), want.Split) {
+			t.Fatalf("peer %s cut the model at %v; the choice says %v", p.n.ID(), got, want.Split)
+		}
+		byStage[s] = append(byStage[s], p)
+	}
+	if len(byStage) != want.Stages {
+		t.Fatalf("the peers hold %d stages; the choice has %d", len(byStage), want.Stages)
+	}
+	for _, sp := range byStage {
+		sameResult(t, sp, steps)
+	}
+	t.Logf("all 4 peers trained with %v", want)
+}
+
+// TestAutoStagesOneStageIsDataParallelism: 2 peers of "auto" on fast
+// links (10 Gbit/s, RTT 0.01 ms), with their layers timed on this machine
+// at start, choose one stage (over free links a pipeline's recomputation
+// and bubble only cost) and end with the parameters of 2 peers of plain
+// data parallelism, bit for bit: timing the layers leaves the model as it
+// was, and the run trains exactly as data parallelism does.
+func TestAutoStagesOneStageIsDataParallelism(t *testing.T) {
+	const steps, batch = 10, 4
+	cfg := func(boot ...string) config.Config { return gptConfig(steps, 2, batch, boot...) }
+	auto := startAuto(t, 2, cfg, 10e3, 0.01, nil)
+	for _, p := range auto {
+		if c := p.tr.auto.choice; c == nil || c.Stages != 1 {
+			t.Fatalf("peer %s chose %v over free links; want 1 stage", p.n.ID(), c)
+		}
+		if _, ok := p.tr.l.(*ModelLearner); !ok {
+			t.Fatalf("peer %s trains a %T, not the whole model", p.n.ID(), p.tr.l)
+		}
+	}
+	var dp []*trainPeer
+	for range 2 {
+		dp = append(dp, startTrainer(t, cfg(bootstrapTo(dp)...), nil))
+	}
+	for _, p := range dp {
+		p.wait(t, 3*time.Minute)
+	}
+	want := sameResult(t, dp, steps)
+	if got := sameResult(t, auto, steps); got.ParamHash != want.ParamHash || math.Abs(got.Loss-want.Loss) != 0 {
+		t.Fatalf("auto with one stage ended with hash %s loss %v; data parallelism with %s loss %v", got.ParamHash, got.Loss, want.ParamHash, want.Loss)
+	}
+}
+
+// TestPipelineIdleMember: 5 peers with train.pipeline_stages = 2 form 2
+// pipelines of 2 and leave the fifth idle: it says so, keeps its state,
+// and when the pipelines reach the last step it takes its stage's final
+// state, so every peer ends at the last step and the holders of each
+// stage, the idle one included, end bit-identical.
+func TestPipelineIdleMember(t *testing.T) {
+	const steps, batch = 12, 4
+	var ps []*trainPeer
+	for range 5 {
+		ps = append(ps, startTrainer(t, pipeConfig(steps, 5, batch, 2, bootstrapTo(ps)...), nil))
+	}
+	for _, p := range ps {
+		p.wait(t, 3*time.Minute)
+		if p.err != nil {
+			t.Fatalf("peer %s: %v", p.n.ID(), p.err)
+		}
+	}
+	idle := 0
+	byStage := map[int][]*trainPeer{}
+	for _, p := range ps {
+		if p.res.Step != steps {
+			t.Fatalf("peer %s ended at step %d, want %d", p.n.ID(), p.res.Step, steps)
+		}
+		if p.tr.idleLogged.Load() != 0 {
+			idle++
+		}
+		s := stagePeer(t, p).Stage()
+		byStage[s] = append(byStage[s], p)
+	}
+	if idle == 0 {
+		t.Fatal("no peer said it was idle, with 5 members and 2 stages")
+	}
+	if len(byStage) != 2 || len(byStage[0])+len(byStage[1]) != 5 {
+		t.Fatalf("stages held at the end: %d and %d peers", len(byStage[0]), len(byStage[1]))
+	}
+	for _, sp := range byStage {
+		sameResult(t, sp, steps)
+	}
+	trained := 0
+	for _, p := range ps {
+		p.mu.Lock()
+		if len(p.progress) > 0 {
+			trained++
+		}
+		p.mu.Unlock()
+	}
+	t.Logf("%d peer(s) sat idle in an epoch, %d trained steps; stage 0 held by %d peers, stage 1 by %d at the end",
+		idle, trained, len(byStage[0]), len(byStage[1]))
+}
