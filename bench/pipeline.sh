@@ -51,8 +51,8 @@
 # daemons share this machine's 2 cores, so a peer computes several times slower than
 # one process alone. The layers are timed by `p2ptrain plan --json` at the batch one peer
 # runs at a time in the row (8 windows for data parallelism, a micro-batch of 8·S/M for
-# S stages) while P−1 copies of it time the same layers without end, five times; the
-# per-layer median of the five is what the projection gets. The same method applies to
+# S stages) while P−1 copies of it time the same layers without end, three times; the
+# per-layer median of the three is what the projection gets. The same method applies to
 # every row. It does not see the CPU the daemons spend on communication (codecs,
 # encryption, the kernel's shaping), and it over-counts the contention during a
 # pipeline's fill and drain, when fewer than P processes compute.
@@ -72,6 +72,7 @@
 #      training loss at the end of --wall: the mean over the hosts of each host's mean
 #      step loss over its last 10 steps before the deadline (every peer of a pipeline
 #      reports its pipeline's loss).
+# --validate takes about 10 minutes, --bench about 40 (its 36 runs of --wall seconds).
 # Needs root, iproute2, Go, jq and python3. Exits 1 on any failure, 2 on bad usage; the
 # namespaces and processes it made are removed on exit (bench/cluster.sh).
 set -euo pipefail
