@@ -48,14 +48,12 @@
 # /ip4/10.77.0.11/tcp/4001/p2p/<id> is known before it starts), --listen
 # /ip4/10.77.0.(10+i)/tcp/4001, --mdns=false, --api 127.0.0.1:7420 (the host's
 # own loopback), --log-format json and allreduce.link_codecs = "off" (the codec
-# on every link, so the bytes sent are the codec's) and allreduce.schedule
-# pinned to what "auto" gives the codec's class on equal links (class_schedule:
-# the ring for none and sint8, direct for qsgd): the links are equal, and with
-# 8 processes on a 2-core machine the background link probes measured CPU as
-# much as links, so "auto" once read them as unequal and took proportional
-# shares (a none step 20 % slower, varying run to run; the probes now keep the
-# best of their last 3 figures, and the pin keeps the comparison fixed, as
-# DDP's gloo ring is). All traffic stays inside
+# on every link, so the bytes sent are the codec's) and allreduce.schedule =
+# "ring": the links are equal, and with 8 processes on a 2-core machine the
+# background link probes measure CPU as much as links, so "auto" sometimes
+# read them as unequal and took proportional shares (the owner of a large
+# share sends and receives more: a none step 20 % slower, varying run to run;
+# DDP's gloo ring is fixed too). All traffic stays inside
 # the namespaces; torch gets 1 intra-op thread per process (--threads 1,
 # OMP_NUM_THREADS=1).
 #
@@ -219,25 +217,12 @@ progress_bytes() {
 declare -A r_ms=() r_acc=() r_bytes=() r_label=()
 rows=()
 
-# class_schedule CODEC: the schedule allreduce.schedule = "auto" gives CODEC's class on
-# equal links (docs/codecs.md): direct for quantized and error-feedback codecs, all-gather
-# for sparse ones, the ring for the others.
-class_schedule() {
-	case "${1%%:*}" in
-	int8 | dyn8 | qsgd | onebit | sign) echo direct ;;
-	topk) echo allgather ;;
-	*) echo ring ;;
-	esac
-}
-
-write_config() { # file kind codec
-	local sch
-	sch=$(class_schedule "${3:-none}")
+write_config() { # file kind
 	if [ "$2" = bridge ]; then
-		printf '[train]\ntrainer = "external"\ncheck_every = 50\n[allreduce]\nlink_codecs = "off"\nschedule = "%s"\n' "$sch" >"$1"
+		printf '[train]\ntrainer = "external"\ncheck_every = 50\n[allreduce]\nlink_codecs = "off"\nschedule = "ring"\n' >"$1"
 	else
-		printf '[train]\nmodel = "mlp"\nhidden = [%d, %d]\nbatch_size = %d\nlr = 0.05\ntrain_samples = 0\neval_every = 0\neval_samples = 2000\ncheck_every = 50\n[allreduce]\nlink_codecs = "off"\nschedule = "%s"\n' \
-			"$hidden" "$hidden" "$batch" "$sch" >"$1"
+		printf '[train]\nmodel = "mlp"\nhidden = [%d, %d]\nbatch_size = %d\nlr = 0.05\ntrain_samples = 0\neval_every = 0\neval_samples = 2000\ncheck_every = 50\n[allreduce]\nlink_codecs = "off"\nschedule = "ring"\n' \
+			"$hidden" "$hidden" "$batch" >"$1"
 	fi
 }
 
@@ -251,7 +236,7 @@ run_p2p() {
 	[ "$kind" != go-alone ] || run=go-alone
 	s0=$SECONDS
 	quiesce
-	write_config "$work/$run.toml" "$kind" "$codec"
+	write_config "$work/$run.toml" "$kind"
 	say "$run: starting"
 	if [ "$kind" = go-alone ]; then
 		for ((i = 1; i <= hosts; i++)); do
