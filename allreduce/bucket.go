@@ -94,7 +94,14 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 		// Per-link codecs would need one scale for every edge's codec, and
 		// sparse and low-rank frames do not scale with the chunk's values.
 		f := wireScale(b.Codec, chunk)
-		chunk, minElems = chunk*f, minElems*f
+		chunk *= f
+		if sch != ScheduleRing {
+			// The ring keeps its pipeline depth: a small bucket's segment
+			// still crosses each hop in pipelineChunks chunks, at the cost of
+			// smaller frames. The two-phase schedules gain little from depth
+			// and much from fewer frames.
+			minElems *= f
+		}
 	}
 
 	checkFrame := func(elems int) error {

@@ -56,8 +56,8 @@ func wireScale(c compress.Codec, chunkElems int) int {
 
 // segChunk returns the chunk size for a segment of segLen values: at most
 // chunkElems, and less, so that the segment has pipelineChunks chunks,
-// when they can stay at or above minElems (minChunkElems times the codec's
-// wireScale); a multiple of granule either way.
+// when they can stay at or above minElems (minChunkElems, times the codec's
+// wireScale outside the ring); a multiple of granule either way.
 func segChunk(segLen, granule, chunkElems, minElems int) int {
 	c := (segLen + pipelineChunks - 1) / pipelineChunks
 	c = max(c, minElems)
