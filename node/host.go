@@ -126,6 +126,13 @@ func securityOptions(p hostParams) (libp2p.Option, error) {
 	return libp2p.Security(noise.ID, ctor), nil
 }
 
+// SecurityOption returns the connection security a node with swarm key psk
+// (nil: none) in node.swarm_key_mode mode uses, for a bare libp2p host that
+// must reach the cluster's nodes (a test's misbehaving member).
+func SecurityOption(psk pnet.PSK, mode string, log *zap.Logger) (libp2p.Option, error) {
+	return securityOptions(hostParams{psk: psk, pskMode: mode, log: log})
+}
+
 func newHost(p hostParams) (host.Host, *connmgr.BasicConnMgr, error) {
 	cm, err := connmgr.NewConnManager(p.maxPeers+8, 2*p.maxPeers+16, connmgr.WithGracePeriod(time.Minute))
 	if err != nil {

@@ -200,7 +200,14 @@ func forgeEpochs(ctx context.Context, cfg config.Config, log *zap.Logger) error 
 		if err != nil {
 			return err
 		}
-		opts = append(opts, libp2p.PrivateNetwork(psk))
+		// The cluster's own security (node.swarm_key_mode): with "noise", a
+		// host inside libp2p's private network could not reach a node at
+		// all, and the forged epochs would never be sent.
+		sec, err := node.SecurityOption(psk, cfg.Node.SwarmKeyMode, log)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, sec)
 	}
 	h, err := libp2p.New(opts...)
 	if err != nil {
