@@ -204,7 +204,7 @@ func TestPipelineMatchesDataParallel(t *testing.T) {
 // TestPipelineKilledPeerRetriesAfterJoiner: 4 peers with train.min_peers
 // 2 (the default path: a pipeline of 2 starts as soon as 2 peers are
 // there, and the others join it) train the gpt in 2 stages; one dies
-// mid-run. The step in flight fails on the survivors (their pipeline or
+// mid-run, at its third step in a ring of all four. The step in flight fails on the survivors (their pipeline or
 // stage ring names the dead peer) and is not applied; 3 members hold one
 // pipeline of 2 stages and leave the third idle, which says so, and the
 // pipeline retries the step and trains on. A fifth peer joins: the layout
@@ -225,7 +225,13 @@ func TestPipelineKilledPeerRetriesAfterJoiner(t *testing.T) {
 		var hook func(*trainPeer, Progress)
 		if i == 3 {
 			hook = func(p *trainPeer, pr Progress) {
-				if reported++; reported == 3 { // its third step, whenever it joined
+				// Its third step in a ring of all four: killed in a ring of
+				// two, the survivor would lack a quorum of the last ring that
+				// trained (1 of 2) and rightly wait instead of forking.
+				if pr.Peers != 4 {
+					return
+				}
+				if reported++; reported == 3 {
 					once.Do(func() {
 						go func() { // a crash: no departure announced
 							p.cancel()
