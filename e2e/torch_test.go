@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -231,13 +232,19 @@ func TestTorchBridgeStartsFromOneState(t *testing.T) {
 
 // TestTorchBridgeKilledPeer: a peer (daemon and script) killed mid-run
 // fails the step in flight on the others, who retry it without the dead
-// peer and finish identical.
+// peer and finish identical. The peer killed is one that joined the two
+// others' ring (joinPaused) and trained 20 steps in it: killed in a ring
+// of two (min_peers 2 lets two train before the third's script has
+// registered), the survivor would lack a quorum of the last ring that
+// trained and would rightly wait instead of retrying.
 func TestTorchBridgeKilledPeer(t *testing.T) {
 	requireTorch(t)
 	const steps = 300
-	peers := startTorchCluster(t, 3, torchRun{steps: steps, minPeers: 2})
-	waitScriptStep(t, peers[2], 50)
-	peers[2].kill()
+	peers := startTorchCluster(t, 2, torchRun{steps: steps, minPeers: 2})
+	peers = joinPaused(t, peers, torchRun{steps: steps, minPeers: 2})
+	joiner := peers[2]
+	waitScriptStep(t, joiner, peers[0].step()+20)
+	joiner.kill()
 	sameHashes(t, peers[:2], steps)
 	retried := false
 	for _, p := range peers[:2] {
@@ -248,34 +255,47 @@ func TestTorchBridgeKilledPeer(t *testing.T) {
 	}
 }
 
-// TestTorchBridgeLateJoiner: a peer that joins a running cluster gets the
-// state (parameters, optimizer, step) from a live peer's script through
-// the daemons, and ends identical to the others. The running scripts are
-// stopped (SIGSTOP) from step 50 until the joiner is in their ring, so
-// they cannot finish first however fast a step is; their daemons keep
+// joinPaused adds a peer with r to the running peers' ring: it stops
+// their scripts (SIGSTOP) from step 50 until the joiner is in their ring,
+// so they cannot finish first however fast a step is; their daemons keep
 // serving gossip meanwhile, and the state the joiner asks for is answered
-// once the scripts continue.
-func TestTorchBridgeLateJoiner(t *testing.T) {
-	requireTorch(t)
-	const steps = 300
-	peers := startTorchCluster(t, 2, torchRun{steps: steps, minPeers: 2})
+// once the scripts continue. It returns peers with the joiner last.
+func joinPaused(t *testing.T, peers []*torchPeer, r torchRun) []*torchPeer {
+	t.Helper()
 	waitScriptStep(t, peers[0], 50)
-	for _, p := range peers {
+	running := slices.Clone(peers)
+	for _, p := range running {
 		if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
 	}
 	cont := func() {
-		for _, p := range peers[:2] {
+		for _, p := range running {
 			p.cmd.Process.Signal(syscall.SIGCONT)
 		}
 	}
 	defer cont()
-	peers = append(peers, startTorchPeer(t, torchRun{steps: steps, minPeers: 2, boot: peers[0].d.addr}))
+	r.boot = peers[0].d.addr
+	peers = append(peers, startTorchPeer(t, r))
+	var ds []*proc
+	for _, p := range running {
+		ds = append(ds, p.d)
+	}
 	eventually(t, 2*time.Minute, "the joiner in the running peers' ring", func() error {
-		return sameRing([]*proc{peers[0].d, peers[1].d}, 3)
+		return sameRing(ds, len(peers))
 	})
-	cont()
+	return peers
+}
+
+// TestTorchBridgeLateJoiner: a peer that joins a running cluster gets the
+// state (parameters, optimizer, step) from a live peer's script through
+// the daemons, and ends identical to the others (joinPaused keeps the
+// running peers from finishing first).
+func TestTorchBridgeLateJoiner(t *testing.T) {
+	requireTorch(t)
+	const steps = 300
+	peers := startTorchCluster(t, 2, torchRun{steps: steps, minPeers: 2})
+	peers = joinPaused(t, peers, torchRun{steps: steps, minPeers: 2})
 	sameHashes(t, peers, steps)
 	if !strings.Contains(peers[2].d.stder.String(), "training state synchronised") {
 		t.Fatal("the joiner did not adopt a peer's state")
