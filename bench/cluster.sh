@@ -9,6 +9,8 @@
 #   CLUSTER_TAG              the daemons' --cluster is CLUSTER_TAG-RUN
 #   BINARY                   (optional) the p2ptrain binary to run; without it cluster_up
 #                            builds bin/p2ptrain
+#   DAEMON_CPUS              (optional) an array: host i's daemon runs on CPU
+#                            ${DAEMON_CPUS[i-1]} (taskset -c), so from its start Go sees one core
 # It sets work, BIN, boot, pids and status (set status=0 when the script
 # succeeded), and traps EXIT/INT/TERM: every process it started is killed and
 # the namespaces are removed, but only when cluster_up made them (when p2pt-*
@@ -167,7 +169,11 @@ start_daemons() {
 			--identity "$work/h$i.identity" --name "h$i" --cluster "$CLUSTER_TAG-$run" --mdns=false
 			--api 127.0.0.1:7420 --log-format json --steps "$steps" --min-peers "$hosts" "${@//\{host\}/h$i}")
 		[ "$i" = 1 ] || args+=(--bootstrap "$boot")
-		bg "$run-h$i-d" "$i" "$BIN" "${args[@]}"
+		if [ -n "${DAEMON_CPUS[*]:-}" ]; then
+			bg "$run-h$i-d" "$i" taskset -c "${DAEMON_CPUS[i - 1]}" "$BIN" "${args[@]}"
+		else
+			bg "$run-h$i-d" "$i" "$BIN" "${args[@]}"
+		fi
 		if [ "$i" = 1 ]; then
 			for ((t = 0; t < 150; t++)); do
 				ip netns exec "$(host_ns 1)" ss -Hltn "sport = :$PORT" 2>/dev/null | grep -q . && break

@@ -10,8 +10,12 @@
 #   bench/pipeline.sh --bench [options]
 #
 # Options (defaults in brackets; V: --validate, B: --bench):
-#   --peers LIST       peer counts, comma-separated, each a multiple of 4 up to 8
-#                      [V: 4; B: 4,8]
+#   --peers LIST       peer counts, comma-separated: 2, 4 or 8 [V: 4; B: 4,8]; layouts
+#                      with more stages than peers are left out (2 peers: dp and s2)
+#   --pin              every daemon and every layer-timing process on a CPU of its own
+#                      (taskset -c): host i's daemon on CPU i−1, so that each peer
+#                      computes on one core as on a cluster of one machine per peer;
+#                      needs at most as many peers as this machine has CPUs (see below)
 #   --rates LIST       link rates, tc units, comma-separated; each gets its own hosts
 #                      [V: 20mbit,100mbit; B: 20mbit,100mbit,1gbit]
 #   --sizes LIST       gpt sizes, comma-separated: a (2 blocks of width 64, 0.12 M
@@ -56,6 +60,12 @@
 # every row. It does not see the CPU the daemons spend on communication (codecs,
 # encryption, the kernel's shaping), and it over-counts the contention during a
 # pipeline's fill and drain, when fewer than P processes compute.
+# With --pin no peer shares its core with another: the timing process runs on CPU 0
+# and its P−1 copies on CPUs 1..P−1, one each (so that the memory bus and the shared
+# caches see the load of the run), and host i's daemon on CPU i−1. That is the
+# projection's own assumption (every peer has its device to itself), and a stage
+# that waits in its pipeline's fill and drain lends its core to nobody. Other
+# processes on the machine are not kept off those CPUs: run nothing beside it.
 #
 # The figures:
 #   V: predicted s/step, measured s/step (the median interval between consecutive step
@@ -82,7 +92,7 @@ PREFIX=p2pt
 SUBNET=10.77.0
 PORT=4001
 
-BINARY="" mode="" peers_opt="" rates="" sizes="" layouts="dp,s2,s4" steps=40 warm=8 repeats=2 wall=45
+BINARY="" mode="" peers_opt="" pin=0 rates="" sizes="" layouts="dp,s2,s4" steps=40 warm=8 repeats=2 wall=45
 markdown="" timeout_s="" wait_s=0 logdir=""
 MICRO=4 PER_PEER=8
 
@@ -103,6 +113,7 @@ while [ $# -gt 0 ]; do
 	--repeats) need_arg "$@"; repeats=$2; shift 2 ;;
 	--wall) need_arg "$@"; wall=$2; shift 2 ;;
 	--binary) need_arg "$@"; BINARY=$2; shift 2 ;;
+	--pin) pin=1; shift ;;
 	*) common_flag "$@"; shift 2 ;;
 	esac
 done
@@ -113,7 +124,12 @@ bench) : "${peers_opt:=4,8}" "${rates:=20mbit,100mbit,1gbit}" "${sizes:=a,b}" "$
 *) usage_err "say --validate or --bench" ;;
 esac
 IFS=, read -r -a peer_list <<<"$peers_opt"
-for p in "${peer_list[@]}"; do { int_in "$p" 4 8 && [ $((p % 4)) = 0 ]; } || usage_err "--peers: $p is not 4 or 8"; done
+for p in "${peer_list[@]}"; do [[ "$p" =~ ^[248]$ ]] || usage_err "--peers: $p is not 2, 4 or 8"; done
+if [ "$pin" = 1 ]; then
+	for p in "${peer_list[@]}"; do
+		[ "$p" -le "$(nproc)" ] || usage_err "--pin: $p peers need $p CPUs, this machine has $(nproc)"
+	done
+fi
 IFS=, read -r -a rate_list <<<"$rates"
 for r in "${rate_list[@]}"; do [[ "$r" =~ ^[0-9]+[kmg]bit$ ]] || usage_err "bad rate '$r' (want e.g. 100mbit)"; done
 IFS=, read -r -a size_list <<<"$sizes"
@@ -156,28 +172,36 @@ stop_burners() {
 	for t in "$@"; do wait "$t" 2>/dev/null || true; done
 }
 
+# on_cpu K: the words that run a command on CPU K alone with --pin ("taskset -c
+# K", which execs the command: a parent that kills its child kills the command),
+# none without.
+on_cpu() { [ "$pin" = 0 ] || echo "taskset -c $1"; }
+
 # layer_times SIZE P N: the file of per-layer times of SIZE at N samples, timed
 # while P−1 other processes time the same layers without end (so that P processes
-# compute throughout the measurement, as P peers do); the per-layer median over 3
-# timings; cached per run.
+# compute throughout the measurement, as P peers do; with --pin the timing on CPU
+# 0, the others on CPUs 1..P−1); the per-layer median over 3 timings; cached per
+# run.
 layer_times() {
-	local size=$1 p=$2 n=$3 f="$work/layers-$1-p$2-n$3.json" i burn=() flags
+	local size=$1 p=$2 n=$3 f="$work/layers-$1-p$2-n$3.json" i burn=() flags beside
 	[ -s "$f" ] && { echo "$f"; return; }
 	flags="$(plan_model "$size") --peers $p --batch $((PER_PEER * p)) --micro $MICRO --time-batch $n --json"
 	for ((i = 1; i < p; i++)); do
 		# shellcheck disable=SC2086 # flags are words
-		timeout 300 "$BIN" plan $flags --reps 1000000 >/dev/null 2>&1 &
+		timeout 300 $(on_cpu "$i") "$BIN" plan $flags --reps 1000000 >/dev/null 2>&1 &
 		burn+=($!)
 	done
 	sleep 1 # the burners build their models and start timing
 	for i in 1 2 3; do
 		# shellcheck disable=SC2086
-		"$BIN" plan $flags --reps 9 >"$f.$i" 2>"$f.$i.err" || { stop_burners "${burn[@]}"; die "p2ptrain plan (layer timing of size $size at $n samples) failed: $(cat "$f.$i.err")"; }
+		$(on_cpu 0) "$BIN" plan $flags --reps 9 >"$f.$i" 2>"$f.$i.err" || { stop_burners "${burn[@]}"; die "p2ptrain plan (layer timing of size $size at $n samples) failed: $(cat "$f.$i.err")"; }
 	done
 	stop_burners "${burn[@]}"
-	jq -s '.[0] + {device: (.[0].device + " beside \($p - 1) processes timing the same layers"), layers: [range(.[0].layers | length) as $k |
+	beside="beside $((p - 1)) processes timing the same layers"
+	[ "$pin" = 0 ] || beside="on CPU 0 alone, $beside on CPUs of their own"
+	jq -s '.[0] + {device: (.[0].device + " " + $beside), layers: [range(.[0].layers | length) as $k |
 		.[0].layers[$k] + {forward_s_per_sample: ([.[].layers[$k].forward_s_per_sample] | sort | .[length / 2 | floor]),
-		backward_s_per_sample: ([.[].layers[$k].backward_s_per_sample] | sort | .[length / 2 | floor])}]}' --argjson p "$p" "$f".[0-9] >"$f" ||
+		backward_s_per_sample: ([.[].layers[$k].backward_s_per_sample] | sort | .[length / 2 | floor])}]}' --arg beside "$beside" "$f".[0-9] >"$f" ||
 		die "combining the layer times of $f failed"
 	echo "$f"
 }
@@ -354,6 +378,8 @@ else
 	echo "|---:|---|---|---|---:|---:|---:|---:|---:|" >>"$table"
 fi
 for hosts in "${peer_list[@]}"; do
+	DAEMON_CPUS=()
+	[ "$pin" = 0 ] || mapfile -t DAEMON_CPUS < <(seq 0 $((hosts - 1)))
 	for rate in "${rate_list[@]}"; do
 		cluster_up --rate "$rate"
 		rtt_us=$(measure_rtt) || die "measuring the RTT between h1 and h2 failed"
@@ -361,7 +387,7 @@ for hosts in "${peer_list[@]}"; do
 		for size in "${size_list[@]}"; do
 			for lay in "${layout_list[@]}"; do
 				s=$(stages_of "$lay")
-				[ "$s" -le "$hosts" ] || continue
+				[ "$s" -le "$hosts" ] || { say "$hosts hosts: no $s stages (more stages than peers)"; continue; }
 				read -r pred pbytes pcomp pcomm <<<"$(predict "$hosts" "$rate" "$size" "$lay")"
 				name=$([ "$s" = 1 ] && echo "dp×$hosts" || echo "$s×$((hosts / s))")
 				runs=$repeats
@@ -369,7 +395,7 @@ for hosts in "${peer_list[@]}"; do
 				res=()
 				for ((k = 1; k <= runs; k++)); do
 					run="p$hosts-$rate-$size-$lay-$k"
-					say "$run: starting (predicted $pred s/step)"
+					say "$run: starting (predicted $pred s/step; load average $(cut -d ' ' -f 1-3 /proc/loadavg))"
 					run_one "$run" "$size" "$lay"
 					say "$run: interval_s bytes loss steps = $line"
 					res+=("$line")
