@@ -196,8 +196,8 @@ func TestSocketModes(t *testing.T) {
 }
 
 // TestStepRoundTrip: Compute hands over the process's buckets in order, a
-// retry hands the same gradients again, Apply writes the averages to
-// shared memory, and the process's hash comes with the step a check needs.
+// retry hands the same gradients again (though the trainer averaged them
+// in place), the averages are in shared memory when Apply answers, and the process's hash comes with the step a check needs.
 func TestStepRoundTrip(t *testing.T) {
 	s := listen(t, 10)
 	p, l := register(t, s)
@@ -241,9 +241,18 @@ func TestStepRoundTrip(t *testing.T) {
 	}
 	// Step 1 completes a check (check_every 2): the process sends its hash
 	// and its parameters are in the parameter region.
+	// Its gradient is the one the process wrote for step 1, not step 0's
+	// backup, on the first attempt and on a retry alike.
 	p.sendStep(1, 3)
-	if _, err := l.Compute(ctx, 1, train.Shard{}, func(int, []float32) {}); err != nil {
-		t.Fatal(err)
+	for attempt := range 2 {
+		if _, err := l.Compute(ctx, 1, train.Shard{}, func(b int, g []float32) {
+			if want := float32(3 + 6*b); g[0] != want {
+				t.Errorf("step 1 attempt %d: bucket %d starts with %v, want %v", attempt, b, g[0], want)
+			}
+			clear(g)
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	go func() { done <- l.Apply(ctx, 1) }()
 	recv(t, p.main, &w)

@@ -60,10 +60,14 @@ type Learner struct {
 	closeErr  error
 
 	// The rest belongs to the trainer's goroutine.
-	cur       uint64       // steps the process's state has completed
-	have      []uint64     // per bucket: 1 + the step of the gradient in shm (0: none)
-	waiting   *stepMsg     // the process's unanswered wait
-	bufs      [][]float32  // this peer's copy of each bucket, averaged in place
+	cur     uint64   // steps the process's state has completed
+	have    []uint64 // per bucket: 1 + the step of the gradient in shm (0: none)
+	waiting *stepMsg // the process's unanswered wait
+	// The trainer averages each bucket in place in the gradient region, so
+	// that the process reads the averages where it wrote its gradient; a
+	// retried step needs that gradient again, kept in backup.
+	backup    [][]float32  // per bucket: the process's gradient as it last wrote it
+	handed    []bool       // per bucket: the region went to the trainer since the process wrote it
 	paramsAt  int64        // the step whose parameters the param region holds (-1: none)
 	paramHash string       // the process's hash of them
 	lastState atomic.Value // *model.Checkpoint of the final step, kept for late peers
@@ -75,9 +79,9 @@ func newLearner(log *zap.Logger, main net.Conn, mem *shm, lay *layout, settings 
 	l := &Learner{log: log, main: main, mem: mem, lay: lay, settings: settings, step0: h.Step, cur: h.Step,
 		steps: o.Steps, check: o.CheckEvery, dir: dir, prefix: prefix,
 		msgs: make(chan stepMsg, len(lay.sizes)+8), readDone: make(chan struct{}), told: make(chan struct{}),
-		have: make([]uint64, len(lay.sizes)), paramsAt: int64(h.Step), paramHash: h.Hash}
+		have: make([]uint64, len(lay.sizes)), handed: make([]bool, len(lay.sizes)), paramsAt: int64(h.Step), paramHash: h.Hash}
 	for _, n := range lay.sizes {
-		l.bufs = append(l.bufs, make([]float32, n))
+		l.backup = append(l.backup, make([]float32, n))
 	}
 	return l
 }
@@ -170,6 +174,7 @@ func (l *Learner) next(ctx context.Context) (stepMsg, error) {
 func (l *Learner) absorb(m stepMsg) error {
 	switch m.Op {
 	case "grad":
+		l.handed[*m.Bucket] = false // the process wrote the region anew
 		if m.Step == l.cur {
 			l.have[*m.Bucket] = m.Step + 1
 		} else {
@@ -209,11 +214,16 @@ func (l *Learner) MaxStateBytes() uint64 { return uint64(l.lay.n)*16 + 64<<20 }
 // process said its gradient for step is in shared memory, in bucket
 // order, then waits for the process's wait and returns its loss. A retry
 // of the same step takes the same gradients again.
+//
+// Each bucket is handed over as its part of the gradient region, which
+// the trainer averages in place (so Apply copies nothing); the first
+// hand-over of a gradient backs it up, and a retry restores the region
+// from that backup.
 func (l *Learner) Compute(ctx context.Context, step uint64, _ train.Shard, ready func(b int, g []float32)) (float64, error) {
 	if step != l.cur {
 		return 0, fmt.Errorf("%w: the trainer is at step %d, the training process at %d", train.ErrLearner, step, l.cur)
 	}
-	for b := range l.bufs {
+	for b, backup := range l.backup {
 		for l.have[b] != step+1 {
 			if l.waiting != nil {
 				return 0, fmt.Errorf("%w: %w: the training process waits for step %d without having sent bucket %d", train.ErrLearner, ErrBadMessage, l.waiting.Step, b)
@@ -227,8 +237,14 @@ func (l *Learner) Compute(ctx context.Context, step uint64, _ train.Shard, ready
 			}
 		}
 		off := l.lay.offsets[b]
-		copy(l.bufs[b], l.mem.grads[off:off+len(l.bufs[b])])
-		ready(b, l.bufs[b])
+		region := l.mem.grads[off : off+len(backup) : off+len(backup)]
+		if l.handed[b] {
+			copy(region, backup)
+		} else {
+			copy(backup, region)
+			l.handed[b] = true
+		}
+		ready(b, region)
 	}
 	for l.waiting == nil {
 		m, err := l.next(ctx)
@@ -249,15 +265,13 @@ func (l *Learner) Compute(ctx context.Context, step uint64, _ train.Shard, ready
 	return loss, nil
 }
 
-// Apply implements train.Learner: the averages go to shared memory, the
-// process steps its optimizer and says so (with its parameter hash when a
-// check or the last step needs it).
+// Apply implements train.Learner: the averages are in shared memory
+// already (the trainer wrote them over the gradients Compute handed it),
+// the process steps its optimizer and says so (with its parameter hash
+// when a check or the last step needs it).
 func (l *Learner) Apply(ctx context.Context, step uint64) error {
 	if l.waiting == nil || l.waiting.Step != step {
 		return fmt.Errorf("%w: applying step %d, but the training process does not wait for it", train.ErrLearner, step)
-	}
-	for b, buf := range l.bufs {
-		copy(l.mem.grads[l.lay.offsets[b]:], buf)
 	}
 	last := l.steps > 0 && step+1 >= l.steps
 	want := last || (l.check > 0 && (step+1)%uint64(l.check) == 0)
