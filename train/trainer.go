@@ -950,9 +950,11 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 			return fmt.Errorf("%w at step %d (on this stage or another of the pipeline)", errNonFiniteAverage, step)
 		}
 		loss = last
-	} else if slices.ContainsFunc(grads, model.HasNonFinite) {
+	} else if (world > 1 || sh.Weight != 1) && slices.ContainsFunc(grads, model.HasNonFinite) {
 		// Every peer holds the same average: none applies it, and the step
-		// is retried (the codecs' residuals are reset).
+		// is retried (the codecs' residuals are reset). A ring of one skips
+		// this second scan: its all-reduce averages nothing and runs no
+		// codec, so each bucket is what ready checked (and did not scale).
 		return fmt.Errorf("%w at step %d", errNonFiniteAverage, step)
 	}
 	reduced := time.Now()
