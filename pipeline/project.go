@@ -89,7 +89,8 @@ type Layout struct {
 	// schedule simulated with the stages' compute and the hops' transfers.
 	Compute float64
 	// Bubble is the fraction of the pipeline's time its busiest stage
-	// idles: (S−1)/(M+S−1) for S equal stages on free links.
+	// idles: for S equal stages on free links, about (S−1)/(M+S−1) (less,
+	// as recomputations overlap other stages' work).
 	Bubble float64
 	// Hop is the slowest hop's time for one micro-batch's activation,
 	// transfer and one-way latency (RTT/2).

@@ -136,7 +136,10 @@ type Timing struct {
 // Simulate runs every stage's operations for micro micro-batches under t
 // and returns when the last one ends: each stage runs its operations in
 // order, each as soon as the stage is free and its input has arrived; a
-// recomputed backward pass costs the forward time more. A message takes
+// recomputed backward pass runs its forward pass again first, from the
+// stage's own input, so that recomputation starts when the stage is free
+// and only the backward pass waits for the gradient (as Stage.Step runs
+// them: it receives the gradient after recomputing). A message takes
 // its hop's Transfer on the link, one message at a time per direction in
 // the order sent, and arrives Latency after leaving it.
 func (sc Schedule) Simulate(t Timing, micro int) (float64, error) {
@@ -180,17 +183,20 @@ func (sc Schedule) Simulate(t Timing, micro int) (float64, error) {
 		for s := range S {
 			for next[s] < len(ops[s]) {
 				op := ops[s][next[s]]
-				ready, dur := act[s][op.Micro], t.Forward[s]
+				ready, dur, start := act[s][op.Micro], t.Forward[s], free[s]
 				if op.Kind == Backward {
 					ready, dur = grad[s][op.Micro], t.Backward[s]
 					if op.Recompute {
-						dur += t.Forward[s]
+						// The recomputation needs only the stage's own
+						// input: the stage runs it before it waits for
+						// the gradient (Stage.Step).
+						start += t.Forward[s]
 					}
 				}
 				if ready == unknown {
 					break
 				}
-				free[s] = max(free[s], ready) + dur
+				free[s] = max(start, ready) + dur
 				switch {
 				case op.Kind == Forward && s < S-1:
 					act[s+1][op.Micro] = send(&fwdLink[s], s, free[s])

@@ -119,10 +119,12 @@ func TestOpsAreComplete(t *testing.T) {
 	}
 }
 
-// gpipeClosedForm is GPipe's step time: a flow line of the stages and the
-// hops' links forward, then the same backward, each
-// Σ times + Σ latencies + (M−1)·slowest (with M > 1 every backward pass
-// recomputes its forward pass).
+// gpipeClosedForm is GPipe's step time for one micro-batch (M = 1, no
+// recomputation) or when no stage ever waits for a gradient longer than
+// its recomputation takes: a flow line of the stages and the hops' links
+// forward, then the same backward, each Σ times + Σ latencies +
+// (M−1)·slowest (with M > 1 every backward pass recomputes its forward
+// pass).
 func gpipeClosedForm(t Timing, M int) float64 {
 	phase := func(stage []float64) float64 {
 		sum, slow := 0.0, 0.0
@@ -147,13 +149,15 @@ func gpipeClosedForm(t Timing, M int) float64 {
 }
 
 // TestSimulateGPipeClosedForm checks the simulator against GPipe's closed
-// form on random stage times, links and latencies, and against the
-// textbook bubble: with S equal stages and free links, (M+S−1) slots of
-// one micro-batch's work, of which M are busy.
+// form on random stage times, links and latencies for one micro-batch,
+// and against the bubble with S equal stages and free links: (M+S−1) slots
+// of one micro-batch's work (its forward pass twice and its backward
+// pass), of which M are busy, less the (S−1) forward passes that the
+// stages before the last recompute while the last stage still works.
 func TestSimulateGPipeClosedForm(t *testing.T) {
 	rng := rand.New(rand.NewPCG(4, 4))
 	for range 300 {
-		S, M := 1+rng.IntN(6), 1+rng.IntN(10)
+		S, M := 1+rng.IntN(6), 1
 		tm := Timing{Latency: rng.Float64() * 0.1}
 		for s := range S {
 			tm.Forward = append(tm.Forward, rng.Float64())
@@ -178,14 +182,48 @@ func TestSimulateGPipeClosedForm(t *testing.T) {
 				tm.Forward[s], tm.Backward[s] = f, b
 			}
 			g, _ := GPipe.Simulate(tm, M)
-			if want := float64(M+S-1) * (2*f + b); g != want {
-				t.Errorf("GPipe S=%d M=%d: %v, want (M+S−1)(2f+b) = %v", S, M, g, want)
+			if want := float64(M+S-1)*(2*f+b) - float64(S-1)*f; g != want {
+				t.Errorf("GPipe S=%d M=%d: %v, want (M+S−1)(2f+b) − (S−1)f = %v", S, M, g, want)
 			}
 			o, _ := OneFOneB.Simulate(tm, M)
 			if busy := float64(M) * (f + b); o > g || o < busy {
 				t.Errorf("1F1B S=%d M=%d: %v, want between the busiest stage's %v and GPipe's %v", S, M, o, busy, g)
 			}
 		}
+	}
+}
+
+// TestSimulateRecomputesWhileTheGradientTravels: on 2 stages and a slow
+// link, the first stage recomputes a micro-batch's forward pass while its
+// gradient is on the way, as Stage.Step does (recompute, then receive), so
+// only the backward pass waits for it. Worked by hand: forward 1, backward
+// 2 on both stages, 3 per message, no latency, M = 2.
+func TestSimulateRecomputesWhileTheGradientTravels(t *testing.T) {
+	tm := Timing{Forward: []float64{1, 1}, Backward: []float64{2, 2}, Transfer: []float64{3}}
+	// 1F1B: stage 0 runs F0 F1 B0* B1*, stage 1 F0 B0 F1 B1. The
+	// activations reach stage 1 at 4 and 7, its gradients leave at 7 and
+	// 10 and reach stage 0 at 10 and 13; stage 0 recomputes micro-batch 0
+	// from 2 to 3, runs B0 from 10 to 12, recomputes micro-batch 1 from 12
+	// to 13 and runs B1 from 13 to 15 (waiting for the gradients before
+	// recomputing would end at 16).
+	// GPipe: stage 1 runs F0 4–5, F1 7–8, B0* 8–11, B1* 11–14, its
+	// gradients reach stage 0 at 14 and 17; stage 0 recomputes 2–3, runs
+	// B0 14–16, recomputes 16–17 and runs B1 17–19 (the closed form, which
+	// waits, says 20).
+	for _, c := range []struct {
+		sc   Schedule
+		want float64
+	}{{OneFOneB, 15}, {GPipe, 19}} {
+		got, err := c.sc.Simulate(tm, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want {
+			t.Errorf("%v: %v, want %v", c.sc, got, c.want)
+		}
+	}
+	if cf := gpipeClosedForm(tm, 2); cf != 20 {
+		t.Errorf("the closed form of the waiting schedule: %v, want 20", cf)
 	}
 }
 
