@@ -155,7 +155,7 @@ func TestHelloRefusals(t *testing.T) {
 		name, kind, want string
 		h                hello
 	}{
-		{"version", "version", "protocol version 2", edit(func(h *hello) { h.Version = 2 })},
+		{"version", "version", "protocol version 1", edit(func(h *hello) { h.Version = 1 })},
 		{"float16", "layout", `parameter "b1" has dtype "float16"`, edit(func(h *hello) { h.Params[1].DType = "float16" })},
 		{"duplicate name", "layout", `"w1" appears twice`, edit(func(h *hello) { h.Params[1].Name = "w1" })},
 		{"unbucketed", "layout", `"b1" is in no bucket`, edit(func(h *hello) { h.Buckets = [][]int{{2}, {0}} })},
@@ -197,7 +197,10 @@ func TestSocketModes(t *testing.T) {
 
 // TestStepRoundTrip: Compute hands over the process's buckets in order, a
 // retry hands the same gradients again (though the trainer averaged them
-// in place), the averages are in shared memory when Apply answers, and the process's hash comes with the step a check needs.
+// in place), the averages are in shared memory when Apply answers, Apply
+// waits for no "applied" unless it asks for a hash (a callback request
+// until the next step's messages tells the process to answer after its
+// update), and the process's hash comes with the step a check needs.
 func TestStepRoundTrip(t *testing.T) {
 	s := listen(t, 10)
 	p, l := register(t, s)
@@ -235,9 +238,27 @@ func TestStepRoundTrip(t *testing.T) {
 	if p.grads[0] != 2 || p.grads[14] != 30 {
 		t.Fatalf("averages in shared memory: %v", p.grads)
 	}
-	p.send(stepMsg{Op: "applied", Step: 0})
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+	// Before the process's next message a hash request says it is to
+	// answer after step 0's update (after 1 step); once one came, not.
+	for i := range p.params {
+		p.params[i] = float32(-i)
+	}
+	hashAnswer := func(after, step uint64) {
+		go func() {
+			var req callbackReq
+			recv(t, p.cb, &req)
+			if req.Op != "hash" || req.After != after {
+				t.Errorf("request %+v, want a hash request with after %d", req, after)
+			}
+			writeMsg(p.cb, callbackReply{OK: true, Step: step, Hash: model.HashFloats(p.params)})
+		}()
+	}
+	hashAnswer(1, 1)
+	if params, err := l.Params(ctx); err != nil || params[5] != -5 {
+		t.Fatalf("Params after step 0: %v, %v", params, err)
 	}
 	// Step 1 completes a check (check_every 2): the process sends its hash
 	// and its parameters are in the parameter region.
@@ -274,6 +295,19 @@ func TestStepRoundTrip(t *testing.T) {
 	p.params[5] = 99
 	if _, err := l.Params(ctx); err == nil || !errors.Is(err, train.ErrLearner) {
 		t.Fatalf("Params with a wrong hash: %v", err)
+	}
+	// Step 1's messages confirmed step 0's update and step 1's was
+	// answered: a request now has the process wait for nothing.
+	go func() {
+		var req callbackReq
+		recv(t, p.cb, &req)
+		if req.Op != "state" || req.After != 0 {
+			t.Errorf("request %+v, want a state request with after 0", req)
+		}
+		writeMsg(p.cb, callbackReply{OK: false, Step: 2, Error: "not now"})
+	}()
+	if _, err := l.State(2); !errors.Is(err, train.ErrStateUnavailable) {
+		t.Fatalf("State: %v", err)
 	}
 }
 

@@ -55,7 +55,11 @@ type Learner struct {
 	readErr  error
 	readDone chan struct{}
 
-	seq       atomic.Uint64 // state files
+	seq atomic.Uint64 // state files
+	// pending is the step count an "averaged" answer told the process to
+	// reach without asking it to confirm (0: none, or confirmed since by
+	// a message of its next step). Callback requests carry it (After).
+	pending   atomic.Uint64
 	closeOnce sync.Once
 	closeErr  error
 
@@ -152,16 +156,20 @@ func (l *Learner) reply(r waitReply) error {
 	return nil
 }
 
-// next returns the process's next message on the main connection.
+// next returns the process's next message on the main connection. Any
+// message confirms a pending update: the process sends none between an
+// "averaged" answer and applying it.
 func (l *Learner) next(ctx context.Context) (stepMsg, error) {
 	select {
 	case m := <-l.msgs:
+		l.pending.Store(0)
 		return m, nil
 	case <-ctx.Done():
 		return stepMsg{}, ctx.Err()
 	case <-l.readDone:
 		select {
 		case m := <-l.msgs: // what arrived before it closed
+			l.pending.Store(0)
 			return m, nil
 		default:
 		}
@@ -266,19 +274,29 @@ func (l *Learner) Compute(ctx context.Context, step uint64, _ train.Shard, ready
 }
 
 // Apply implements train.Learner: the averages are in shared memory
-// already (the trainer wrote them over the gradients Compute handed it),
-// the process steps its optimizer and says so (with its parameter hash
-// when a check or the last step needs it).
+// already (the trainer wrote them over the gradients Compute handed it)
+// and the process steps its optimizer. Only when a check or the last step
+// needs its parameter hash does Apply wait for it to say so ("applied");
+// otherwise its next step's messages say it, and a callback request in
+// between tells it to answer after its update (callbackReq.After).
 func (l *Learner) Apply(ctx context.Context, step uint64) error {
 	if l.waiting == nil || l.waiting.Step != step {
 		return fmt.Errorf("%w: applying step %d, but the training process does not wait for it", train.ErrLearner, step)
 	}
 	last := l.steps > 0 && step+1 >= l.steps
 	want := last || (l.check > 0 && (step+1)%uint64(l.check) == 0)
+	if !want {
+		l.pending.Store(step + 1) // before the answer: the process may act on it at once
+	}
 	if err := l.reply(waitReply{Status: "averaged", Step: step, WantHash: want, Last: last}); err != nil {
 		return err
 	}
 	l.waiting = nil
+	l.paramsAt = -1
+	if !want {
+		l.cur = step + 1
+		return nil
+	}
 	// Once the averages are out the process applies them whatever happens
 	// to the trainer's step: wait for its answer regardless of ctx, or
 	// this learner would count one step fewer than the process.
@@ -287,10 +305,7 @@ func (l *Learner) Apply(ctx context.Context, step uint64) error {
 		return err
 	}
 	l.cur = step + 1
-	l.paramsAt = -1
-	if want {
-		l.paramsAt, l.paramHash = int64(l.cur), m.Hash
-	}
+	l.paramsAt, l.paramHash = int64(l.cur), m.Hash
 	if last {
 		// Keep the final state: a peer whose last round failed may still
 		// fetch it after the process has gone.
@@ -344,6 +359,7 @@ func (l *Learner) call(req callbackReq, rep *callbackReply) error {
 	defer l.cbmu.Unlock()
 	l.cb.SetDeadline(time.Now().Add(callbackTimeout))
 	defer l.cb.SetDeadline(time.Time{})
+	req.After = l.pending.Load()
 	if err := writeMsg(l.cb, req); err != nil {
 		return fmt.Errorf("%w: asking the training process for %s: %w", train.ErrLearner, req.Op, err)
 	}

@@ -17,8 +17,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// Version is the protocol version this daemon speaks.
-const Version = 1
+// Version is the protocol version this daemon speaks. Version 2: the
+// process answers "averaged" with "applied" only when asked for its hash
+// (its next step's messages confirm the update otherwise), and callback
+// requests carry "after".
+const Version = 2
 
 // helloTimeout bounds the wait for a connection's hello, and for the
 // callback connection after the main one's.

@@ -125,6 +125,10 @@ type callbackReq struct {
 	Op   string `json:"op"`
 	Step uint64 `json:"step"` // 0 too: a state at step 0 is asked for`
 	Path string `json:"path,omitempty"`
+	// After, when not 0, is the number of steps the process was told to
+	// complete by an "averaged" answer it has not confirmed yet: it
+	// answers once its update is done, not from the state before it.
+	After uint64 `json:"after,omitempty"`
 }
 
 // callbackReply is the process's answer.

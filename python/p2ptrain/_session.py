@@ -4,6 +4,11 @@ A :class:`Session` opens the main connection (``hello``), maps the shared memory
 opens the callback connection and serves it from a background thread, and speaks the main
 connection's messages (``grad``, ``wait``, ``applied``, ``restored``). It knows the messages, not
 the model: the callback's state and hash requests go to a :class:`StateProvider`.
+
+An ``averaged`` answer is confirmed by ``applied`` only when it asks for the hash (``want_hash``);
+otherwise the process's next message (a ``grad`` or ``wait`` of the next step) confirms it, and a
+callback request that comes before carries ``after``: the step count the provider answers from
+once the update in progress is done.
 """
 
 from __future__ import annotations
@@ -36,13 +41,18 @@ class StateAnswer:
 
 
 class StateProvider(Protocol):
-    """The process side of the callback connection."""
+    """The process side of the callback connection.
 
-    def write_state(self, step: int, path: str, scratch: Region) -> StateAnswer:
+    ``after`` (0: none) is the step count an ``averaged`` answer the process has not confirmed
+    told it to reach: when the state is one step short of it, the provider waits for that update
+    before answering.
+    """
+
+    def write_state(self, step: int, path: str, scratch: Region, after: int) -> StateAnswer:
         """Write the state at ``step`` to ``path`` (parameters, then extra), using ``scratch``."""
         ...  # pragma: no cover
 
-    def current_hash(self, scratch: Region) -> Tuple[int, str]:
+    def current_hash(self, scratch: Region, after: int) -> Tuple[int, str]:
         """The current step and parameter hash, the parameters staged in ``scratch``."""
         ...  # pragma: no cover
 
@@ -185,12 +195,13 @@ class Session:
         self._send(message)
         return self._outcome(self._recv(), step)
 
-    def applied(self, step: int, digest: Optional[str]) -> None:
-        """Report that step ``step``'s average was applied (``digest``: the hash, when asked)."""
-        message: Message = {"op": "applied", "step": step}
-        if digest is not None:
-            message["hash"] = digest
-        self._send(message)
+    def applied(self, step: int, digest: str) -> None:
+        """Report that step ``step``'s average was applied, with the hash after it.
+
+        Only for an ``averaged`` answer with ``want_hash``: any other is confirmed by the next
+        step's first message.
+        """
+        self._send({"op": "applied", "step": step, "hash": digest})
 
     def restored(self, step: int, digest: str) -> None:
         """Report that the state of step ``step`` was loaded; ``digest`` is the hash after loading."""
@@ -252,14 +263,15 @@ class Session:
     def _answer(self, request: Message) -> Message:
         assert self.shm is not None
         op = request.get("op")
+        after = field(request, "after", int, 0)
         if op == "state":
             step, path = field(request, "step", int), field(request, "path", str)
-            answer = self._provider.write_state(step, path, self.shm.params)
+            answer = self._provider.write_state(step, path, self.shm.params, after)
             if answer.sizes is None:
                 return {"ok": False, "step": answer.step, "error": answer.error or f"at step {answer.step}"}
             return {"ok": True, "step": answer.step, "params_bytes": answer.sizes[0], "extra_bytes": answer.sizes[1]}
         if op == "hash":
-            step, digest = self._provider.current_hash(self.shm.params)
+            step, digest = self._provider.current_hash(self.shm.params, after)
             return {"ok": True, "step": step, "hash": digest}
         raise ProtocolError(f"unknown op {op!r} on the callback connection")
 

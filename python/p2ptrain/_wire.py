@@ -42,8 +42,11 @@ __all__ = [
     "sha256_hex",
 ]
 
-PROTOCOL_VERSION = 1
-"""The protocol version this package speaks (``"version"`` of ``hello``)."""
+PROTOCOL_VERSION = 2
+"""The protocol version this package speaks (``"version"`` of ``hello``).
+
+Version 2: ``applied`` only answers an ``averaged`` that asked for the hash, and callback requests
+carry ``after``."""
 
 MAX_MESSAGE_BYTES = 16 << 20
 """The largest message body, in bytes, either side accepts."""

@@ -135,7 +135,9 @@ class Collective:
         self._settings = _settings_strings(settings, optimizer)
         self._socket_path = socket_path(socket)
         self._timeout = timeout
-        self._lock = threading.Lock()  # the optimizer update and a state or hash answer exclude each other
+        # The optimizer update and a state or hash answer exclude each other; a callback that must
+        # answer after an update in progress waits on it (see _await_update).
+        self._lock = threading.Condition()
         self._session: Optional[Session] = None
         self._failure: Optional[BaseException] = None
         self._closed = False
@@ -232,9 +234,12 @@ class Collective:
             raise
 
     def _end_session(self) -> None:
-        if self._session is not None:
-            self._session.close()
+        session = self._session
+        if session is not None:
             self._session = None
+            with self._lock:
+                self._lock.notify_all()  # a callback waiting for an update stops waiting
+            session.close()
 
     def close(self) -> None:
         """Remove the gradient hooks and close the session (which ends the daemon's run if unfinished)."""
@@ -349,8 +354,10 @@ class Collective:
         with self._lock:
             self._optimizer.step()
             self._step = step + 1
+            self._lock.notify_all()
             digest = self._layout.param_hash(session.shm.params) if answer["want_hash"] else None
-        session.applied(step, digest)
+        if digest is not None:  # else the next step's first message confirms the update
+            session.applied(step, digest)
         return True
 
     def _restore(self, answer: Message) -> bool:
@@ -395,12 +402,24 @@ class Collective:
         if extra.get("buffers"):
             self._model.load_state_dict(extra["buffers"], strict=False)
 
-    def write_state(self, step: int, path: str, scratch: Region) -> StateAnswer:
+    def _await_update(self, after: int) -> None:
+        """With the lock held: wait until the update the daemon announced is done.
+
+        ``after`` is the step count an ``averaged`` answer, not yet confirmed, told this process to
+        reach (0: none). While the state is one step short of it, the main thread has that answer
+        (or is about to read it) and applies it next; nothing else is waited for, and nothing once
+        the session has ended.
+        """
+        while after == self._step + 1 and self._session is not None and self._failure is None:
+            self._lock.wait(1.0)
+
+    def write_state(self, step: int, path: str, scratch: Region, after: int = 0) -> StateAnswer:
         """Callback: write the state at ``step`` to ``path`` (flat parameters, then extra state).
 
         Runs on the callback thread; part of the :class:`~p2ptrain._session.StateProvider` protocol.
         """
         with self._lock:
+            self._await_update(after)
             if step != self._step:
                 return StateAnswer(self._step)
             try:
@@ -411,9 +430,10 @@ class Collective:
                 return StateAnswer(self._step, error=f"cannot write the state: {exc}")
             return StateAnswer(step, (len(scratch.raw), len(extra)))
 
-    def current_hash(self, scratch: Region) -> Tuple[int, str]:
+    def current_hash(self, scratch: Region, after: int = 0) -> Tuple[int, str]:
         """Callback: the current step and parameter hash. Runs on the callback thread."""
         with self._lock:
+            self._await_update(after)
             return self._step, self._layout.param_hash(scratch)
 
     def state_dict(self) -> Dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from p2ptrain import RunStopped
-from p2ptrain._wire import recv_message, send_message
+from p2ptrain._wire import PROTOCOL_VERSION, recv_message, send_message
 
 Message = Dict[str, Any]
 WaitHandler = Callable[["FakeDaemon", Message], Optional[Message]]
@@ -62,6 +62,7 @@ class FakeDaemon:
         self.messages: List[Message] = []  # every message on the main connection after hello
         self.snapshots: List[Tuple[int, int, bytes]] = []  # (step, bucket, its bytes) at each grad
         self.step = 0
+        self._hash_asked: Optional[int] = None  # the step whose averaged answer asked for "applied"
         self._handlers: List[WaitHandler] = []
         self._cond = threading.Condition()
         self._callback: Optional[socket.socket] = None
@@ -164,7 +165,7 @@ class FakeDaemon:
             self._serve_main(conn, hello)
 
     def _serve_callback(self, conn: socket.socket, hello: Message) -> None:
-        if self.hello is None or hello.get("session") != "f00d" or hello.get("version") != 1:
+        if self.hello is None or hello.get("session") != "f00d" or hello.get("version") != PROTOCOL_VERSION:
             self._error(f"bad callback hello {hello}")
         send_message(conn, {"ok": True})
         self._callback = conn
@@ -186,7 +187,7 @@ class FakeDaemon:
                 "shm_bytes": 8 * self._numel,
                 "peer": "12D3KooWFake",
                 "steps": self.steps,
-                "version": 1,
+                "version": PROTOCOL_VERSION,
             },
         )
         try:
@@ -233,6 +234,9 @@ class FakeDaemon:
         elif op == "wait":
             return self._wait(conn, message)
         elif op == "applied":
+            if message.get("step") != self._hash_asked or "hash" not in message:
+                self._error(f"{message} when the hash of step {self._hash_asked} was due")
+            self._hash_asked = None
             self.step = message["step"] + 1
         elif op == "restored":
             self.step = message["step"]
@@ -259,5 +263,10 @@ class FakeDaemon:
         answer = handler(self, message)
         if answer is None or answer is DROP:
             return False
+        if answer.get("status") == "averaged":
+            if answer.get("want_hash"):
+                self._hash_asked = message["step"]  # "applied" confirms it
+            else:
+                self.step = message["step"] + 1  # the next step's messages confirm it
         send_message(conn, answer)
         return True

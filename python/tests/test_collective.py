@@ -128,7 +128,7 @@ class ConnectingTest(DaemonTest):
         col = self.collective(model, torch.optim.SGD(model.parameters(), lr=0.1), settings={"lr": 0.1, "batch": 64})
         col.connect()
         hello = self.hello
-        self.assertEqual((hello["op"], hello["version"], hello["role"], hello["pid"]), ("hello", 1, "main", os.getpid()))
+        self.assertEqual((hello["op"], hello["version"], hello["role"], hello["pid"]), ("hello", 2, "main", os.getpid()))
         self.assertEqual(hello["settings"], {"optimizer": "SGD", "lr": "0.1", "batch": "64"})
         self.assertEqual(hello["step"], 0)
         self.assertEqual(hello["params"][0], {"name": "a.weight", "shape": [6, 4], "dtype": "float32"})
@@ -212,9 +212,9 @@ class StepTest(DaemonTest):
         self.assertEqual(col.completed_steps, 3)
         waits = self.daemon.expect("wait", 3)
         self.assertAlmostEqual(waits[0]["loss"], backward(Net(), 0).item(), places=6)
-        applied = self.daemon.expect("applied", 3)
-        self.assertEqual([m["step"] for m in applied], [0, 1, 2])
-        self.assertNotIn("hash", applied[0])
+        self.assertEqual([m["step"] for m in waits], [0, 1, 2])
+        # no hash was asked for: each step's messages confirmed the update before it
+        self.assertEqual(self.daemon.ops("applied"), [])
 
     def test_applied_carries_the_hash_when_asked(self) -> None:
         model = Net()
@@ -298,7 +298,7 @@ class StepTest(DaemonTest):
         # the next step is 7
         backward(model)
         self.assertTrue(col.step())
-        self.assertEqual(self.daemon.expect("applied")[0]["step"], 7)
+        self.assertEqual(self.daemon.expect("wait", 2)[1]["step"], 7)
 
     def test_finished(self) -> None:
         model = Net()
@@ -398,6 +398,9 @@ class CallbackTest(DaemonTest):
         answer = self.daemon.request({"op": "hash"})
         self.assertEqual(answer, {"ok": True, "step": 1, "hash": flat_hash(self.model, self.hello)})
         self.assertEqual(self.daemon.param_region(), float32_bytes(flat_values(self.model, self.hello)))
+        # an update already done, or one the process was never told about, is not waited for
+        for after in (1, 3):
+            self.assertEqual(self.daemon.request({"op": "hash", "after": after})["step"], 1)  # type: ignore[index]
 
     def test_an_unknown_request_ends_the_session(self) -> None:
         self.assertIsNone(self.daemon.request({"op": "bogus"}))
@@ -424,19 +427,28 @@ class BlockingSGD(torch.optim.SGD):
 
 
 class SpyLock:
-    """A lock that notes when the callback thread asks for it."""
+    """A condition that notes when the callback thread asks for it, and when it waits on it."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self.callback_waits = threading.Event()
+        self.callback_awaits_update = threading.Event()
 
     def __enter__(self) -> None:
         if threading.current_thread().name == "p2ptrain-callback":
             self.callback_waits.set()
-        self._lock.acquire()
+        self._cond.acquire()
 
     def __exit__(self, *exc_info: Any) -> None:
-        self._lock.release()
+        self._cond.release()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        if threading.current_thread().name == "p2ptrain-callback":
+            self.callback_awaits_update.set()
+        return self._cond.wait(timeout)
+
+    def notify_all(self) -> None:
+        self._cond.notify_all()
 
 
 class ExclusionTest(DaemonTest):
@@ -458,6 +470,34 @@ class ExclusionTest(DaemonTest):
         stepper.join(TIMEOUT)
         asker.join(TIMEOUT)
         self.assertCountEqual(results, [True, {"ok": False, "step": 1, "error": "at step 1"}])
+
+    def test_a_request_after_an_unconfirmed_average_waits_for_its_update(self) -> None:
+        # The daemon answered "averaged" (no hash asked) and asks for the hash before the process's
+        # next message, with after=1; the main thread has the answer but has not taken the lock yet.
+        model = Net()
+        col = self.collective(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        col._lock = lock = SpyLock()  # type: ignore[assignment]
+        reading, proceed = threading.Event(), threading.Event()
+        read_grads = col._layout.read_grads
+
+        def slow_read_grads(flat: torch.Tensor) -> None:
+            reading.set()
+            assert proceed.wait(TIMEOUT)
+            read_grads(flat)
+
+        col._layout.read_grads = slow_read_grads  # type: ignore[assignment]
+        backward(model)
+        results: List[Any] = []
+        stepper = threading.Thread(target=lambda: results.append(col.step()))
+        stepper.start()
+        self.assertTrue(reading.wait(TIMEOUT))
+        asker = threading.Thread(target=lambda: results.append(self.daemon.request({"op": "hash", "after": 1})))
+        asker.start()
+        self.assertTrue(lock.callback_awaits_update.wait(TIMEOUT))  # it waits rather than answer step 0
+        proceed.set()
+        stepper.join(TIMEOUT)
+        asker.join(TIMEOUT)
+        self.assertCountEqual(results, [True, {"ok": True, "step": 1, "hash": flat_hash(model, self.hello)}])
 
 
 class DistributedOptimizerTest(DaemonTest):
