@@ -62,7 +62,10 @@
 # pipeline's fill and drain, when fewer than P processes compute.
 # With --pin no peer shares its core with another: the timing process runs on CPU 0
 # and its P−1 copies on CPUs 1..P−1, one each (so that the memory bus and the shared
-# caches see the load of the run), and host i's daemon on CPU i−1. That is the
+# caches see the load of the run), and host i's daemon on CPU i−1; the layers are
+# timed again before every run, and a row's prediction (and each of its parts) is
+# the median of its runs' (the machine's other load changes from minute to minute,
+# and a peer alone on its core has no slack to absorb it). That is the
 # projection's own assumption (every peer has its device to itself), and a stage
 # that waits in its pipeline's fill and drain lends its core to nobody. Other
 # processes on the machine are not kept off those CPUs: run nothing beside it.
@@ -92,7 +95,7 @@ PREFIX=p2pt
 SUBNET=10.77.0
 PORT=4001
 
-BINARY="" mode="" peers_opt="" pin=0 rates="" sizes="" layouts="dp,s2,s4" steps=40 warm=8 repeats=2 wall=45
+BINARY="" mode="" peers_opt="" pin=0 lt_tag="" rates="" sizes="" layouts="dp,s2,s4" steps=40 warm=8 repeats=2 wall=45
 markdown="" timeout_s="" wait_s=0 logdir=""
 MICRO=4 PER_PEER=8
 
@@ -181,9 +184,9 @@ on_cpu() { [ "$pin" = 0 ] || echo "taskset -c $1"; }
 # while P−1 other processes time the same layers without end (so that P processes
 # compute throughout the measurement, as P peers do; with --pin the timing on CPU
 # 0, the others on CPUs 1..P−1); the per-layer median over 3 timings; cached per
-# run.
+# run of the script, and per run of a row with --pin (lt_tag names it).
 layer_times() {
-	local size=$1 p=$2 n=$3 f="$work/layers-$1-p$2-n$3.json" i burn=() flags beside
+	local size=$1 p=$2 n=$3 f="$work/layers-$1-p$2-n$3$lt_tag.json" i burn=() flags beside
 	[ -s "$f" ] && { echo "$f"; return; }
 	flags="$(plan_model "$size") --peers $p --batch $((PER_PEER * p)) --micro $MICRO --time-batch $n --json"
 	for ((i = 1; i < p; i++)); do
@@ -388,18 +391,26 @@ for hosts in "${peer_list[@]}"; do
 			for lay in "${layout_list[@]}"; do
 				s=$(stages_of "$lay")
 				[ "$s" -le "$hosts" ] || { say "$hosts hosts: no $s stages (more stages than peers)"; continue; }
-				read -r pred pbytes pcomp pcomm <<<"$(predict "$hosts" "$rate" "$size" "$lay")"
+				[ "$pin" = 1 ] || read -r pred pbytes pcomp pcomm <<<"$(predict "$hosts" "$rate" "$size" "$lay")"
 				name=$([ "$s" = 1 ] && echo "dp×$hosts" || echo "$s×$((hosts / s))")
 				runs=$repeats
 				[ "$mode" = validate ] || runs=1
-				res=()
+				res=() preds=()
 				for ((k = 1; k <= runs; k++)); do
 					run="p$hosts-$rate-$size-$lay-$k"
+					if [ "$pin" = 1 ]; then # the layers timed again just before the run
+						lt_tag=-$run
+						preds+=("$(predict "$hosts" "$rate" "$size" "$lay")")
+						read -r pred _ <<<"${preds[k - 1]}"
+					fi
 					say "$run: starting (predicted $pred s/step; load average $(cut -d ' ' -f 1-3 /proc/loadavg))"
 					run_one "$run" "$size" "$lay"
 					say "$run: interval_s bytes loss steps = $line"
 					res+=("$line")
 				done
+				if [ "$pin" = 1 ]; then
+					pred=$(mid 1 "${preds[@]}") pbytes=$(mid 2 "${preds[@]}") pcomp=$(mid 3 "${preds[@]}") pcomm=$(mid 4 "${preds[@]}")
+				fi
 				meas=$(mid 1 "${res[@]}")
 				mbytes=$(mid 2 "${res[@]}")
 				mcomp=$(mid 5 "${res[@]}")
