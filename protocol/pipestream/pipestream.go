@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -583,6 +584,11 @@ func (t *Transport) Send(ctx context.Context, k pipeline.Key, payload []byte) er
 	}
 	t.sent.Add(uint64(len(l.buf)))
 	t.svc.sent.Add(uint64(len(l.buf)))
+	// The muxer hands the frame to its send loop, another goroutine. Where
+	// the stage's compute holds every P (one core: GOMAXPROCS = 1), that
+	// goroutine would run only when the stage next waits, and the message
+	// would leave a forward or backward pass late: yield so it leaves now.
+	runtime.Gosched()
 	return nil
 }
 
