@@ -68,7 +68,8 @@
 # and a peer alone on its core has no slack to absorb it). That is the
 # projection's own assumption (every peer has its device to itself), and a stage
 # that waits in its pipeline's fill and drain lends its core to nobody. Other
-# processes on the machine are not kept off those CPUs: run nothing beside it.
+# processes on the machine are not kept off those CPUs: run nothing beside it, or
+# put it ahead of them (`nice -n -10 bench/pipeline.sh --pin ...`).
 #
 # The figures:
 #   V: predicted s/step, measured s/step (the median interval between consecutive step
