@@ -16,6 +16,12 @@
 #                      (taskset -c): host i's daemon on CPU i−1, so that each peer
 #                      computes on one core as on a cluster of one machine per peer;
 #                      needs at most as many peers as this machine has CPUs (see below)
+#   --gso-off          every host sends packets of one segment (ip link set eth0
+#                      gso_max_segs 1), so that htb spaces a message at the link's rate
+#                      as a real link does: with segmentation offload a message of up
+#                      to 64 KiB after idle leaves at once and is charged afterwards
+#                      (33 kB in 0.5 ms at 20 Mbit/s instead of 13.8 ms), which makes a
+#                      pipeline's activations all but free on slow links
 #   --rates LIST       link rates, tc units, comma-separated; each gets its own hosts
 #                      [V: 20mbit,100mbit; B: 20mbit,100mbit,1gbit]
 #   --sizes LIST       gpt sizes, comma-separated: a (2 blocks of width 64, 0.12 M
@@ -96,7 +102,7 @@ PREFIX=p2pt
 SUBNET=10.77.0
 PORT=4001
 
-BINARY="" mode="" peers_opt="" pin=0 lt_tag="" rates="" sizes="" layouts="dp,s2,s4" steps=40 warm=8 repeats=2 wall=45
+BINARY="" mode="" peers_opt="" pin=0 gso_off=0 lt_tag="" rates="" sizes="" layouts="dp,s2,s4" steps=40 warm=8 repeats=2 wall=45
 markdown="" timeout_s="" wait_s=0 logdir=""
 MICRO=4 PER_PEER=8
 
@@ -118,6 +124,7 @@ while [ $# -gt 0 ]; do
 	--wall) need_arg "$@"; wall=$2; shift 2 ;;
 	--binary) need_arg "$@"; BINARY=$2; shift 2 ;;
 	--pin) pin=1; shift ;;
+	--gso-off) gso_off=1; shift ;;
 	*) common_flag "$@"; shift 2 ;;
 	esac
 done
@@ -386,6 +393,11 @@ for hosts in "${peer_list[@]}"; do
 	[ "$pin" = 0 ] || mapfile -t DAEMON_CPUS < <(seq 0 $((hosts - 1)))
 	for rate in "${rate_list[@]}"; do
 		cluster_up --rate "$rate"
+		if [ "$gso_off" = 1 ]; then
+			for ((i = 1; i <= hosts; i++)); do
+				ip netns exec "$(host_ns "$i")" ip link set dev eth0 gso_max_segs 1 || die "gso_max_segs 1 on $(host_ns "$i")'s eth0 failed"
+			done
+		fi
 		rtt_us=$(measure_rtt) || die "measuring the RTT between h1 and h2 failed"
 		say "$hosts hosts at $rate: RTT ${rtt_us} us"
 		for size in "${size_list[@]}"; do
