@@ -94,6 +94,13 @@
 #                PyTorch's own compute, which is not the bridge's: compare the two
 #                "alone" rows (the bridge itself, one host alone, adds a few ms per step
 #                to the script's step).
+#   per-step split (printed for every bridge and Go run, not in the table): every
+#                daemon writes a metrics file (--metrics-file), and over its step records
+#                of steps 50..N the medians of step, compute and all-reduce time, then
+#                the median over the hosts; "starts apart" is, per step, the latest
+#                host's all-reduce start less the earliest's (the record's time less its
+#                all-reduce and wait), the median over the steps: how long the earliest
+#                host waits inside its all-reduce for the others to finish computing.
 # On a small machine every host's processes share the same few cores: N PyTorch
 # processes computing at once take longer than one alone, and that time is in every
 # row that runs the script, so a codec's speed-up over DDP fp32 is bounded by
@@ -213,6 +220,39 @@ progress_bytes() {
 		awk '$1 >= 50 { s += $2; n++ } END { if (!n) exit 1; printf "%.0f\n", s / n }'
 }
 
+# step_split PREFIX HOSTS: the per-step split of one run from the metrics files
+# PREFIX-h1.metrics .. PREFIX-hHOSTS.metrics (see "per-step split" above).
+step_split() {
+	"$PY" - "$1" "$2" <<'PYEOF'
+import json, statistics, sys
+from datetime import datetime, timezone
+
+def when(ts):
+    # RFC 3339 with up to nanoseconds: Python parses only microseconds.
+    base, _, frac = ts.rstrip("Z").partition(".")
+    t = datetime.fromisoformat(base).replace(tzinfo=timezone.utc).timestamp()
+    return t + float("0." + (frac or "0"))
+
+prefix, hosts = sys.argv[1], int(sys.argv[2])
+per_host, starts = [], {}
+for h in range(1, hosts + 1):
+    recs = []
+    with open(f"{prefix}-h{h}.metrics") as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("kind") == "step" and r.get("step", 0) >= 50:
+                recs.append(r)
+                starts.setdefault(r["step"], []).append(when(r["time"]) - r.get("allreduce_s", 0) - r.get("wait_s", 0))
+    if not recs:
+        sys.exit(1)
+    per_host.append([statistics.median(r.get(k, 0) for r in recs) * 1000 for k in ("step_s", "compute_s", "allreduce_s")])
+med = [statistics.median(h[i] for h in per_host) for i in range(3)]
+apart = [(max(v) - min(v)) * 1000 for v in starts.values() if len(v) == hosts]
+print("step %.1f ms = compute %.1f + all-reduce %.1f (+ the rest); all-reduce starts %.1f ms apart"
+      % (med[0], med[1], med[2], statistics.median(apart) if apart else float("nan")))
+PYEOF
+}
+
 
 declare -A r_ms=() r_acc=() r_bytes=() r_label=()
 rows=()
@@ -245,9 +285,10 @@ run_p2p() {
 				--mdns=false --api 127.0.0.1:7420 --log-format json --steps "$steps" --min-peers 1 --codec "$codec"
 		done
 	elif [ "$kind" = bridge ]; then
-		start_daemons "$run" "$work/$run.toml" --codec "$codec" --socket "$work/$run-{host}.sock"
+		start_daemons "$run" "$work/$run.toml" --codec "$codec" --socket "$work/$run-{host}.sock" \
+			--metrics-file "$work/$run-{host}.metrics"
 	else
-		start_daemons "$run" "$work/$run.toml" --codec "$codec"
+		start_daemons "$run" "$work/$run.toml" --codec "$codec" --metrics-file "$work/$run-{host}.metrics"
 	fi
 	for ((i = 1; i <= hosts; i++)); do names+=("$run-h$i-d"); done
 	if [ "$kind" = bridge ]; then
@@ -291,6 +332,10 @@ run_p2p() {
 		accs+=("$acc")
 		say "$run: h$i: $ms ms/step (its daemon's progress: $dms ms/step), $bytes bytes sent/step, accuracy $acc"
 	done
+	if [ "$kind" != go-alone ]; then
+		line=$(step_split "$work/$run" "$hosts") || die "$run: the daemons' metrics files hold no step records for steps 50..$steps"
+		say "$run: per-step medians over steps 50..$steps: $line"
+	fi
 	r_ms[$run]=$(printf '%s\n' "${host_ms[@]}" | median)
 	r_bytes[$run]=$(printf '%s\n' "${host_bytes[@]}" | awk '{ s += $1 } END { printf "%.0f\n", s / NR }')
 	r_acc[$run]=${accs[0]}
