@@ -190,5 +190,3 @@ progress_ts() {
 		if (match($0, /"ts":"[^"]+"/)) print substr($0, RSTART + 6, RLENGTH - 7); exit }' "$1"
 }
 
-median() { sort -g | awk '{ v[NR] = $1 } END { if (!NR) exit 1; m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f\n", m }'; }
-field() { sed -nE "s/.*[[:space:]]$1=([^[:space:]]+).*/\1/p" <<<"$2"; } # name line

@@ -21,34 +21,35 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PROG=cpu-split
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 repeats=${REPEATS:-3} rate=${RATE:-1gbit} codec=${CODEC:-fp32}
-[[ $repeats =~ ^[1-9][0-9]*$ ]] || { echo "cpu-split: REPEATS must be a positive integer, not '$repeats'" >&2; exit 2; }
+[[ $repeats =~ ^[1-9][0-9]*$ ]] || usage_err "REPEATS must be a positive integer, not '$repeats'"
 tmp=$(mktemp -d /tmp/p2pt-cpusplit.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 bin=$tmp/p2ptrain
 go build -C "$ROOT" -o "$bin" ./cmd/p2ptrain
 
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" "$2"; }
-
+pcpu=() gcpu=() bws=()
 for ((r = 1; r <= repeats; r++)); do
 	log=$tmp/run$r.log
 	"$ROOT/bench/netns.sh" --hosts 4 --rate "$rate" --size 64MiB --codec "$codec" --schedule ring --rounds 5 \
 		--gloo --binary "$bin" "$@" -- --cpuprofile "$tmp/cpu-$r-{host}.pprof" >"$log" 2>&1 ||
-		{ echo "cpu-split: run $r failed:" >&2; tail -20 "$log" >&2; exit 1; }
-	grep '^summary:' "$log" | head -1 >"$tmp/p$r"
-	grep '^gloo:' "$log" | head -1 >"$tmp/g$r"
-	printf 'run %d: p2ptrain %s CPU-s/GB, gloo %s, busbw ratio %s\n' "$r" \
-		"$(field cpu_s_per_gb "$tmp/p$r")" "$(field cpu_s_per_gb "$tmp/g$r")" "$(field busbw_ratio "$tmp/g$r")"
+		{ tail -20 "$log" >&2; die "run $r failed (its last lines above)"; }
+	ours=$(grep -m1 '^summary:' "$log") && theirs=$(grep -m1 '^gloo:' "$log") ||
+		{ tail -20 "$log" >&2; die "run $r printed no summary or no gloo line (its last lines above)"; }
+	pcpu+=("$(field cpu_s_per_gb "$ours")") gcpu+=("$(field cpu_s_per_gb "$theirs")") bws+=("$(field busbw_ratio "$theirs")")
+	say "run $r: p2ptrain ${pcpu[-1]} CPU-s/GB, gloo ${gcpu[-1]}, busbw ratio ${bws[-1]}"
 done
-p=$(for ((r = 1; r <= repeats; r++)); do field cpu_s_per_gb "$tmp/p$r"; done | median)
-g=$(for ((r = 1; r <= repeats; r++)); do field cpu_s_per_gb "$tmp/g$r"; done | median)
-bw=$(for ((r = 1; r <= repeats; r++)); do field busbw_ratio "$tmp/g$r"; done | median)
+p=$(printf '%s\n' "${pcpu[@]}" | median)
+g=$(printf '%s\n' "${gcpu[@]}" | median)
+bw=$(printf '%s\n' "${bws[@]}" | median)
 
 # Flat samples per function, in milliseconds, over every daemon of every run.
 go tool pprof -top -nodecount=100000 -nodefraction=0 -unit=ms "$bin" "$tmp"/cpu-*.pprof 2>/dev/null |
 	awk '$1 ~ /ms$/ { v = $1; sub(/ms$/, "", v); name = $6; for (i = 7; i <= NF; i++) name = name " " $i; print v "\t" name }' >"$tmp/flat.tsv"
-[[ -s $tmp/flat.tsv ]] || { echo "cpu-split: the profiles hold no samples" >&2; exit 1; }
+[[ -s $tmp/flat.tsv ]] || die "the profiles hold no samples"
 
 echo
 printf '%s, 4 × %s, 64 MiB on the ring, swarm key; medians of %d runs\n' "$codec" "$rate" "$repeats"
