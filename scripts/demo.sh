@@ -18,6 +18,11 @@
 # the same shape), and both print the same hash. scripts/torch-demo.sh runs
 # it with the example's own residual CNN.
 #
+# SETUP=0 skips scripts/setup.sh, for a machine that already has what the
+# demo needs but no package registry (scripts/gpu-check.sh on a GPU machine);
+# PYTHON names the interpreter of the PyTorch processes (default: Debian's
+# /usr/bin/python3).
+#
 # IDENTITIES names a folder of peer identity files 0.key, 1.key, … (p2ptrain
 # keygen --identity); peer I runs with I.key, so repeated runs get the same peer
 # IDs, hence the same ring ranks and data shards (until the link probes re-plan
@@ -30,7 +35,7 @@ codec="${CODEC:-sint8}"
 model="${MODEL:-mlp}"
 trainer="${TRAINER:-builtin}"
 
-scripts/setup.sh
+[ "${SETUP:-1}" = 0 ] || scripts/setup.sh
 if [ -n "${BINARY:-}" ]; then
   bin="$BINARY" # a prebuilt binary (scripts/accuracy.sh builds one for all its runs)
 else
@@ -77,7 +82,7 @@ start_peer() {
 # start_script I: the PyTorch process beside daemon I (TRAINER=external).
 start_script() {
   # shellcheck disable=SC2086 # TORCH_ARGS is a list of arguments
-  PYTHONPATH=python /usr/bin/python3 python/examples/fashion_mnist.py --socket "$work/$1.sock" \
+  PYTHONPATH=python "${PYTHON:-/usr/bin/python3}" python/examples/fashion_mnist.py --socket "$work/$1.sock" \
     ${TORCH_ARGS:---model mlp} >"$work/$1.py.out" 2>"$work/$1.py.log" &
   scripts+=("$!")
 }

@@ -113,7 +113,7 @@ def flat_hash(model: torch.nn.Module, order: list) -> str:
     params = dict(model.named_parameters())
     h = hashlib.sha256()
     for name in order:
-        h.update(params[name].detach().contiguous().numpy().tobytes())
+        h.update(params[name].detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -140,27 +140,38 @@ def main() -> None:
     ap.add_argument("--train-samples", type=int, default=0, help="use the first N training samples (0: all)")
     ap.add_argument("--eval-samples", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--device", default="cpu", help="where the model trains: cpu, cuda or cuda:N (the daemon gets "
+                    "the gradients in host memory either way)")
     ap.add_argument("--ddp", help="RANK:WORLD:HOST:PORT: train with DistributedDataParallel (gloo) instead")
     ap.add_argument("--ddp-fp16", action="store_true", help="with --ddp: fp16 compression hook")
     ap.add_argument("--local", action="store_true", help="train alone with a plain opt.step() for --steps steps "
                     "(the compute the bridge adds to: scripts/bridge-overhead.sh)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as e:
+        ap.error(f"--device {args.device}: {e}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: torch {torch.__version__} sees no CUDA GPU")
 
     x, y = load_fashion_mnist("train")
     if args.train_samples:
         x, y = x[:args.train_samples], y[:args.train_samples]
     tx, ty = load_fashion_mnist("t10k")
     tx, ty = tx[:args.eval_samples], ty[:args.eval_samples]
+    x, y, tx, ty = x.to(device), y.to(device), tx.to(device), ty.to(device)
 
     torch.manual_seed(args.seed if args.init_seed is None else args.init_seed)
     if args.width <= 0 or args.width % 4:
         ap.error(f"--width {args.width}: want a positive multiple of 4 (GroupNorm uses 4 groups)")
-    model = make_model(args.model, args.hidden, args.width)
+    model = make_model(args.model, args.hidden, args.width).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     shape = f"mlp-{args.hidden}" if args.model == "mlp" else f"resnet-{args.width}"
+    # The device type is part of the settings: a GPU and a CPU round the same update differently, so
+    # a cluster that mixes them would fork; the daemons refuse the mix at join, naming it.
     settings = {"model": shape, "lr": args.lr, "batch": args.batch, "seed": args.seed,
-                "train_samples": args.train_samples}
+                "train_samples": args.train_samples, "device": device.type}
 
     if args.ddp or args.local:
         run_baseline(args, model, opt, x, y, tx, ty)
@@ -173,7 +184,7 @@ def main() -> None:
     rng = torch.Generator().manual_seed(args.seed ^ int(hashlib.sha256(col.peer.encode()).hexdigest()[:8], 16))
     start, loss = time.monotonic(), float("nan")
     while not col.finished:
-        idx = torch.randint(len(x), (args.batch,), generator=rng)
+        idx = torch.randint(len(x), (args.batch,), generator=rng).to(device)
         opt.zero_grad()
         out = F.cross_entropy(model(x[idx]), y[idx])
         out.backward()
@@ -206,7 +217,7 @@ def run_baseline(args: argparse.Namespace, model: torch.nn.Module, opt: torch.op
     rng = torch.Generator().manual_seed(args.seed * 1000 + int(rank))
     start = time.monotonic()
     for s in range(1, args.steps + 1):
-        idx = torch.randint(len(x), (args.batch,), generator=rng)
+        idx = torch.randint(len(x), (args.batch,), generator=rng).to(x.device)
         opt.zero_grad()
         out = F.cross_entropy(ddp(x[idx]), y[idx])
         out.backward()
