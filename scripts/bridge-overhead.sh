@@ -11,16 +11,27 @@
 # (from the script's cumulative "ms/step" lines at step 50 and at the end, or
 # the Go trainer's progress log), and bridge − local = the bridge's own cost.
 #
-#   [STEPS=400] [REPEATS=3] scripts/bridge-overhead.sh
+# DEVICE=cuda trains the script and the Go trainer on the GPU (scripts/gpu-check.sh);
+# BINARY names a prebuilt p2ptrain (no Go needed) and PYTHON the interpreter
+# (default Debian's /usr/bin/python3).
+#
+#   [STEPS=400] [REPEATS=3] [DEVICE=cpu] [BINARY=path] [PYTHON=python3] scripts/bridge-overhead.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps="${STEPS:-400}" repeats="${REPEATS:-3}"
-mkdir -p bin
-go build -o bin/p2ptrain ./cmd/p2ptrain
+PROG=bridge-overhead
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+steps="${STEPS:-400}" repeats="${REPEATS:-3}" device="${DEVICE:-cpu}" python="${PYTHON:-/usr/bin/python3}"
+bin="${BINARY:-}"
+if [ -z "$bin" ]; then
+	mkdir -p bin
+	go build -o bin/p2ptrain ./cmd/p2ptrain
+	bin=bin/p2ptrain
+fi
 tmp=$(mktemp -d)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$tmp"' EXIT
-script=(/usr/bin/python3 python/examples/fashion_mnist.py --model mlp --batch 64 --hidden 256 --threads 1)
+script=("$python" python/examples/fashion_mnist.py --model mlp --batch 64 --hidden 256 --threads 1 --device "$device")
 export PYTHONPATH=python
 
 # script_ms OUT: ms/step between step 50 and the last "step" line of the script's output.
@@ -30,14 +41,14 @@ script_ms() {
 }
 # go_ms LOG: the same from the Go trainer's JSON progress lines.
 go_ms() {
-	/usr/bin/python3 - "$1" <<'PY'
+	"$python" - "$1" <<'PY'
 import json, sys, datetime
 pts = [json.loads(l) for l in open(sys.argv[1]) if '"msg":"progress"' in l]
 pts = [(p["step"], datetime.datetime.fromisoformat(p["ts"].replace("Z", "+00:00")).timestamp()) for p in pts if p["step"] >= 50]
 print(f"{(pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]) * 1000:.2f}")
 PY
 }
-join=(bin/p2ptrain join --listen /ip4/127.0.0.1/tcp/0 --api 127.0.0.1:0 --mdns=false --log-format json
+join=("$bin" join --listen /ip4/127.0.0.1/tcp/0 --api 127.0.0.1:0 --mdns=false --log-format json
 	--steps "$steps" --min-peers 1 --cluster overhead)
 declare -A ms
 for r in $(seq "$repeats"); do
@@ -53,17 +64,17 @@ for r in $(seq "$repeats"); do
 	bridge_ms=$(script_ms "$tmp/bridge.out")
 	ms[bridge]+="$bridge_ms "
 
-	printf '[train]\nhidden = [256, 256]\neval_every = 0\ncheck_every = 50\n' >"$tmp/go.toml"
+	printf '[train]\nhidden = [256, 256]\neval_every = 0\ncheck_every = 50\ndevices = ["%s"]\n' "$device" >"$tmp/go.toml"
 	"${join[@]}" --model mlp --config "$tmp/go.toml" >"$tmp/go.out" 2>"$tmp/go.log"
 	go_ms_=$(go_ms "$tmp/go.log")
 	ms[go]+="$go_ms_ "
 	echo "run $r: local $local_ms bridge $bridge_ms go $go_ms_ ms/step" >&2
 done
-median() { printf '%s\n' $1 | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-l=$(median "${ms[local]}") b=$(median "${ms[bridge]}") g=$(median "${ms[go]}")
-echo "| one peer, MLP 784-256-256-10, batch 64 | ms/step (median of $repeats) |"
+# shellcheck disable=SC2086 # each entry is a list of numbers
+l=$(printf '%s\n' ${ms[local]} | median) b=$(printf '%s\n' ${ms[bridge]} | median) g=$(printf '%s\n' ${ms[go]} | median)
+echo "| one peer on $device, MLP 784-256-256-10, batch 64 | ms/step (median of $repeats) |"
 echo "|---|---:|"
 echo "| PyTorch alone (plain opt.step()) | $l |"
 echo "| PyTorch through the bridge | $b |"
-printf '| the bridge'"'"'s own cost (bridge − alone) | %.2f (%.0f %% of the bridge'"'"'s step) |\n' "$(echo "$b - $l" | bc -l)" "$(echo "($b - $l) * 100 / $b" | bc -l)"
+awk -v b="$b" -v l="$l" 'BEGIN { printf "| the bridge'"'"'s own cost (bridge − alone) | %.2f (%.0f %% of the bridge'"'"'s step) |\n", b - l, (b - l) * 100 / b }'
 echo "| Go trainer alone | $g |"

@@ -18,6 +18,12 @@
 # the same shape), and both print the same hash. scripts/torch-demo.sh runs
 # it with the example's own residual CNN.
 #
+# PEER_DEVICES gives the peers their train.devices in turn, a comma-separated
+# list each: "cuda cpu:0,cpu:1" puts peer 0 on the GPU, peer 1 on two CPU
+# devices, peer 2 on the GPU, ... (a cluster
+# that mixes devices; each device's gradients differ in rounding, the
+# averaged update is the same, so the hashes still agree).
+#
 # SETUP=0 skips scripts/setup.sh, for a machine that already has what the
 # demo needs but no package registry (scripts/gpu-check.sh on a GPU machine);
 # PYTHON names the interpreter of the PyTorch processes (default: Debian's
@@ -63,6 +69,12 @@ start_peer() {
   [ -z "${IDENTITIES:-}" ] || set -- --identity "$IDENTITIES/$i.key" "$@"
   [ -z "${CONFIG:-}" ] || set -- --config "$CONFIG" "$@"
   [ -z "${METRICS:-}" ] || set -- --metrics-file "$METRICS/$i.jsonl" "$@"
+  if [ -n "${PEER_DEVICES:-}" ]; then
+    local devs
+    read -r -a devs <<<"$PEER_DEVICES"
+    local mine="${devs[i % ${#devs[@]}]}"
+    set -- --set "train.devices=[\"${mine//,/\",\"}\"]" "$@"
+  fi
   [ "$trainer" = builtin ] || set -- --trainer external --socket "$work/$i.sock" "$@"
   "$bin" join --name "peer$i" --cluster demo --listen /ip4/127.0.0.1/tcp/0 \
     --api 127.0.0.1:0 --mdns=false --log-format json \

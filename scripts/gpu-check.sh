@@ -15,10 +15,14 @@
 #      kernels against the CPU device, training against the CPU device;
 #   3. the Python package's tests with P2PTRAIN_REQUIRE_GPU=1 (test_cuda.py:
 #      a model on the GPU through the Collective);
-#   4. `p2ptrain bench train` for the mlp and the cnn on cpu and on cuda;
+#   4. `p2ptrain bench train` for the mlp, the cnn and the gpt on cpu and cuda;
 #   5. the demo with the built-in trainer on the GPU (4 peers, devices cuda);
-#   6. the PyTorch demo with the example's residual CNN on the GPU (4 daemons,
-#      4 PyTorch processes with --device cuda).
+#   6. the demo with a mixed cluster: peers 0 and 2 on the GPU, 1 and 3 on
+#      the CPU (cnn), which must still end with one parameter hash;
+#   7. the PyTorch demo with the example's residual CNN on the GPU (4 daemons,
+#      4 PyTorch processes with --device cuda);
+#   8. scripts/bridge-overhead.sh on the CPU and on the GPU: the bridge's own
+#      cost per step with one peer.
 # Logs of the demos go to $GPU_LOGS (default DIR/logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -81,13 +85,22 @@ run() {
     "$bin/p2ptrain" bench train --devices cpu --devices cuda --model mlp --batch-size 256 --steps 50
   step "bench train cnn: cpu vs cuda" 300 \
     "$bin/p2ptrain" bench train --devices cpu --devices cuda --model cnn --batch-size 64 --steps 20
+  step "bench train gpt: cpu vs cuda" 300 \
+    "$bin/p2ptrain" bench train --devices cpu --devices cuda --model gpt --batch-size 8 --steps 5 --data synthetic
   printf '[train]\ndevices = ["cuda"]\n' >"$logs/cuda.toml"
   step "demo: 4 peers training on the GPU" 300 \
     env SETUP=0 BINARY="$bin/p2ptrain" CONFIG="$logs/cuda.toml" LOGDIR="$logs/demo" PEERS=4 STEPS="${STEPS:-300}" \
     MODEL=mlp scripts/demo.sh
+  step "demo: 2 peers on the GPU, 2 on the CPU" 300 \
+    env SETUP=0 BINARY="$bin/p2ptrain" PEER_DEVICES="cuda cpu" LOGDIR="$logs/mixed" PEERS=4 STEPS=200 \
+    MODEL=cnn scripts/demo.sh
   step "torch demo: 4 PyTorch processes on the GPU" 300 \
     env SETUP=0 BINARY="$bin/p2ptrain" PYTHON=python3 LOGDIR="$logs/torch" PEERS=4 STEPS="${STEPS:-300}" \
     TORCH_ARGS="--model resnet --width 8 --lr 0.2 --device cuda" scripts/torch-demo.sh
+  for d in cpu cuda; do
+    step "bridge overhead, model on $d" 300 \
+      env DEVICE="$d" BINARY="$bin/p2ptrain" PYTHON=python3 REPEATS=3 STEPS=400 scripts/bridge-overhead.sh
+  done
 
   echo
   echo "=== summary"

@@ -46,7 +46,8 @@ func cmdBenchTrain(ctx context.Context, args []string, stdout, stderr io.Writer)
 	batch := fs.Int("batch-size", 256, "samples per device per step (`N`), as train.batch_size")
 	steps := fs.Int("steps", 20, "timed `STEPS`, after --warmup untimed ones")
 	warmup := fs.Int("warmup", 2, "untimed `STEPS` first (kernel compilation, allocation, caches)")
-	data := fs.String("data", "auto", "`DATA`: fashion (Fashion-MNIST), synthetic (random images), or auto (fashion when found)")
+	data := fs.String("data", "auto", "`DATA`: fashion (Fashion-MNIST), synthetic (random images; random bytes for gpt), "+
+		"or auto (fashion when found; for gpt the Go standard library's source when found)")
 	asJSON := fs.Bool("json", false, "print a JSON list of {devices, model, batch_per_device, steps, data, samples_per_s, step_ms, first_loss, last_loss}")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -94,7 +95,13 @@ func benchTrain(ctx context.Context, specs []string, name string, batch, warmup,
 	for _, d := range devs {
 		r.Devices = append(r.Devices, d.Name())
 	}
-	ds, kind, err := benchData(source, batch*len(devs))
+	var ds benchSource
+	var kind string
+	if name == "gpt" {
+		ds, kind, err = benchText(source, batch*len(devs))
+	} else {
+		ds, kind, err = benchData(source, batch*len(devs))
+	}
 	if err != nil {
 		return r, err
 	}
@@ -148,6 +155,45 @@ func benchTrain(ctx context.Context, specs []string, name string, batch, warmup,
 	return r, nil
 }
 
+// benchSource is what bench train draws its batches from: Fashion-MNIST or
+// random images (*data.Dataset), or a text corpus's windows for gpt
+// (*data.TextWindows).
+type benchSource interface {
+	Len() int
+	Gather(dst model.Batch, idx []int) model.Batch
+}
+
+// benchText returns the gpt's training windows (the model's default context)
+// from the text source names ("synthetic" or "auto"), with at least n
+// windows, and which it is.
+func benchText(source string, n int) (*data.TextWindows, string, error) {
+	opts := data.TextOptions{HeldOut: data.DefaultHeldOut, Context: model.DefaultGPTContext}
+	switch source {
+	case "auto":
+		c, err := data.LoadGoSource(opts)
+		if err == nil && c.Train(1).Len() >= n {
+			return c.Train(1), "go-source", nil
+		}
+	case "synthetic":
+	case "fashion":
+		return nil, "", usagef("--data fashion is images; gpt trains on text (--data synthetic or auto)")
+	default:
+		return nil, "", usagef("--data %q (want fashion, synthetic or auto)", source)
+	}
+	// Random bytes, enough for n windows of context+1 after the held-out
+	// share: a step's speed does not depend on the text.
+	rng := rand.New(rand.NewPCG(1, 2))
+	text := make([]byte, 2*max(n, 64)*(opts.Context+1))
+	for i := range text {
+		text[i] = byte(rng.UintN(256))
+	}
+	c, err := data.NewTextCorpus(text, opts)
+	if err != nil {
+		return nil, "", err
+	}
+	return c.Train(1), "synthetic", nil
+}
+
 // benchData returns the training set source names ("fashion", "synthetic"
 // or "auto") with at least n samples, and which it is.
 func benchData(source string, n int) (*data.Dataset, string, error) {
@@ -167,7 +213,7 @@ func benchData(source string, n int) (*data.Dataset, string, error) {
 	case "synthetic":
 		return syntheticData(max(n, 1024)), "synthetic", nil
 	}
-	return nil, "", usagef("bench train: --data %q (want fashion, synthetic or auto)", source)
+	return nil, "", usagef("--data %q (want fashion, synthetic or auto)", source)
 }
 
 // syntheticData makes n random 28×28 images with random labels: the speed

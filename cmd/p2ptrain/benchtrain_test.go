@@ -54,6 +54,19 @@ func TestBenchTrainCPU(t *testing.T) {
 	}
 }
 
+// TestBenchTrainGPT checks that the gpt trains on text windows (random
+// bytes here), not on images: its loss starts near ln 256, a uniform guess
+// over the byte vocabulary.
+func TestBenchTrainGPT(t *testing.T) {
+	rs := benchTrainJSON(t, "--model", "gpt", "--batch-size", "2", "--steps", "1", "--warmup", "0", "--data", "synthetic")
+	if len(rs) != 1 || rs[0].Model != "gpt" || rs[0].Data != "synthetic" {
+		t.Fatalf("results %+v", rs)
+	}
+	if l := rs[0].FirstLoss; math.Abs(l-math.Log(256)) > 1 {
+		t.Errorf("first loss %v, want near ln 256 = %.3f", l, math.Log(256))
+	}
+}
+
 // TestBenchTrainErrors checks flag and device errors.
 func TestBenchTrainErrors(t *testing.T) {
 	t.Setenv(cuda.EnvLibrary, t.TempDir()) // no driver there
@@ -65,6 +78,7 @@ func TestBenchTrainErrors(t *testing.T) {
 		{[]string{"--steps", "0"}, 2, "must be positive"},
 		{[]string{"--data", "mnist", "--steps", "1"}, 2, `--data "mnist"`},
 		{[]string{"--model", "resnet", "--steps", "1", "--data", "synthetic"}, 1, "unknown model"},
+		{[]string{"--model", "gpt", "--steps", "1", "--data", "fashion"}, 2, "gpt trains on text"},
 		{[]string{"--devices", "tpu", "--steps", "1"}, 1, "unknown kind"},
 		{[]string{"--devices", "cuda", "--steps", "1"}, 1, `"cuda": no usable GPU: `}, // libcuda not found, or no loader (nocuda)
 	} {

@@ -148,29 +148,8 @@ func TestEmulatedTrainingMatchesCPU(t *testing.T) {
 
 // TestEmulatedDeferredErrors checks that a failed launch is not a panic:
 // Synchronize reports it, later work is skipped and CopyToHost gives NaN.
-// A bad label is reported by Synchronize too.
 func TestEmulatedDeferredErrors(t *testing.T) {
 	f := fakeEnv(t)
-	d, err := Open(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-
-	p, _ := d.Alloc(4)
-	l, _ := d.Alloc(2)
-	lab, _ := d.Alloc(2)
-	d.CopyToDevice(lab, []float32{1, 7})
-	d.SoftmaxCrossEntropy(p, l, p, lab, 2, 2)
-	loss := make([]float32, 2)
-	d.CopyToHost(loss, l)
-	if !math.IsNaN(float64(loss[1])) || math.IsNaN(float64(loss[0])) {
-		t.Errorf("losses %v, want a NaN for the bad label only", loss)
-	}
-	if err := d.Synchronize(); err == nil || !strings.Contains(err.Error(), "label is not a class index") {
-		t.Fatalf("Synchronize after a bad label = %v", err)
-	}
-
 	d2, err := Open(1)
 	if err != nil {
 		t.Fatal(err)
@@ -282,37 +261,75 @@ func TestEmulatedModuleCache(t *testing.T) {
 	}
 }
 
-// TestEmulatedBadToken checks that a token that is not an index into the
-// embedding table gives a NaN row and an error from Synchronize, in the
-// forward pass (cuda:0) and in the backward pass (cuda:1), rather than a
-// read or write outside the table.
-func TestEmulatedBadToken(t *testing.T) {
+// TestEmulatedBadInputs runs badInputs on the stand-in GPUs.
+func TestEmulatedBadInputs(t *testing.T) {
 	fakeEnv(t)
-	for i, backward := range []bool{false, true} {
-		d, err := Open(i)
+	badInputs(t, func(k int) *Device {
+		d, err := Open(k % 2)
 		if err != nil {
 			t.Fatal(err)
 		}
-		table, ids, y := alloc(t, d, 6), alloc(t, d, 2), alloc(t, d, 6)
+		return d
+	})
+}
+
+// badInputs checks that a label that is not a class index, and a token that
+// is not an index into the embedding table (in the forward pass and in the
+// backward pass), give NaN where they were used and an error from
+// Synchronize, rather than a read or write outside the buffers. open returns
+// a fresh device for each of the three cases (a device that reported such
+// an error has failed); badInputs closes it.
+func badInputs(t *testing.T, open func(k int) *Device) {
+	t.Helper()
+	// tokens allocates a 3-row table, two tokens (the second, 2.5, is not
+	// an index) and their 2×2 output.
+	tokens := func(d *Device) (table, ids, y gpu.Buffer) {
+		table, ids, y = alloc(t, d, 6), alloc(t, d, 2), alloc(t, d, 6)
 		d.CopyToDevice(ids, []float32{1, 2.5})
-		if backward {
-			d.EmbeddingBackward(table, ids, y, 2, 2, 3)
-		} else {
+		return table, ids, y
+	}
+	cases := []struct {
+		name, want string
+		run        func(d *Device) []gpu.Buffer
+	}{
+		{"label", "label is not a class index", func(d *Device) []gpu.Buffer {
+			p, l, lab := alloc(t, d, 4), alloc(t, d, 2), alloc(t, d, 2)
+			d.CopyToDevice(lab, []float32{1, 7})
+			d.SoftmaxCrossEntropy(p, l, p, lab, 2, 2)
+			loss := make([]float32, 2)
+			d.CopyToHost(loss, l)
+			if !math.IsNaN(float64(loss[1])) || math.IsNaN(float64(loss[0])) {
+				t.Errorf("losses %v, want a NaN for the bad label only", loss)
+			}
+			return []gpu.Buffer{p, l, lab}
+		}},
+		{"token forward", "token is not an index", func(d *Device) []gpu.Buffer {
+			table, ids, y := tokens(d)
 			d.Embedding(y, table, ids, 2, 2, 3)
 			rows := make([]float32, 6)
 			d.CopyToHost(rows, y)
 			if !math.IsNaN(float64(rows[3])) || math.IsNaN(float64(rows[0])) {
 				t.Errorf("embedding rows %v, want NaN for the bad token only", rows)
 			}
+			return []gpu.Buffer{table, ids, y}
+		}},
+		{"token backward", "token is not an index", func(d *Device) []gpu.Buffer {
+			table, ids, y := tokens(d)
+			d.EmbeddingBackward(table, ids, y, 2, 2, 3)
+			return []gpu.Buffer{table, ids, y}
+		}},
+	}
+	for k, c := range cases {
+		d := open(k)
+		bufs := c.run(d)
+		if err := d.Synchronize(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Synchronize after a bad %s = %v, want an error containing %q", d.Name(), c.name, err, c.want)
 		}
-		if err := d.Synchronize(); err == nil || !strings.Contains(err.Error(), "token is not an index") {
-			t.Errorf("Synchronize after a bad token (backward %v) = %v", backward, err)
-		}
-		for _, b := range []gpu.Buffer{table, ids, y} {
+		for _, b := range bufs {
 			d.Free(b)
 		}
 		if err := d.Close(); err != nil {
-			t.Errorf("Close: %v", err)
+			t.Errorf("%s: Close after a bad %s: %v", d.Name(), c.name, err)
 		}
 	}
 }

@@ -74,6 +74,20 @@ func TestGPUMatchesCPU(t *testing.T) {
 // equal up to GEMM rounding, and the replicas identical.
 func TestGPUTrainingMatchesCPU(t *testing.T) { trainingMatchesCPU(t, openReal(t)) }
 
+// TestGPUBadInputs runs badInputs on the first GPU, opened afresh for each
+// case: a bad label or token is reported by Synchronize, not read or written
+// out of range, and the device closes cleanly after it.
+func TestGPUBadInputs(t *testing.T) {
+	infos := realGPUs(t)
+	badInputs(t, func(int) *Device {
+		d, err := Open(infos[0].Index)
+		if err != nil {
+			t.Fatalf("Open(%d): %v", infos[0].Index, err)
+		}
+		return d
+	})
+}
+
 // trainingMatchesCPU is TestGPUTrainingMatchesCPU on the devices all.
 func trainingMatchesCPU(t *testing.T, all []*Device) {
 	sets := [][]*Device{all[:1]}
