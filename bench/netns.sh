@@ -22,6 +22,12 @@
 #                      (netem; without netem, a classic-BPF tc filter on the bridge port)
 #   --mtu M            MTU of every link [1500]; TCP goodput is 1448/1514 = 0.956 of the
 #                      shaped rate at 1500 (tc counts the Ethernet header), 0.993 at 9000
+#   --shaper htb|tbf   the qdisc that shapes each link [htb]. htb counts a segmentation-
+#                      offload (GSO) packet of up to 64 kB as one and lets it through whole
+#                      while it has tokens, so a message after idle can cross a slow link
+#                      unshaped; tbf cuts GSO packets bigger than its burst into segments
+#                      (burst: 2 frames, or 1 ms at the rate if that is more), so every
+#                      message is spaced at the rate while the hosts keep offload's CPU cost
 #   --queue P          packets each shaped link may queue (a pfifo under the htb class, in
 #                      both directions) [the kernel's default: the device's txqueuelen,
 #                      1000, i.e. 120 ms at 100mbit]; e.g. 100 for a shallow switch buffer
@@ -96,7 +102,7 @@ SUBNET=10.77.0
 PORT=4001
 LOCK=/run/lock/p2pt-netns.lock
 
-hosts="" rate="1gbit" rates="" delay="" loss="" mtu=1500 queue="" cc=""
+hosts="" rate="1gbit" rates="" delay="" loss="" mtu=1500 queue="" cc="" shaper=htb
 size="64MiB" codec="fp32" schedule="ring" rounds=5
 binary="" out="" timeout_s="" logdir="" mode="bench" keep=0 smoke=0 open=0 gloo=0
 extra=()
@@ -113,6 +119,7 @@ while [ $# -gt 0 ]; do
 	--loss) need_arg "$@"; loss=$2; shift 2 ;;
 	--mtu) need_arg "$@"; mtu=$2; shift 2 ;;
 	--queue) need_arg "$@"; queue=$2; shift 2 ;;
+	--shaper) need_arg "$@"; shaper=$2; shift 2 ;;
 	--cc) need_arg "$@"; cc=$2; shift 2 ;;
 	--size) need_arg "$@"; size=$2; shift 2 ;;
 	--codec) need_arg "$@"; codec=$2; shift 2 ;;
@@ -214,6 +221,7 @@ for r in "${rate_list[@]}"; do
 done
 int_in "$mtu" 576 65000 || usage_err "--mtu must be 576..65000"
 [ -z "$queue" ] || int_in "$queue" 2 100000 || usage_err "--queue must be 2..100000 packets"
+case "$shaper" in htb | tbf) ;; *) usage_err "--shaper must be htb or tbf" ;; esac
 if [ -n "$cc" ] && ! grep -qw -- "$cc" /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null; then
 	usage_err "--cc $cc: not one a network namespace may use here ($(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null))"
 fi
@@ -318,14 +326,22 @@ netem_works() {
 	nsx "$BR_NS" tc qdisc del dev lo root >/dev/null 2>&1 || true
 }
 
-# shape DEV in NS to RATE with an htb class; on the host side (with_netem=1)
-# delay and loss hang under it as a netem qdisc. htb's quantum is set
-# explicitly: the default (rate/10) is far too big for fast links and only
-# earns a kernel warning.
+# shape DEV in NS to RATE with an htb class or a tbf (--shaper); on the host
+# side (with_netem=1) delay and loss hang under it as a netem qdisc. htb's
+# quantum is set explicitly: the default (rate/10) is far too big for fast
+# links and only earns a kernel warning. tbf's burst is 2 full frames or 1 ms
+# at the rate, whichever is more: small enough that tbf segments GSO packets
+# on slow links, big enough that its timer keeps up on fast ones.
 shape() { # ns dev rate with_netem
 	local ns=$1 dev=$2 r=$3 netem=$4 args=()
-	nsx "$ns" tc qdisc add dev "$dev" root handle 1: htb default 1
-	nsx "$ns" tc class add dev "$dev" parent 1: classid 1:1 htb rate "$r" ceil "$r" quantum 65536
+	if [ "$shaper" = tbf ]; then
+		local burst
+		burst=$(awk -v bps="$(rate_bps "$r")" -v m="$mtu" 'BEGIN { b = bps / 8000; f = 2 * (m + 14); printf "%d", (b > f) ? b : f }')
+		nsx "$ns" tc qdisc add dev "$dev" root handle 1: tbf rate "$r" burst "$burst" limit $((1000 * (mtu + 14)))
+	else
+		nsx "$ns" tc qdisc add dev "$dev" root handle 1: htb default 1
+		nsx "$ns" tc class add dev "$dev" parent 1: classid 1:1 htb rate "$r" ceil "$r" quantum 65536
+	fi
 	if [ "$netem" = 1 ] && [ "$use_netem" = 1 ]; then
 		[ -z "$delay" ] || args+=(delay "$delay")
 		[ -z "$loss" ] || args+=(loss "$loss")

@@ -21,7 +21,12 @@
 #                      as a real link does: with segmentation offload a message of up
 #                      to 64 KiB after idle leaves at once and is charged afterwards
 #                      (33 kB in 0.5 ms at 20 Mbit/s instead of 13.8 ms), which makes a
-#                      pipeline's activations all but free on slow links
+#                      pipeline's activations all but free on slow links; but the hosts
+#                      then pay the kernel's work per 1448-byte packet, which a NIC
+#                      that segments in hardware saves them
+#   --shaper tbf       shape with tbf instead of htb (bench/netns.sh --shaper): tbf cuts
+#                      offload packets into frames as it queues them, so messages are
+#                      spaced at the rate and the hosts keep segmentation offload
 #   --rates LIST       link rates, tc units, comma-separated; each gets its own hosts
 #                      [V: 20mbit,100mbit; B: 20mbit,100mbit,1gbit]
 #   --sizes LIST       gpt sizes, comma-separated: a (2 blocks of width 64, 0.12 M
@@ -102,7 +107,7 @@ PREFIX=p2pt
 SUBNET=10.77.0
 PORT=4001
 
-BINARY="" mode="" peers_opt="" pin=0 gso_off=0 lt_tag="" rates="" sizes="" layouts="dp,s2,s4" steps=40 warm=8 repeats=2 wall=45
+BINARY="" mode="" peers_opt="" pin=0 gso_off=0 shaper=htb lt_tag="" rates="" sizes="" layouts="dp,s2,s4" steps=40 warm=8 repeats=2 wall=45
 markdown="" timeout_s="" wait_s=0 logdir=""
 MICRO=4 PER_PEER=8
 
@@ -125,6 +130,7 @@ while [ $# -gt 0 ]; do
 	--binary) need_arg "$@"; BINARY=$2; shift 2 ;;
 	--pin) pin=1; shift ;;
 	--gso-off) gso_off=1; shift ;;
+	--shaper) need_arg "$@"; shaper=$2; shift 2 ;;
 	*) common_flag "$@"; shift 2 ;;
 	esac
 done
@@ -392,7 +398,7 @@ for hosts in "${peer_list[@]}"; do
 	DAEMON_CPUS=()
 	[ "$pin" = 0 ] || mapfile -t DAEMON_CPUS < <(seq 0 $((hosts - 1)))
 	for rate in "${rate_list[@]}"; do
-		cluster_up --rate "$rate"
+		cluster_up --rate "$rate" --shaper "$shaper"
 		if [ "$gso_off" = 1 ]; then
 			for ((i = 1; i <= hosts; i++)); do
 				ip netns exec "$(host_ns "$i")" ip link set dev eth0 gso_max_segs 1 || die "gso_max_segs 1 on $(host_ns "$i")'s eth0 failed"
