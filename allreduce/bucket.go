@@ -89,20 +89,7 @@ func (s *Session) reduceBucket(ctx context.Context, step uint64, b Bucket, out [
 	class := b.Codec.Class()
 	sch := s.scheduleFor(class)
 	shares := s.sharesFor(sch)
-	chunk, minElems := s.chunkElems(), minChunkElems
-	if b.Links == nil && class != compress.ClassSparse && class != compress.ClassLowRank {
-		// Per-link codecs would need one scale for every edge's codec, and
-		// sparse and low-rank frames do not scale with the chunk's values.
-		f := wireScale(b.Codec, chunk)
-		chunk *= f
-		if sch != ScheduleRing {
-			// The ring keeps its pipeline depth: a small bucket's segment
-			// still crosses each hop in pipelineChunks chunks, at the cost of
-			// smaller frames. The two-phase schedules gain little from depth
-			// and much from fewer frames.
-			minElems *= f
-		}
-	}
+	chunk, minElems := chunkBounds(b.Codec, s.chunkElems(), sch, b.Links != nil)
 
 	checkFrame := func(elems int) error {
 		if m := HeaderSize + b.Codec.MaxEncodedLen(elems); m > s.max {

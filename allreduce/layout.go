@@ -54,6 +54,50 @@ func wireScale(c compress.Codec, chunkElems int) int {
 	return min(max(int(math.Round(4*float64(chunkElems)/float64(enc))), 1), maxWireScale)
 }
 
+// chunkBounds returns the largest chunk and the smallest chunk a segment
+// is cut into (segChunk) for a bucket of codec c under schedule sch, from
+// the configured chunk of chunkElems values; perLink says the bucket has
+// per-link codecs.
+func chunkBounds(c compress.Codec, chunkElems int, sch Schedule, perLink bool) (chunk, minElems int) {
+	chunk, minElems = chunkElems, minChunkElems
+	if class := c.Class(); perLink || class == compress.ClassSparse || class == compress.ClassLowRank {
+		// Per-link codecs would need one scale for every edge's codec, and
+		// sparse and low-rank frames do not scale with the chunk's values.
+		return chunk, minElems
+	}
+	f := wireScale(c, chunk)
+	chunk *= f
+	if sch != ScheduleRing {
+		// The ring keeps its pipeline depth: a small bucket's segment
+		// still crosses each hop in pipelineChunks chunks, at the cost of
+		// smaller frames. The two-phase schedules gain little from depth
+		// and much from fewer frames.
+		minElems *= f
+	}
+	return chunk, minElems
+}
+
+// RingFrames returns the frames a peer sends in one flat-ring all-reduce
+// of a bucket of n values under codec c among w peers, with the
+// configured chunk of chunkBytes (0: DefaultChunkBytes): the chunks of
+// the 2(w−1) segments it passes on, w−1 in each phase (an average over the
+// peers when the segments' chunk counts differ); c nil counts fp32's
+// chunks. Per-frame costs are priced with it (pipeline's projection).
+func RingFrames(n, w int, c compress.Codec, chunkBytes int) float64 {
+	if w <= 1 || n <= 0 {
+		return 0
+	}
+	if chunkBytes <= 0 {
+		chunkBytes = DefaultChunkBytes
+	}
+	chunk, minElems := max(chunkBytes/4, 1), minChunkElems
+	if c != nil {
+		chunk, minElems = chunkBounds(c, chunk, ScheduleRing, false)
+	}
+	l := makeLayout(n, w, 1, chunk, minElems, nil)
+	return 2 * float64(w-1) / float64(w) * float64(len(l.chunks))
+}
+
 // segChunk returns the chunk size for a segment of segLen values: at most
 // chunkElems, and less, so that the segment has pipelineChunks chunks,
 // when they can stay at or above minElems (minChunkElems, times the codec's

@@ -67,10 +67,14 @@
 # one process alone. The layers are timed by `p2ptrain plan --json` at the batch one peer
 # runs at a time in the row (8 windows for data parallelism, a micro-batch of 8·S/M for
 # S stages) while P−1 copies of it time the same layers without end, three times; the
-# per-layer median of the three is what the projection gets. The same method applies to
-# every row. It does not see the CPU the daemons spend on communication (codecs,
-# encryption, the kernel's shaping), and it over-counts the contention during a
-# pipeline's fill and drain, when fewer than P processes compute.
+# per-layer median of the three is what the projection gets, with the processor figures
+# the same timings measure (the step of AdamW, the run's optimizer, per parameter; the
+# transport per message and per byte; dyn8's and fp32's coding per value: docs/pipeline.md,
+# "Projection"), also their medians. The same method applies to every row. The
+# transport is measured over loopback, not through the kernel's shaping, and the
+# projection over-counts the contention during a pipeline's fill and drain, when fewer
+# than P processes compute. Every row also shows the projection without the processor
+# terms (--cpu-costs=false), the projection of earlier versions.
 # With --pin no peer shares its core with another: the timing process runs on CPU 0
 # and its P−1 copies on CPUs 1..P−1, one each (so that the memory bus and the shared
 # caches see the load of the run), and host i's daemon on CPU i−1; the layers are
@@ -91,7 +95,9 @@
 #      medians over steps, hosts and runs; for a pipeline, AllreduceS also holds a stage's
 #      wait for the others' drain before the tied exchange, so only the sum compares);
 #      predicted and measured bytes per step (the busiest peer: the plan's SENT/PEER
-#      against the largest of the hosts' median BytesSent per step).
+#      against the largest of the hosts' median BytesSent per step); the prediction
+#      without the processor terms and the measurement's ratio to it. The predicted
+#      compute includes the optimizer's step, as the step records' ComputeS does.
 #   B: measured and predicted s/step (as above, over the whole run after 5 steps), the
 #      bytes the busiest peer sent per step, the steps done in --wall seconds, and the
 #      training loss at the end of --wall: the mean over the hosts of each host's mean
@@ -202,10 +208,10 @@ on_cpu() { [ "$pin" = 0 ] || echo "taskset -c $1"; }
 layer_times() {
 	local size=$1 p=$2 n=$3 f="$work/layers-$1-p$2-n$3$lt_tag.json" i burn=() flags beside
 	[ -s "$f" ] && { echo "$f"; return; }
-	flags="$(plan_model "$size") --peers $p --batch $((PER_PEER * p)) --micro $MICRO --time-batch $n --json"
+	flags="$(plan_model "$size") --peers $p --batch $((PER_PEER * p)) --micro $MICRO --time-batch $n --optimizer adamw --json"
 	for ((i = 1; i < p; i++)); do
 		# shellcheck disable=SC2086 # flags are words
-		timeout 300 $(on_cpu "$i") "$BIN" plan $flags --reps 1000000 >/dev/null 2>&1 &
+		timeout 300 $(on_cpu "$i") "$BIN" plan $flags --cpu-costs=false --reps 1000000 >/dev/null 2>&1 &
 		burn+=($!)
 	done
 	sleep 1 # the burners build their models and start timing
@@ -216,32 +222,40 @@ layer_times() {
 	stop_burners "${burn[@]}"
 	beside="beside $((p - 1)) processes timing the same layers"
 	[ "$pin" = 0 ] || beside="on CPU 0 alone, $beside on CPUs of their own"
-	jq -s '.[0] + {device: (.[0].device + " " + $beside), layers: [range(.[0].layers | length) as $k |
-		.[0].layers[$k] + {forward_s_per_sample: ([.[].layers[$k].forward_s_per_sample] | sort | .[length / 2 | floor]),
-		backward_s_per_sample: ([.[].layers[$k].backward_s_per_sample] | sort | .[length / 2 | floor])}]}' --arg beside "$beside" "$f".[0-9] >"$f" ||
+	jq -s 'def med(f): [.[] | f] | sort | .[length / 2 | floor];
+		. as $r | .[0] + {device: (.[0].device + " " + $beside), layers: [range(.[0].layers | length) as $k |
+		.[0].layers[$k] + {forward_s_per_sample: med(.layers[$k].forward_s_per_sample),
+		backward_s_per_sample: med(.layers[$k].backward_s_per_sample)}],
+		cpu: (.[0].cpu + {update_s_per_param: med(.cpu.update_s_per_param), message_s: med(.cpu.message_s), byte_s: med(.cpu.byte_s),
+		code_s_per_value: (.[0].cpu.code_s_per_value | with_entries(.key as $c | .value = ($r | med(.cpu.code_s_per_value[$c]))))})}' \
+		--arg beside "$beside" "$f".[0-9] >"$f" ||
 		die "combining the layer times of $f failed"
 	echo "$f"
 }
 
-# predict P RATE SIZE LAYOUT: "step_s peer_bytes compute_s comm_s" projected for
-# the row (compute: a peer's or the pipeline's; comm: the all-reduce and the tied
-# table after it).
+# predict P RATE SIZE LAYOUT: "step_s peer_bytes compute_s comm_s bare_step_s"
+# projected for the row (compute: a peer's or the pipeline's, and the optimizer's
+# step; comm: the all-reduce and the tied table after it; bare: the step without
+# the processor terms, --cpu-costs=false).
 predict() {
-	local p=$1 rate=$2 size=$3 lay=$4 s n lt out
+	local p=$1 rate=$2 size=$3 lay=$4 s n lt out bare flags
 	s=$(stages_of "$lay")
 	if [ "$s" = 1 ]; then n=$PER_PEER; else n=$((PER_PEER * s / MICRO)); fi
 	lt=$(layer_times "$size" "$p" "$n")
-	# shellcheck disable=SC2046
-	out=$("$BIN" plan $(plan_model "$size") --peers "$p" --batch $((PER_PEER * p)) --micro "$MICRO" \
-		--link "$(awk -v k="$(kbit "$rate")" 'BEGIN { printf "%.0fkbit", k * 1448 / 1514 }')" --rtt "${rtt_us}us" \
-		--grad-codecs none,dyn8 --act-codecs dyn8 --layer-times "$lt" --json) || die "p2ptrain plan failed for $p $rate $size $lay"
+	flags="$(plan_model "$size") --peers $p --batch $((PER_PEER * p)) --micro $MICRO --optimizer adamw
+		--link $(awk -v k="$(kbit "$rate")" 'BEGIN { printf "%.0fkbit", k * 1448 / 1514 }') --rtt ${rtt_us}us
+		--grad-codecs none,dyn8 --act-codecs dyn8 --layer-times $lt --json"
+	# shellcheck disable=SC2086 # flags are words
+	out=$("$BIN" plan $flags) || die "p2ptrain plan failed for $p $rate $size $lay"
+	# shellcheck disable=SC2086
+	bare=$("$BIN" plan $flags --cpu-costs=false) || die "p2ptrain plan --cpu-costs=false failed for $p $rate $size $lay"
 	if [ "$s" = 1 ]; then
 		# Pure data parallelism runs dyn8: it must be the plan's fastest codec.
 		[ "$(jq -r '[.layouts[] | select(.stages == 1)][0].grad_codec | startswith("dyn8")' <<<"$out")" = true ] ||
 			say "$p peers $rate size $size: the plan prefers another gradient codec than dyn8 for pure data parallelism"
 	fi
-	jq -r --argjson s "$s" '[.layouts[] | select(.stages == $s and ((.grad_codec // "dyn8") | startswith("dyn8")))][0] |
-		"\(.step_s) \(.peer_bytes) \(.compute_s) \(.allreduce_s + .tied_s)"' <<<"$out"
+	jq -r --argjson s "$s" --argjson bare "$bare" 'def row: [.layouts[] | select(.stages == $s and ((.grad_codec // "dyn8") | startswith("dyn8")))][0];
+		row | "\(.step_s) \(.peer_bytes) \(.compute_s + .update_s) \(.allreduce_s + .tied_s) \($bare | row | .step_s)"' <<<"$out"
 }
 
 # summarize WARM DEADLINE FILES...: from the hosts' metrics files, "interval_s
@@ -388,8 +402,8 @@ print(round(statistics.median(rt) * 1e6))' "$(host_ip 2)"
 table=$work/table.md
 : >"$table"
 if [ "$mode" = validate ]; then
-	echo "| peers | link | gpt | layout | predicted s/step | measured s/step | measured / predicted | within 15 % | predicted compute + comm | measured compute + comm | predicted bytes/step | measured bytes/step |" >>"$table"
-	echo "|---:|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|" >>"$table"
+	echo "| peers | link | gpt | layout | predicted s/step | measured s/step | measured / predicted | within 15 % | predicted compute + comm | measured compute + comm | predicted bytes/step | measured bytes/step | without processor terms: predicted, measured / predicted |" >>"$table"
+	echo "|---:|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|" >>"$table"
 else
 	echo "| peers | link | gpt | layout | s/step | predicted s/step | bytes/step (busiest peer) | steps in ${wall} s | loss at ${wall} s |" >>"$table"
 	echo "|---:|---|---|---|---:|---:|---:|---:|---:|" >>"$table"
@@ -410,7 +424,7 @@ for hosts in "${peer_list[@]}"; do
 			for lay in "${layout_list[@]}"; do
 				s=$(stages_of "$lay")
 				[ "$s" -le "$hosts" ] || { say "$hosts hosts: no $s stages (more stages than peers)"; continue; }
-				[ "$pin" = 1 ] || read -r pred pbytes pcomp pcomm <<<"$(predict "$hosts" "$rate" "$size" "$lay")"
+				[ "$pin" = 1 ] || read -r pred pbytes pcomp pcomm pbare <<<"$(predict "$hosts" "$rate" "$size" "$lay")"
 				name=$([ "$s" = 1 ] && echo "dp×$hosts" || echo "$s×$((hosts / s))")
 				runs=$repeats
 				[ "$mode" = validate ] || runs=1
@@ -428,7 +442,7 @@ for hosts in "${peer_list[@]}"; do
 					res+=("$line")
 				done
 				if [ "$pin" = 1 ]; then
-					pred=$(mid 1 "${preds[@]}") pbytes=$(mid 2 "${preds[@]}") pcomp=$(mid 3 "${preds[@]}") pcomm=$(mid 4 "${preds[@]}")
+					pred=$(mid 1 "${preds[@]}") pbytes=$(mid 2 "${preds[@]}") pcomp=$(mid 3 "${preds[@]}") pcomm=$(mid 4 "${preds[@]}") pbare=$(mid 5 "${preds[@]}")
 				fi
 				meas=$(mid 1 "${res[@]}")
 				mbytes=$(mid 2 "${res[@]}")
@@ -436,10 +450,10 @@ for hosts in "${peer_list[@]}"; do
 				mcomm=$(mid 6 "${res[@]}")
 				if [ "$mode" = validate ]; then
 					awk -v p="$hosts" -v r="$rate" -v g="$size" -v l="$name" -v a="$pred" -v m="$meas" -v pb="$pbytes" -v mb="$mbytes" -v n="$runs" \
-						-v pc="$pcomp" -v pm="$pcomm" -v mc="$mcomp" -v mm="$mcomm" 'BEGIN {
+						-v pc="$pcomp" -v pm="$pcomm" -v mc="$mcomp" -v mm="$mcomm" -v b="$pbare" 'BEGIN {
 						q = m / a; ok = (q >= 0.85 && q <= 1.15) ? "yes" : "**no**"
-						printf "| %d | %s | %s | %s | %.3f | %.3f (%d runs) | %.2f | %s | %.3f + %.3f | %.3f + %.3f | %.0f kB | %.0f kB |\n",
-							p, r, g, l, a, m, n, q, ok, pc, pm, mc, mm, pb / 1e3, mb / 1e3 }' >>"$table"
+						printf "| %d | %s | %s | %s | %.3f | %.3f (%d runs) | %.2f | %s | %.3f + %.3f | %.3f + %.3f | %.0f kB | %.0f kB | %.3f, %.2f |\n",
+							p, r, g, l, a, m, n, q, ok, pc, pm, mc, mm, pb / 1e3, mb / 1e3, b, m / b }' >>"$table"
 				else
 					read -r _ _ loss nsteps <<<"${res[0]}"
 					awk -v p="$hosts" -v r="$rate" -v g="$size" -v l="$name" -v a="$pred" -v m="$meas" -v mb="$mbytes" -v lo="$loss" -v n="$nsteps" 'BEGIN {

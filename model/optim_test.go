@@ -315,3 +315,34 @@ func TestCheckpoints(t *testing.T) {
 		t.Errorf("wrong size restore: %v", err)
 	}
 }
+
+// TestTimeOptimizerStepLeavesTheModel: timing an optimizer's step returns
+// a positive time per parameter and leaves the model's parameters and
+// gradients as they were; no repetitions, or an unknown optimizer, is an
+// error.
+func TestTimeOptimizerStepLeavesTheModel(t *testing.T) {
+	m, err := New("mlp", Config{Hidden: []int{16}}, []gpu.Device{gpu.NewCPU(0)}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for i := range m.Grads() {
+		m.Grads()[i] = 0.5
+	}
+	params, grads := slices.Clone(m.Params()), slices.Clone(m.Grads())
+	for _, name := range OptimizerNames() {
+		s, err := TimeOptimizerStep(OptimConfig{Name: name, WeightDecay: 0.1}, m, 3)
+		if err != nil || !(s > 0) || math.IsInf(s, 0) {
+			t.Errorf("%s: %g s per parameter, %v", name, s, err)
+		}
+	}
+	if !slices.Equal(params, m.Params()) || !slices.Equal(grads, m.Grads()) {
+		t.Error("timing the optimizer changed the model's parameters or gradients")
+	}
+	if _, err := TimeOptimizerStep(OptimConfig{Name: "adamw"}, m, 0); err == nil {
+		t.Error("no repetitions were accepted")
+	}
+	if _, err := TimeOptimizerStep(OptimConfig{Name: "lion"}, m, 1); err == nil {
+		t.Error("an unknown optimizer was accepted")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/compress"
 	"github.com/p2ptrain/p2ptrain/model"
 )
@@ -41,6 +42,44 @@ type CodecCost struct {
 	// AllGather says that a ring carries every peer's payload to every
 	// other (sparse codecs) instead of reducing it on the way.
 	AllGather bool
+	// Code is the processor's seconds to encode one value and decode it
+	// once, measured on the peer's device (0: not priced).
+	Code float64
+	// codec is an instance of the codec, for the ring's frame count
+	// (allreduce.RingFrames; nil: fp32's frames).
+	codec compress.Codec
+}
+
+// CPUCost is what a peer's processor spends in a step besides its layers'
+// forward and backward passes, measured on the peer's device like the
+// layer times (docs/pipeline.md). The zero value prices none of it.
+type CPUCost struct {
+	// Update is the optimizer's seconds per parameter it updates.
+	Update float64
+	// Message and Byte are the transport's seconds per message and per
+	// byte, a send and a receive together (node.WireCost).
+	Message, Byte float64
+	// Beside says the device computes beside the processor (a GPU): a
+	// pipeline's messages then delay their hop instead of taking the
+	// stages' compute time. Without it (a CPU device) every message's
+	// processor time is a stage's, and the ring's adds to its wire time.
+	Beside bool
+}
+
+// check returns an error for figures out of range.
+func (c CPUCost) check() error {
+	for _, v := range []float64{c.Update, c.Message, c.Byte} {
+		if !(v >= 0) || math.IsInf(v, 0) {
+			return fmt.Errorf("pipeline: processor costs %+v are out of range (want finite values ≥ 0)", c)
+		}
+	}
+	return nil
+}
+
+// message returns the processor time of a message of bytes on the wire
+// carrying values values coded with c, both ends together.
+func (c CPUCost) message(bytes, values float64, codec CodecCost) float64 {
+	return c.Message + bytes*c.Byte + values*codec.Code
 }
 
 // CodecCostOf returns the cost of codec spec: its MaxEncodedLen over a
@@ -55,7 +94,7 @@ func CodecCostOf(spec string) (CodecCost, error) {
 	if c.Class() == compress.ClassLowRank {
 		return CodecCost{}, fmt.Errorf("pipeline: the projection does not model low-rank codecs (%s)", c.Spec())
 	}
-	return CodecCost{Spec: c.Spec(), Ratio: float64(c.MaxEncodedLen(n)) / (4 * n), AllGather: c.Class() == compress.ClassSparse}, nil
+	return CodecCost{Spec: c.Spec(), Ratio: float64(c.MaxEncodedLen(n)) / (4 * n), AllGather: c.Class() == compress.ClassSparse, codec: c}, nil
 }
 
 // Setup is what a projection takes: the model's layers, the cluster and
@@ -72,6 +111,8 @@ type Setup struct {
 	Bandwidth, RTT float64
 	// Schedule is the pipelines' schedule.
 	Schedule Schedule
+	// CPU is what the step costs a peer's processor besides its layers.
+	CPU CPUCost
 }
 
 // Layout is the projection of one layout: S stages × R replicas (S = 1 is
@@ -101,9 +142,15 @@ type Layout struct {
 	// all-gather codec).
 	AllReduce float64
 	// Tied is the exchange of the shared token table's gradient between the
-	// first and the last stage (fp32, one transfer and RTT/2), 0 if none.
+	// first and the last stage (fp32, one transfer and RTT/2, and its
+	// messages' processor time), 0 if none.
 	Tied float64
-	// Step is Compute + AllReduce + Tied.
+	// Update is the optimizer's step on the largest stage's parameters.
+	Update float64
+	// CommCPU is the processor time of the communication that Compute,
+	// AllReduce and Tied include (the busiest peer's).
+	CommCPU float64
+	// Step is Compute + Update + AllReduce + Tied.
 	Step float64
 	// PeerBytes is the most bytes a peer sends per step: activations,
 	// activation gradients, its ring's share and the tied table.
@@ -121,19 +168,32 @@ func (l Layout) Name() string {
 	return fmt.Sprintf("%d×%d", l.Stages, l.Replicas)
 }
 
-// ring returns a ring all-reduce's time and the bytes each of r peers
-// sends, for a buffer of bytes fp32 bytes under codec c.
-func (s Setup) ring(r int, bytes float64, c CodecCost) (secs, sent float64) {
+// ring returns a ring all-reduce's time, the bytes each of r peers sends
+// and the processor time included, for a buffer of bytes fp32 bytes under
+// codec c. A peer sends and receives as many frames and bytes; each
+// frame's and byte's CPU figure covers both ends, so a peer spends it once
+// per frame it sends. It codes 2(r−1)/r of the buffer (a segment per step:
+// its own contribution, or the sum so far with its own added), or the
+// whole buffer once for an all-gather. The processor time adds to the wire
+// time: a ring hop forwards a chunk only once it has it all, decoded.
+func (s Setup) ring(r int, bytes float64, c CodecCost) (secs, sent, cpu float64) {
 	if r <= 1 {
-		return 0, 0
+		return 0, 0, 0
 	}
 	steps := 2 * float64(r-1)
 	sent = steps / float64(r) * bytes * c.Ratio
+	coded := steps / float64(r) * bytes / 4
+	var frames float64
 	if c.AllGather {
 		steps = float64(r - 1)
 		sent = steps * bytes * c.Ratio
+		coded = bytes / 4
+		frames = steps * math.Ceil(bytes*c.Ratio/allreduce.DefaultChunkBytes)
+	} else {
+		frames = allreduce.RingFrames(int(bytes/4), r, c.codec, 0)
 	}
-	return sent/s.Bandwidth + steps*s.RTT, sent
+	cpu = frames*s.CPU.Message + sent*s.CPU.Byte + coded*c.Code
+	return sent/s.Bandwidth + steps*s.RTT + cpu, sent, cpu
 }
 
 // check returns an error for a setup no layout can run.
@@ -145,6 +205,9 @@ func (s Setup) check() error {
 		return fmt.Errorf("pipeline: projecting %d peers, batch %d, %d micro-batches: want each at least 1", s.Peers, s.Batch, s.Micro)
 	case !(s.Bandwidth > 0) || math.IsInf(s.Bandwidth, 0) || !(s.RTT >= 0) || math.IsInf(s.RTT, 0):
 		return fmt.Errorf("pipeline: projecting links of %v bytes/s and RTT %v s: want a positive rate and a finite RTT ≥ 0", s.Bandwidth, s.RTT)
+	}
+	if err := s.CPU.check(); err != nil {
+		return err
 	}
 	for i, l := range s.Layers {
 		if !(l.Forward >= 0 && l.Backward >= 0) || math.IsInf(l.Forward+l.Backward, 0) || l.Params < 0 || l.OutElems < 1 || l.TiedParams < 0 {
@@ -181,8 +244,9 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 		for _, l := range s.Layers {
 			lay.Compute += per * (l.Forward + l.Backward)
 		}
-		lay.AllReduce, lay.PeerBytes = s.ring(R, 4*float64(params), grad)
-		lay.Step, lay.PeerParams = lay.Compute+lay.AllReduce, params
+		lay.AllReduce, lay.PeerBytes, lay.CommCPU = s.ring(R, 4*float64(params), grad)
+		lay.Update = float64(params) * s.CPU.Update
+		lay.Step, lay.PeerParams = lay.Compute+lay.Update+lay.AllReduce, params
 		return lay, nil
 	}
 	if s.Batch < R*s.Micro {
@@ -200,7 +264,11 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 	}
 	lay.Split = split
 	tm := Timing{Latency: s.RTT / 2}
+	if !s.CPU.Beside {
+		tm.Message = make([]float64, 0, stages-1)
+	}
 	sent := make([]float64, stages)
+	cpu := make([]float64, stages) // each stage's communication CPU
 	tiedParams := 0
 	for st := range stages {
 		lo, hi := split[st], split[st+1]
@@ -218,14 +286,29 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 		}
 		tm.Forward = append(tm.Forward, mb*f)
 		tm.Backward = append(tm.Backward, mb*b)
-		secs, ringSent := s.ring(R, 4*float64(g), grad)
+		secs, ringSent, ringCPU := s.ring(R, 4*float64(g), grad)
 		lay.AllReduce = max(lay.AllReduce, secs)
 		lay.PeerParams = max(lay.PeerParams, g)
+		lay.Update = max(lay.Update, float64(g)*s.CPU.Update)
 		sent[st] += ringSent
+		cpu[st] += ringCPU
 		if st+1 < stages {
-			bytes := mb * float64(s.Layers[hi-1].OutElems) * 4 * act.Ratio
-			tm.Transfer = append(tm.Transfer, bytes/s.Bandwidth)
-			lay.Hop = max(lay.Hop, bytes/s.Bandwidth+tm.Latency)
+			values := mb * float64(s.Layers[hi-1].OutElems)
+			bytes := values * 4 * act.Ratio
+			transfer := bytes / s.Bandwidth
+			// Both ends of the hop handle an activation and a gradient
+			// per micro-batch: one message's processor time each, half of
+			// it at either end.
+			msg := s.CPU.message(bytes, values, act)
+			cpu[st] += float64(s.Micro) * msg
+			cpu[st+1] += float64(s.Micro) * msg
+			if s.CPU.Beside {
+				transfer += msg
+			} else {
+				tm.Message = append(tm.Message, msg/2)
+			}
+			tm.Transfer = append(tm.Transfer, transfer)
+			lay.Hop = max(lay.Hop, transfer+tm.Latency)
 			sent[st] += float64(s.Micro) * bytes   // activations forward
 			sent[st+1] += float64(s.Micro) * bytes // their gradients back
 		}
@@ -252,12 +335,17 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 	}
 	if tiedParams > 0 {
 		bytes := 4 * float64(tiedParams)
-		lay.Tied = bytes/s.Bandwidth + s.RTT/2
+		// Each end sends its part and receives the other's, fp32 both.
+		msg := s.CPU.message(bytes, 0, CodecCost{})
+		lay.Tied = bytes/s.Bandwidth + s.RTT/2 + msg
 		sent[0] += bytes
 		sent[stages-1] += bytes
+		cpu[0] += msg
+		cpu[stages-1] += msg
 	}
 	lay.PeerBytes = slices.Max(sent)
-	lay.Step = lay.Compute + lay.AllReduce + lay.Tied
+	lay.CommCPU = slices.Max(cpu)
+	lay.Step = lay.Compute + lay.Update + lay.AllReduce + lay.Tied
 	return lay, nil
 }
 

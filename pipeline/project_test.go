@@ -243,3 +243,79 @@ func TestCosts(t *testing.T) {
 		}
 	}
 }
+
+// TestProjectPricesProcessorTime works the processor terms out by hand
+// for pure data parallelism: the ring's frames (allreduce.RingFrames:
+// 2 peers, 2 segments of 500 000 values in 8 chunks each, so 16 frames a
+// peer), its bytes and its coded values add to the wire time, and the
+// optimizer's step to the step; the zero CPUCost prices none of it.
+func TestProjectPricesProcessorTime(t *testing.T) {
+	s := Setup{Layers: equalLayers(2, 1e-3, 2e-3, 500_000, 10), Peers: 2, Batch: 16, Micro: 4, Bandwidth: 12.5e6, RTT: 1e-3}
+	free, err := s.Project(1, none, none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.CPU = CPUCost{Update: 2e-9, Message: 10e-6, Byte: 1e-9}
+	coded := none
+	coded.Code = 3e-9
+	l, err := s.Project(1, coded, none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 16 frames × 10 µs + 4 MB × 1 ns + 1 M values × 3 ns; 1 M parameters × 2 ns.
+	cpu := 16*10e-6 + 4e6*1e-9 + 1e6*3e-9
+	if !near(l.CommCPU, cpu) || !near(l.AllReduce, free.AllReduce+cpu) || !near(l.Update, 2e-3) ||
+		!near(l.Step, free.Step+cpu+2e-3) || !near(l.Compute, free.Compute) || !near(l.PeerBytes, free.PeerBytes) {
+		t.Errorf("with processor costs %+v, free %+v", l, free)
+	}
+	if free.CommCPU != 0 || free.Update != 0 {
+		t.Errorf("the zero CPUCost priced %v of communication and %v of update", free.CommCPU, free.Update)
+	}
+	s.CPU.Byte = math.NaN()
+	if _, err := s.Project(1, none, none); err == nil || !strings.Contains(err.Error(), "processor costs") {
+		t.Errorf("a NaN byte cost: %v", err)
+	}
+}
+
+// TestSimulateChargesMessagesToTheirStages works one micro-batch through
+// two stages by hand: each pass pays its hop's per-end message time, the
+// forward passes for the activation, the backward passes for its
+// gradient (4 ends in all), while a recomputation pays none; with the
+// device beside the processor the same seconds delay the hops instead.
+func TestSimulateChargesMessagesToTheirStages(t *testing.T) {
+	const f0, f1, b0, b1, tr, lat, m = 1.0, 2.0, 3.0, 4.0, 0.5, 0.25, 0.125
+	tm := Timing{Forward: []float64{f0, f1}, Backward: []float64{b0, b1}, Transfer: []float64{tr}, Latency: lat, Message: []float64{m}}
+	got, err := OneFOneB.Simulate(tm, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := f0 + f1 + b0 + b1 + 2*(tr+lat) + 4*m; !near(got, want) {
+		t.Errorf("one micro-batch: %v, want %v", got, want)
+	}
+	// GPipe, 2 micro-batches: every backward pass recomputes its forward
+	// pass first (the latest forward pass was another micro-batch's), and
+	// a recomputation pays no message. Stage 0: F0 [0, 1.125], F1 [1.125,
+	// 2.25]; the activations reach stage 1 at 1.875 and 3. Stage 1: F0
+	// [1.875, 4], F1 [4, 6.125], B0 recomputes (2) and runs [8.125, 12.25],
+	// B1 recomputes and runs [14.25, 18.375]; the gradients reach stage 0
+	// at 13 and 19.125. Stage 0: B0 recomputes [2.25, 3.25] and runs
+	// [13, 16.125], B1 recomputes [16.125, 17.125] and runs [19.125, 22.25].
+	if got, err = GPipe.Simulate(tm, 2); err != nil {
+		t.Fatal(err)
+	}
+	if want := 22.25; !near(got, want) {
+		t.Errorf("GPipe, 2 micro-batches: %v, want %v", got, want)
+	}
+	beside := tm
+	beside.Message, beside.Transfer = nil, []float64{tr + 2*m}
+	got, err = OneFOneB.Simulate(beside, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := f0 + f1 + b0 + b1 + 2*(tr+2*m+lat); !near(got, want) {
+		t.Errorf("beside the processor: %v, want %v", got, want)
+	}
+	if _, err := OneFOneB.Simulate(Timing{Forward: []float64{1, 1}, Backward: []float64{1, 1}, Transfer: []float64{1}, Message: []float64{1, 1}}, 1); err == nil {
+		t.Error("message times for 2 hops of a 2-stage pipeline were accepted")
+	}
+}

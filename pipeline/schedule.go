@@ -131,6 +131,22 @@ type Timing struct {
 	Forward, Backward []float64
 	Transfer          []float64
 	Latency           float64
+	// Message, when not nil, is per hop the processor time each end
+	// spends on one of its messages (the sender encoding and sending it,
+	// the receiver receiving and decoding it), on the stage's own
+	// processor: a forward pass of stage s takes hop s−1's after its
+	// activation arrives and hop s's to send its output, a backward pass
+	// the same for the gradients, and a recomputation neither.
+	Message []float64
+}
+
+// message returns hop h's per-end processor time, 0 for a hop that does
+// not exist or without Message.
+func (t Timing) message(h int) float64 {
+	if h < 0 || h >= len(t.Message) {
+		return 0
+	}
+	return t.Message[h]
 }
 
 // Simulate runs every stage's operations for micro micro-batches under t
@@ -144,8 +160,9 @@ type Timing struct {
 // the order sent, and arrives Latency after leaving it.
 func (sc Schedule) Simulate(t Timing, micro int) (float64, error) {
 	S := len(t.Forward)
-	if S == 0 || len(t.Backward) != S || len(t.Transfer) != S-1 {
-		return 0, fmt.Errorf("pipeline: timing for %d forward, %d backward stages and %d hops", len(t.Forward), len(t.Backward), len(t.Transfer))
+	if S == 0 || len(t.Backward) != S || len(t.Transfer) != S-1 || t.Message != nil && len(t.Message) != S-1 {
+		return 0, fmt.Errorf("pipeline: timing for %d forward, %d backward stages, %d hops and %d hops' message times",
+			len(t.Forward), len(t.Backward), len(t.Transfer), len(t.Message))
 	}
 	ops := make([][]Op, S)
 	for s := range S {
@@ -183,9 +200,12 @@ func (sc Schedule) Simulate(t Timing, micro int) (float64, error) {
 		for s := range S {
 			for next[s] < len(ops[s]) {
 				op := ops[s][next[s]]
-				ready, dur, start := act[s][op.Micro], t.Forward[s], free[s]
+				// Every pass receives from one neighbour and sends to
+				// the other (the ends of the pipeline one of them).
+				msgs := t.message(s-1) + t.message(s)
+				ready, dur, start := act[s][op.Micro], t.Forward[s]+msgs, free[s]
 				if op.Kind == Backward {
-					ready, dur = grad[s][op.Micro], t.Backward[s]
+					ready, dur = grad[s][op.Micro], t.Backward[s]+msgs
 					if op.Recompute {
 						// The recomputation needs only the stage's own
 						// input: the stage runs it before it waits for

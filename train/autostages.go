@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/p2ptrain/p2ptrain/compress/codecbench"
 	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/data"
 	"github.com/p2ptrain/p2ptrain/gossip"
@@ -99,6 +100,13 @@ type autoStages struct {
 	// costs are this peer's per-sample layer costs (measured at start, or
 	// Options.LayerCosts).
 	costs []pipeline.LayerCost
+	// cpu is what a step costs this peer's processor besides the layers,
+	// and code each codec's coding seconds per value (measured with the
+	// layers; zero and nil with Options.LayerCosts).
+	cpu  pipeline.CPUCost
+	code map[string]float64
+	// measureWire is Options.MeasureWire.
+	measureWire func(context.Context) (float64, float64, error)
 	// choice is the choice this peer trains with (nil: none yet; the
 	// learner is then the whole model, as for one stage).
 	choice *StagesChoice
@@ -130,7 +138,7 @@ func (t *Trainer) initAuto(o Options) error {
 	if !ok || len(ml.Devices()) != 1 {
 		return fmt.Errorf("train: train.pipeline_stages = auto needs the built-in model on one device (got a %T on %d devices)", t.l, len(t.l.Devices()))
 	}
-	t.auto = &autoStages{base: t.cfg, train: o.Train, test: o.Test, costs: slices.Clone(o.LayerCosts)}
+	t.auto = &autoStages{base: t.cfg, train: o.Train, test: o.Test, costs: slices.Clone(o.LayerCosts), measureWire: o.MeasureWire}
 	autoSettings(t.settings, t.cfg)
 	t.payload.Settings = t.settings.cluster()
 	return nil
@@ -145,9 +153,10 @@ func autoSettings(s Settings, cfg config.Train) {
 	s["train.pipeline"] = fmt.Sprintf("auto, %d micro-batches, %s activations, %s", cfg.MicroBatches, cfg.ActivationCodec, cfg.PipelineSchedule)
 }
 
-// measureLayers times the whole model's layers on this peer, unless
-// Options.LayerCosts gave them.
-func (t *Trainer) measureLayers() error {
+// measureLayers times the whole model's layers on this peer, and what a
+// step costs its processor besides them (profileCPU), unless
+// Options.LayerCosts gave the layers' costs.
+func (t *Trainer) measureLayers(ctx context.Context) error {
 	a := t.auto
 	if a == nil || a.costs != nil {
 		return nil
@@ -161,14 +170,62 @@ func (t *Trainer) measureLayers() error {
 	if err != nil {
 		return fmt.Errorf("train: train.pipeline_stages = auto: timing the layers: %w", err)
 	}
-	a.costs = costs
+	cpu, code, err := profileCPU(ctx, ml.Model(), t.cfg, []string{t.arCfg.Codec, t.cfg.ActivationCodec}, a.measureWire)
+	if err != nil {
+		return fmt.Errorf("train: train.pipeline_stages = auto: timing the processor's work besides the layers: %w", err)
+	}
+	a.costs, a.cpu, a.code = costs, cpu, code
 	var sum float64
 	for _, c := range costs {
 		sum += c.Forward + c.Backward
 	}
 	t.log.Info("timed the layers for train.pipeline_stages = auto", zap.Int("layers", len(costs)),
-		zap.Float64("ms_per_sample", sum*1e3), zap.Duration("took", time.Since(start)))
+		zap.Float64("ms_per_sample", sum*1e3), zap.Float64("update_ns_per_param", cpu.Update*1e9),
+		zap.Float64("message_us", cpu.Message*1e6), zap.Float64("byte_ns", cpu.Byte*1e9), zap.Any("code_ns_per_value", scaled(code, 1e9)),
+		zap.Duration("took", time.Since(start)))
 	return nil
+}
+
+// Sizes of profileCPU's measurements: the optimizer steps cpuUpdateReps
+// times; the codecs code cpuCodecValues values (a ring segment's order
+// of size).
+const (
+	cpuUpdateReps  = 3
+	cpuCodecValues = 1 << 20
+)
+
+// profileCPU measures what a step costs this peer's processor besides
+// m's layers (pipeline.CPUCost): the step of cfg's optimizer, every codec
+// of specs (the map: coding seconds per value, by canonical spec) and,
+// when wire is set, the transport's seconds per message and per byte.
+func profileCPU(ctx context.Context, m *model.Model, cfg config.Train, specs []string, wire func(context.Context) (float64, float64, error)) (pipeline.CPUCost, map[string]float64, error) {
+	update, err := model.TimeOptimizerStep(model.OptimConfig{Name: cfg.Optimizer, LR: cfg.LR, Momentum: cfg.Momentum, WeightDecay: cfg.WeightDecay},
+		m, cpuUpdateReps)
+	if err != nil {
+		return pipeline.CPUCost{}, nil, fmt.Errorf("the optimizer: %w", err)
+	}
+	code, err := codecbench.CodingSeconds(specs, cpuCodecValues)
+	if err != nil {
+		return pipeline.CPUCost{}, nil, err
+	}
+	c := pipeline.CPUCost{Update: update, Beside: !strings.HasPrefix(m.Devices()[0].Name(), "cpu")}
+	if wire != nil {
+		wctx, cancel := context.WithTimeout(ctx, profileBudget*10)
+		defer cancel()
+		if c.Message, c.Byte, err = wire(wctx); err != nil {
+			return pipeline.CPUCost{}, nil, fmt.Errorf("the transport: %w", err)
+		}
+	}
+	return c, code, nil
+}
+
+// scaled returns m with every value times f, for logs.
+func scaled(m map[string]float64, f float64) map[string]float64 {
+	out := make(map[string]float64, len(m))
+	for k, v := range m {
+		out[k] = v * f
+	}
+	return out
 }
 
 // profileCosts times m's layers (model.ProfileLayers) on a random batch of
@@ -278,6 +335,10 @@ type stagesInput struct {
 	// and train.activation_codec.
 	Schedule  pipeline.Schedule
 	Grad, Act string
+	// CPU is what a step costs a peer's processor besides the layers, and
+	// Code each codec's coding seconds per value by canonical spec.
+	CPU  pipeline.CPUCost
+	Code map[string]float64
 }
 
 // planStages chooses the number of stages and the cut of the layers: the
@@ -292,8 +353,9 @@ func planStages(in stagesInput) (StagesChoice, []pipeline.Layout, error) {
 	if err != nil {
 		return StagesChoice{}, nil, fmt.Errorf("train.activation_codec: %w", err)
 	}
+	grad.Code, act.Code = in.Code[grad.Spec], in.Code[act.Spec]
 	setup := pipeline.Setup{Layers: in.Costs, Peers: in.Peers, Batch: in.Batch, Micro: in.Micro,
-		Bandwidth: in.Links.Bandwidth, RTT: in.Links.RTT, Schedule: in.Schedule}
+		Bandwidth: in.Links.Bandwidth, RTT: in.Links.RTT, Schedule: in.Schedule, CPU: in.CPU}
 	layouts, err := setup.Plan([]pipeline.CodecCost{grad}, []pipeline.CodecCost{act})
 	if err != nil {
 		return StagesChoice{}, nil, err
@@ -381,7 +443,7 @@ func (t *Trainer) chooseStages(ctx context.Context, ep gossip.Epoch) (StagesChoi
 	}
 	links := t.waitLinks(ctx, ep)
 	in := stagesInput{Costs: a.costs, Peers: len(ep.Order), Batch: len(ep.Order) * a.base.BatchSize, Micro: a.base.MicroBatches,
-		Links: links, Grad: t.arCfg.Codec, Act: a.base.ActivationCodec}
+		Links: links, Grad: t.arCfg.Codec, Act: a.base.ActivationCodec, CPU: a.cpu, Code: a.code}
 	var err error
 	if in.Schedule, err = pipeline.ParseSchedule(a.base.PipelineSchedule); err != nil {
 		return StagesChoice{}, fmt.Errorf("train: train.pipeline_schedule: %w", err)
@@ -430,7 +492,8 @@ func (t *Trainer) logChoice(ep gossip.Epoch, in stagesInput, c StagesChoice, lay
 	for i, l := range layouts {
 		t.log.Info("projected layout", zap.Int("rank", i+1), zap.String("layout", l.Name()), zap.Ints("split", l.Split),
 			zap.Float64("step_s", l.Step), zap.Float64("compute_s", l.Compute), zap.Float64("bubble", l.Bubble),
-			zap.Float64("allreduce_s", l.AllReduce), zap.Float64("tied_s", l.Tied), zap.Float64("sent_mb_per_peer", l.PeerBytes/1e6),
+			zap.Float64("allreduce_s", l.AllReduce), zap.Float64("tied_s", l.Tied), zap.Float64("update_s", l.Update),
+			zap.Float64("comm_cpu_s", l.CommCPU), zap.Float64("sent_mb_per_peer", l.PeerBytes/1e6),
 			zap.Int("params_per_peer", l.PeerParams))
 	}
 }

@@ -83,6 +83,42 @@ func TestPlanStagesIsPlansFastest(t *testing.T) {
 	}
 }
 
+// TestPlanStagesPricesTheProcessor: the processor's figures reach the
+// projection: every layout's update is its largest stage's parameters
+// times the optimizer's cost, and a codec's coding time, looked up by
+// its canonical spec, raises the rings' time; a slow enough optimizer
+// step and coding turn the choice from data parallelism (every peer
+// updates the whole model) to a pipeline.
+func TestPlanStagesPricesTheProcessor(t *testing.T) {
+	cfg := config.DefaultConfig().Train
+	cfg.Model = "gpt"
+	cfg.GPT = config.GPT{Layers: 8, DModel: 512, Heads: 8, Context: 128, Vocab: 256}
+	in := stagesInput{Costs: fakeCosts(t, cfg, 10), Peers: 4, Batch: 4 * 8, Micro: 4, Schedule: pipeline.OneFOneB,
+		Links: linkSummary{Bandwidth: 10e9 / 8, RTT: 1e-4}, Grad: "dyn8", Act: "dyn8"}
+	free, _, err := planStages(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn8, err := pipeline.CodecCostOf("dyn8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.CPU = pipeline.CPUCost{Update: 100e-9, Message: 1e-5, Byte: 1e-9}
+	in.Code = map[string]float64{dyn8.Spec: 50e-9}
+	got, layouts, err := planStages(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if free.Stages != 1 || got.Stages == 1 {
+		t.Errorf("chose %v without the processor's costs and %v with them; want data parallelism, then a pipeline", free, got)
+	}
+	for _, l := range layouts {
+		if want := float64(l.PeerParams) * 100e-9; math.Abs(l.Update-want) > 1e-12 || !(l.CommCPU > 0) {
+			t.Errorf("%s: update %g s (want %g), communication's processor time %g s", l.Name(), l.Update, want, l.CommCPU)
+		}
+	}
+}
+
 // TestRingLinks: the links assumed are the slowest rate and the longest
 // RTT measured between neighbours of the ring (each direction, a reverse
 // figure standing in), the defaults when none is measured.

@@ -186,8 +186,14 @@ type Options struct {
 	Telemetry telemetry.Sink
 	// LayerCosts, when set, are the per-sample layer costs that
 	// train.pipeline_stages = "auto" chooses from, instead of the layers'
-	// times measured on this peer at start (tests).
+	// times measured on this peer at start (tests); the processor's
+	// costs besides the layers are then not priced.
 	LayerCosts []pipeline.LayerCost
+	// MeasureWire, when set, measures the transport's processor seconds
+	// per message and per byte (node.MeasureWireCost) for the projection
+	// of train.pipeline_stages = "auto"; without it messages and bytes
+	// cost no processor time there.
+	MeasureWire func(ctx context.Context) (message, byte float64, err error)
 }
 
 // New builds the built-in model, optimizer and data of the [train]
@@ -402,7 +408,7 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	if _, err := t.paramHash(ctx); err != nil {
 		return Result{}, err
 	}
-	if err := t.measureLayers(); err != nil {
+	if err := t.measureLayers(ctx); err != nil {
 		return Result{}, err
 	}
 	t.publish()

@@ -199,6 +199,10 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Status:    func(s train.Status) { n.SetTraining(trainingStatus(s)) },
 		Linger:    cfg.Train.ReadyTimeout.D() + 2*cfg.Gossip.FailureTimeout.D(),
 		Telemetry: n,
+		MeasureWire: func(ctx context.Context) (float64, float64, error) {
+			w, err := node.MeasureWireCost(ctx, nil, "", wireRounds)
+			return w.Message, w.Byte, err
+		},
 	}
 	var res train.Result
 	start := time.Now()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -37,6 +38,7 @@ type planReport struct {
 	Micro      int          `json:"micro_batches"`
 	Schedule   string       `json:"schedule"`
 	Layers     []planLayer  `json:"layers"`
+	CPU        *planCPU     `json:"cpu,omitempty"`
 	Layouts    []planLayout `json:"layouts"`
 	Fastest    string       `json:"fastest"`
 }
@@ -61,6 +63,8 @@ type planLayout struct {
 	HopS       float64 `json:"hop_s"`
 	AllReduceS float64 `json:"allreduce_s"`
 	TiedS      float64 `json:"tied_s"`
+	UpdateS    float64 `json:"update_s"`
+	CommCPUS   float64 `json:"comm_cpu_s"`
 	StepS      float64 `json:"step_s"`
 	PeerBytes  float64 `json:"peer_bytes"`
 	PeerParams int     `json:"peer_params"`
@@ -98,7 +102,9 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	device := fs.String("device", "cpu", "device `SPEC` to time the layers on, e.g. cpu or cuda:0")
 	timeBatch := fs.Int("time-batch", 0, "samples to time the layers on (`N`; default the per-peer batch, at most 4)")
 	reps := fs.Int("reps", 3, "timed passes per layer (`N`; the median counts)")
-	layerTimes := fs.String("layer-times", "", "take the per-layer times from `FILE` (the JSON of `p2ptrain plan --json` for the same model) instead of timing them")
+	layerTimes := fs.String("layer-times", "", "take the per-layer times, and the processor figures, from `FILE` (the JSON of `p2ptrain plan --json` for the same model) instead of timing them")
+	optimizer := fs.String("optimizer", "sgd", "the run's optimizer (`NAME`: "+strings.Join(model.OptimizerNames(), ", ")+"), whose step is timed")
+	cpuCosts := fs.Bool("cpu-costs", true, "price the processor time of the optimizer's step and of the communication (codecs, the transport), measured here; false: the layers' compute and the wire only")
 	top := fs.Int("top", 0, "print only the `N` fastest layouts (0: all)")
 	showLayers := fs.Bool("layers", false, "print the measured per-layer times too")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -148,14 +154,31 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	if n == 0 {
 		n = min(max(*batch / *peers, 1), 4)
 	}
+	if !slices.Contains(model.OptimizerNames(), *optimizer) {
+		return usagef("plan: --optimizer %q is not one of %s", *optimizer, strings.Join(model.OptimizerNames(), ", "))
+	}
+	var specs []string
+	for _, c := range slices.Concat(gradCosts, actCosts) {
+		specs = append(specs, c.Spec)
+	}
+	var measure *cpuRequest
+	if *cpuCosts {
+		measure = &cpuRequest{optimizer: *optimizer, specs: specs}
+	}
 	var infos []model.LayerInfo
 	var costs []pipeline.LayerCost
 	var devName string
+	var cpu *planCPU
 	if *layerTimes != "" {
-		infos, costs, devName, n, err = loadLayerTimes(*name, cfg, *layerTimes)
+		infos, costs, devName, n, cpu, err = loadLayerTimes(*name, cfg, *layerTimes)
+		if err == nil && measure != nil {
+			var c planCPU
+			c, err = measureCPU(context.Background(), nil, *optimizer, specs, cpu)
+			cpu = &c
+		}
 	} else {
 		var times []model.LayerTime
-		if infos, times, devName, err = timeLayers(*name, cfg, *device, n, *reps); err == nil {
+		if infos, times, devName, cpu, err = timeLayers(*name, cfg, *device, n, *reps, measure); err == nil {
 			costs, err = pipeline.Costs(infos, times, n)
 		}
 	}
@@ -163,19 +186,26 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	setup := pipeline.Setup{Layers: costs, Peers: *peers, Batch: *batch, Micro: *micro, Bandwidth: link.rate, RTT: rtt.Seconds(), Schedule: sc}
+	if measure == nil {
+		cpu = nil
+	} else {
+		setup.CPU, gradCosts = applyCPU(*cpu, devName, gradCosts)
+		_, actCosts = applyCPU(*cpu, devName, actCosts)
+	}
 	layouts, err := setup.Plan(gradCosts, actCosts)
 	if err != nil {
 		return err
 	}
 	rep := planReport{Model: describeModel(*name, *preset, cfg), Device: devName, TimedBatch: n, Peers: *peers, LinkBps: link.rate,
-		RTTS: rtt.Seconds(), Batch: *batch, Micro: *micro, Schedule: sc.String()}
+		RTTS: rtt.Seconds(), Batch: *batch, Micro: *micro, Schedule: sc.String(), CPU: cpu}
 	for i, in := range infos {
 		rep.Params += in.Params
 		rep.Layers = append(rep.Layers, planLayer{Layer: in.Describe, ForwardS: costs[i].Forward, BackwardS: costs[i].Backward, Params: in.Params, OutElems: in.OutElems})
 	}
 	for _, l := range layouts {
 		rep.Layouts = append(rep.Layouts, planLayout{Layout: l.Name(), Stages: l.Stages, Replicas: l.Replicas, GradCodec: l.Grad, ActCodec: l.Act,
-			Split: l.Split, PipelineS: l.Compute, Bubble: l.Bubble, HopS: l.Hop, AllReduceS: l.AllReduce, TiedS: l.Tied, StepS: l.Step,
+			Split: l.Split, PipelineS: l.Compute, Bubble: l.Bubble, HopS: l.Hop, AllReduceS: l.AllReduce, TiedS: l.Tied, UpdateS: l.Update,
+			CommCPUS: l.CommCPU, StepS: l.Step,
 			PeerBytes: l.PeerBytes, PeerParams: l.PeerParams})
 	}
 	rep.Fastest = layouts[0].Name()
@@ -219,64 +249,83 @@ func describeModel(name, preset string, cfg model.Config) string {
 	return fmt.Sprintf("gpt %s (%d blocks, d_model %d, %d heads, context %d, vocab %d)", preset, c.Layers, c.DModel, c.Heads, c.Context, c.Vocab)
 }
 
+// cpuRequest asks timeLayers to measure the processor figures too: the
+// step of optimizer and the codecs of specs (measureCPU).
+type cpuRequest struct {
+	optimizer string
+	specs     []string
+}
+
 // timeLayers builds model name on device spec for batches of n samples and
-// times its layers on a random batch.
-func timeLayers(name string, cfg model.Config, spec string, n, reps int) ([]model.LayerInfo, []model.LayerTime, string, error) {
+// times its layers on a random batch, and with cpu the processor figures
+// (nil without).
+func timeLayers(name string, cfg model.Config, spec string, n, reps int, cpu *cpuRequest) ([]model.LayerInfo, []model.LayerTime, string, *planCPU, error) {
 	infos, err := model.Layers(name, cfg)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
 	devs, err := gpu.OpenAll([]string{spec})
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("plan: --device: %w", err)
+		return nil, nil, "", nil, fmt.Errorf("plan: --device: %w", err)
 	}
 	defer gpu.CloseAll(devs)
 	cfg.MaxBatch = n
 	m, err := model.New(name, cfg, devs, 1)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
 	defer m.Close()
 	times, err := m.ProfileLayers(m.RandomBatch(n, 1), reps)
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("plan: timing %s's layers on %s: %w", name, devs[0].Name(), err)
+		return nil, nil, "", nil, fmt.Errorf("plan: timing %s's layers on %s: %w", name, devs[0].Name(), err)
 	}
-	return infos, times, devs[0].Name(), nil
+	if cpu == nil {
+		return infos, times, devs[0].Name(), nil, nil
+	}
+	c, err := measureCPU(context.Background(), m, cpu.optimizer, cpu.specs, nil)
+	if err != nil {
+		return nil, nil, "", nil, err
+	}
+	return infos, times, devs[0].Name(), &c, nil
 }
 
 // loadLayerTimes reads the per-sample layer times of a `p2ptrain plan
 // --json` report in file for model name: its layers must be the model's
 // (same count, parameters and output sizes). It returns the model's layers,
-// their costs, the times' origin and the batch they were timed on.
-func loadLayerTimes(name string, cfg model.Config, file string) ([]model.LayerInfo, []pipeline.LayerCost, string, int, error) {
+// their costs, the times' origin, the batch they were timed on and the
+// report's processor figures (nil if it has none).
+func loadLayerTimes(name string, cfg model.Config, file string) ([]model.LayerInfo, []pipeline.LayerCost, string, int, *planCPU, error) {
 	infos, err := model.Layers(name, cfg)
 	if err != nil {
-		return nil, nil, "", 0, err
+		return nil, nil, "", 0, nil, err
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return nil, nil, "", 0, fmt.Errorf("plan: --layer-times: %w", err)
+		return nil, nil, "", 0, nil, fmt.Errorf("plan: --layer-times: %w", err)
 	}
 	var rep planReport
 	if err := json.Unmarshal(b, &rep); err != nil {
-		return nil, nil, "", 0, fmt.Errorf("plan: --layer-times %s: %w", file, err)
+		return nil, nil, "", 0, nil, fmt.Errorf("plan: --layer-times %s: %w", file, err)
 	}
 	if len(rep.Layers) != len(infos) {
-		return nil, nil, "", 0, fmt.Errorf("plan: --layer-times %s has %d layers, the model %d", file, len(rep.Layers), len(infos))
+		return nil, nil, "", 0, nil, fmt.Errorf("plan: --layer-times %s has %d layers, the model %d", file, len(rep.Layers), len(infos))
 	}
 	costs := make([]pipeline.LayerCost, len(infos))
 	for i, in := range infos {
 		l := rep.Layers[i]
 		if l.Params != in.Params || l.OutElems != in.OutElems {
-			return nil, nil, "", 0, fmt.Errorf("plan: --layer-times %s: layer %d is %q (%d parameters, %d outputs), the model's %q (%d, %d)",
+			return nil, nil, "", 0, nil, fmt.Errorf("plan: --layer-times %s: layer %d is %q (%d parameters, %d outputs), the model's %q (%d, %d)",
 				file, i, l.Layer, l.Params, l.OutElems, in.Describe, in.Params, in.OutElems)
 		}
 		if !(l.ForwardS >= 0 && l.BackwardS >= 0) || math.IsInf(l.ForwardS+l.BackwardS, 0) {
-			return nil, nil, "", 0, fmt.Errorf("plan: --layer-times %s: layer %d's times %g s and %g s are out of range", file, i, l.ForwardS, l.BackwardS)
+			return nil, nil, "", 0, nil, fmt.Errorf("plan: --layer-times %s: layer %d's times %g s and %g s are out of range", file, i, l.ForwardS, l.BackwardS)
 		}
 		costs[i] = pipeline.LayerCost{Forward: l.ForwardS, Backward: l.BackwardS, Params: in.Params, Tied: in.Tied, TiedParams: in.TiedParams, OutElems: in.OutElems}
 	}
-	return infos, costs, fmt.Sprintf("%s (from %s)", rep.Device, file), rep.TimedBatch, nil
+	if err := checkCPU(rep.CPU, file); err != nil {
+		return nil, nil, "", 0, nil, err
+	}
+	return infos, costs, fmt.Sprintf("%s (from %s)", rep.Device, file), rep.TimedBatch, rep.CPU, nil
 }
 
 // printPlan writes the report as tables.
@@ -287,6 +336,19 @@ func printPlan(w io.Writer, rep planReport, showLayers bool, all []pipeline.Layo
 	}
 	fmt.Fprintf(w, "%s: %.2fM parameters, %d layers\n", rep.Model, float64(rep.Params)/1e6, len(rep.Layers))
 	fmt.Fprintf(w, "timed on %s at %d samples: %.2f ms forward+backward per sample\n", rep.Device, rep.TimedBatch, fb*1e3)
+	if c := rep.CPU; c != nil {
+		codecs := slices.Sorted(func(yield func(string) bool) {
+			for k, v := range c.Codecs {
+				if !yield(fmt.Sprintf("%s %.2f ns", shortSpec(k), v*1e9)) {
+					return
+				}
+			}
+		})
+		fmt.Fprintf(w, "processor: %s step %.2f ns per parameter; transport %.1f µs per message + %.2f ns per byte; coding per value: %s\n",
+			c.Optimizer, c.UpdateS*1e9, c.MessageS*1e6, c.ByteS*1e9, strings.Join(codecs, ", "))
+	} else {
+		fmt.Fprintln(w, "processor: not priced (--cpu-costs=false): the layers' compute and the wire only")
+	}
 	fmt.Fprintf(w, "%d peers, links %s RTT %v, batch %d, %d micro-batches per pipeline, %s\n\n",
 		rep.Peers, formatRate(rep.LinkBps), time.Duration(rep.RTTS*float64(time.Second)), rep.Batch, rep.Micro, rep.Schedule)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -304,7 +366,7 @@ func printPlan(w io.Writer, rep planReport, showLayers bool, all []pipeline.Layo
 		}
 		return s
 	}
-	fmt.Fprintln(tw, "LAYOUT\tGRAD\tACT\tSPLIT\tCOMPUTE\tBUBBLE\tHOP\tALLREDUCE\tTIED\tSTEP\tSENT/PEER\tPARAMS/PEER")
+	fmt.Fprintln(tw, "LAYOUT\tGRAD\tACT\tSPLIT\tCOMPUTE\tBUBBLE\tHOP\tALLREDUCE\tTIED\tUPDATE\tCOMM CPU\tSTEP\tSENT/PEER\tPARAMS/PEER")
 	for _, l := range rep.Layouts {
 		split := "-"
 		if len(l.Split) > 0 {
@@ -314,8 +376,8 @@ func printPlan(w io.Writer, rep planReport, showLayers bool, all []pipeline.Layo
 			}
 			split = strings.Join(parts, " ")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f%%\t%s\t%s\t%s\t%s\t%.1f MB\t%.2fM\n", l.Layout, shortSpec(dash(l.GradCodec)), shortSpec(dash(l.ActCodec)), split,
-			secs(l.PipelineS), 100*l.Bubble, secs(l.HopS), secs(l.AllReduceS), secs(l.TiedS), secs(l.StepS), l.PeerBytes/1e6, float64(l.PeerParams)/1e6)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f MB\t%.2fM\n", l.Layout, shortSpec(dash(l.GradCodec)), shortSpec(dash(l.ActCodec)), split,
+			secs(l.PipelineS), 100*l.Bubble, secs(l.HopS), secs(l.AllReduceS), secs(l.TiedS), secs(l.UpdateS), secs(l.CommCPUS), secs(l.StepS), l.PeerBytes/1e6, float64(l.PeerParams)/1e6)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

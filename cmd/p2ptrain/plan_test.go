@@ -177,3 +177,97 @@ func TestPlanLayerTimes(t *testing.T) {
 		t.Errorf("a missing file: exit %d, %q", code, errOut)
 	}
 }
+
+// TestPlanProcessorCosts checks the processor terms: the report carries
+// the figures measured here (the optimizer's step, the transport, each
+// codec by its canonical spec) and every layout the update and the
+// communication's processor time they price; --cpu-costs=false prices
+// neither; --layer-times takes the figures of its file (not measured
+// again), refuses a file without them unless --cpu-costs=false, and
+// refuses figures out of range.
+func TestPlanProcessorCosts(t *testing.T) {
+	report := func(args ...string) planReport {
+		t.Helper()
+		code, out, errOut := runCLI(t, append(append(slices.Clone(tinyPlan), "--json"), args...)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errOut)
+		}
+		var r planReport
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	rep := report("--optimizer", "adamw")
+	c := rep.CPU
+	if c == nil || c.Optimizer != "adamw" || !(c.UpdateS > 0) || !(c.MessageS > 0) || !(c.ByteS > 0) || len(c.Codecs) != 2 {
+		t.Fatalf("processor figures %+v", c)
+	}
+	for spec, v := range c.Codecs {
+		if !(v > 0) || !(spec == "none" || strings.HasPrefix(spec, "dyn8:")) {
+			t.Errorf("codec %q: %g s per value", spec, v)
+		}
+	}
+	for _, l := range rep.Layouts {
+		if l.Stages == 1 && math.Abs(l.UpdateS-float64(rep.Params)*c.UpdateS) > 1e-9*l.UpdateS || !(l.CommCPUS > 0) {
+			t.Errorf("%s %s: update %g s, communication's processor time %g s", l.Layout, l.GradCodec, l.UpdateS, l.CommCPUS)
+		}
+	}
+	bare := report("--cpu-costs=false")
+	if bare.CPU != nil {
+		t.Errorf("--cpu-costs=false reported processor figures %+v", bare.CPU)
+	}
+	for _, l := range bare.Layouts {
+		if l.UpdateS != 0 || l.CommCPUS != 0 {
+			t.Errorf("--cpu-costs=false: %s priced update %g s and communication %g s", l.Layout, l.UpdateS, l.CommCPUS)
+		}
+	}
+
+	dir := t.TempDir()
+	write := func(name string, r planReport) string {
+		t.Helper()
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	slow := rep
+	slowCPU := *rep.CPU
+	slowCPU.UpdateS = 1e-6 // a thousand times any measured step: it must come from the file
+	slow.CPU = &slowCPU
+	got := report("--optimizer", "adamw", "--layer-times", write("slow.json", slow))
+	for _, l := range got.Layouts {
+		if l.Stages == 1 && math.Abs(l.UpdateS-float64(rep.Params)*1e-6) > 1e-9 {
+			t.Errorf("%s: update %g s, not the file's %g s per parameter", l.Layout, l.UpdateS, 1e-6)
+		}
+	}
+	if got.CPU == nil || got.CPU.UpdateS != 1e-6 || got.CPU.MessageS != c.MessageS {
+		t.Errorf("processor figures %+v from a file with %+v", got.CPU, slowCPU)
+	}
+	old := rep
+	old.CPU = nil
+	oldFile := write("old.json", old)
+	code, _, errOut := runCLI(t, append(slices.Clone(tinyPlan), "--layer-times", oldFile)...)
+	if code != 1 || !strings.Contains(errOut, "--cpu-costs=false") {
+		t.Errorf("a file without processor figures: exit %d, %q", code, errOut)
+	}
+	report("--layer-times", oldFile, "--cpu-costs=false")
+	bad := rep
+	badCPU := *rep.CPU
+	badCPU.ByteS = -1
+	bad.CPU = &badCPU
+	badFile := write("bad.json", bad)
+	code, _, errOut = runCLI(t, append(slices.Clone(tinyPlan), "--layer-times", badFile)...)
+	if code != 1 || !strings.Contains(errOut, "out of range") || !strings.Contains(errOut, badFile) {
+		t.Errorf("a negative byte cost: exit %d, %q", code, errOut)
+	}
+	code, _, errOut = runCLI(t, append(slices.Clone(tinyPlan), "--optimizer", "lion")...)
+	if code != 2 || !strings.Contains(errOut, "--optimizer") {
+		t.Errorf("--optimizer lion: exit %d, %q", code, errOut)
+	}
+}

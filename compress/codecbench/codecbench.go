@@ -206,3 +206,22 @@ func WriteJSON(w io.Writer, rs []Result) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(rs)
 }
+
+// CodingSeconds returns, for every codec of specs (keyed by its canonical
+// spec), the seconds per value to encode a buffer of n values and decode
+// it once (Run's medians over 5 repeats): what a projection prices a
+// coded value at (pipeline.CodecCost.Code).
+func CodingSeconds(specs []string, n int) (map[string]float64, error) {
+	rs, err := Run(Config{Size: n, Repeats: 5, Codecs: specs})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]float64, len(rs))
+	for _, r := range rs {
+		if !(r.EncodeGBps > 0 && r.DecodeGBps > 0) || math.IsInf(r.EncodeGBps+r.DecodeGBps, 0) {
+			return nil, fmt.Errorf("codecbench: %s encoded at %g GB/s and decoded at %g GB/s", r.Codec, r.EncodeGBps, r.DecodeGBps)
+		}
+		out[r.Codec] = 4e-9/r.EncodeGBps + 4e-9/r.DecodeGBps
+	}
+	return out, nil
+}

@@ -3,6 +3,7 @@ package codecbench
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 
@@ -59,5 +60,30 @@ func TestInputDeterministic(t *testing.T) {
 		if a[i] != b[i] {
 			t.Fatal("Input is not deterministic")
 		}
+	}
+}
+
+// TestCodingSeconds: every codec asked for gets a positive, finite
+// seconds per value under its canonical spec; an unknown codec is an
+// error.
+func TestCodingSeconds(t *testing.T) {
+	got, err := CodingSeconds([]string{"none", "qsgd:bits=4"}, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	canon, err := compress.Canonical("qsgd:bits=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 {
+		t.Fatalf("%v", got)
+	}
+	for _, spec := range []string{"none", canon} {
+		if v, ok := got[spec]; !ok || !(v > 0) || math.IsInf(v, 0) {
+			t.Errorf("%s: %g s per value (present %v) in %v", spec, v, ok, got)
+		}
+	}
+	if _, err := CodingSeconds([]string{"nope"}, 4096); err == nil {
+		t.Error("an unknown codec was accepted")
 	}
 }
