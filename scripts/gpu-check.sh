@@ -22,7 +22,10 @@
 #   7. the PyTorch demo with the example's residual CNN on the GPU (4 daemons,
 #      4 PyTorch processes with --device cuda);
 #   8. scripts/bridge-overhead.sh on the CPU and on the GPU: the bridge's own
-#      cost per step with one peer.
+#      cost per step with one peer;
+#   9. `p2ptrain plan` timing the layers and the processor's work on the GPU
+#      and on the CPU, and 2 peers choosing a layout with
+#      train.pipeline_stages = auto on the GPU (a gpt on the repository's docs).
 # Logs of the demos go to $GPU_LOGS (default DIR/logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -87,6 +90,15 @@ run() {
     "$bin/p2ptrain" bench train --devices cpu --devices cuda --model cnn --batch-size 64 --steps 20
   step "bench train gpt: cpu vs cuda" 300 \
     "$bin/p2ptrain" bench train --devices cpu --devices cuda --model gpt --batch-size 8 --steps 5 --data synthetic
+  for d in cuda:0 cpu; do
+    step "plan on $d (processor terms)" 120 \
+      "$bin/p2ptrain" plan --device "$d" --preset small --peers 4 --link 100mbit --batch 32 --micro 4 --optimizer adamw --top 4 --time-batch 2
+  done
+  sed -e 's|^data = ""|data = "docs"\ndata_ext = [".md"]|' -e 's|^check_every = 25|check_every = 10\npipeline_stages = "auto"\nmicro_batches = 2|' \
+    examples/gpt-small.toml >"$logs/auto.toml"
+  step "demo: pipeline_stages = auto on the GPU (gpt)" 180 \
+    env SETUP=0 BINARY="$bin/p2ptrain" CONFIG="$logs/auto.toml" LOGDIR="$logs/auto" PEERS=2 STEPS=30 PEER_DEVICES=cuda \
+    MODEL=gpt scripts/demo.sh
   printf '[train]\ndevices = ["cuda"]\n' >"$logs/cuda.toml"
   step "demo: 4 peers training on the GPU" 300 \
     env SETUP=0 BINARY="$bin/p2ptrain" CONFIG="$logs/cuda.toml" LOGDIR="$logs/demo" PEERS=4 STEPS="${STEPS:-300}" \
