@@ -1,6 +1,7 @@
 package train
 
 import (
+	"context"
 	"errors"
 	"math"
 	"slices"
@@ -224,17 +225,23 @@ func (c linkCluster) View() ([]gossip.Member, gossip.Epoch) {
 // startAuto starts peers trainers of cfg (its train.pipeline_stages set to
 // "auto", train.min_peers to peers) on links of mbit Mbit/s and rttMs ms,
 // with the layer costs costs (nil: timed on this machine).
-func startAuto(t *testing.T, peers int, cfg func(boot ...string) config.Config, mbit, rttMs float64, costs []pipeline.LayerCost) []*trainPeer {
+func startAuto(t *testing.T, peers int, cfg func(boot ...string) config.Config, mbit, rttMs float64, costs []pipeline.LayerCost,
+	opts ...func(peer int, o *Options)) []*trainPeer {
 	t.Helper()
 	var ps []*trainPeer
-	for range peers {
+	for i := range peers {
 		c := cfg(bootstrapTo(ps)...)
 		c.Train.PipelineStages, c.Train.MinPeers = config.StagesAuto, peers
 		if err := c.Validate(); err != nil {
 			t.Fatal(err)
 		}
 		ps = append(ps, startTrainerOptions(t, c, nil, nil, func(n *node.Node) Cluster { return linkCluster{n, mbit, rttMs} },
-			func(o *Options) { o.LayerCosts = costs }))
+			func(o *Options) {
+				o.LayerCosts = costs
+				for _, f := range opts {
+					f(i, o)
+				}
+			}))
 	}
 	for _, p := range ps {
 		p.wait(t, 3*time.Minute)
@@ -299,10 +306,24 @@ func TestAutoStagesChooseHybridOnSlowLinks(t *testing.T) {
 func TestAutoStagesOneStageIsDataParallelism(t *testing.T) {
 	const steps, batch = 10, 4
 	cfg := func(boot ...string) config.Config { return gptConfig(steps, 2, batch, boot...) }
-	auto := startAuto(t, 2, cfg, 10e3, 0.01, nil)
-	for _, p := range auto {
+	// Peer 0 times the real transport, peer 1's timing fails: it trains
+	// all the same, pricing no processor time for messages.
+	auto := startAuto(t, 2, cfg, 10e3, 0.01, nil, func(i int, o *Options) {
+		o.MeasureWire = func(ctx context.Context) (float64, float64, error) {
+			if i == 1 {
+				return 1, 1, errors.New("no loopback here")
+			}
+			w, err := node.MeasureWireCost(ctx, nil, "", 20)
+			return w.Message, w.Byte, err
+		}
+	})
+	for i, p := range auto {
 		if c := p.tr.auto.choice; c == nil || c.Stages != 1 {
 			t.Fatalf("peer %s chose %v over free links; want 1 stage", p.n.ID(), c)
+		}
+		if cpu := p.tr.auto.cpu; !(cpu.Update > 0) || (i == 0) != (cpu.Message > 0 && cpu.Byte > 0) || i == 1 && (cpu.Message != 0 || cpu.Byte != 0) ||
+			len(p.tr.auto.code) != 2 {
+			t.Errorf("peer %d's processor figures: %+v, codecs %v", i, cpu, p.tr.auto.code)
 		}
 		if _, ok := p.tr.l.(*ModelLearner); !ok {
 			t.Fatalf("peer %s trains a %T, not the whole model", p.n.ID(), p.tr.l)
