@@ -139,7 +139,7 @@ type Layout struct {
 	// AllReduce is the slowest stage's ring all-reduce of its gradients
 	// across its R replicas: 2(R−1)/R × its gradient bytes × the codec's
 	// ratio / bandwidth + 2(R−1) × RTT ((R−1) × the payload for an
-	// all-gather codec).
+	// all-gather codec), plus its processor time (Setup.CPU).
 	AllReduce float64
 	// Tied is the exchange of the shared token table's gradient between the
 	// first and the last stage (fp32, one transfer and RTT/2, and its
@@ -228,6 +228,11 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 	}
 	if stages < 1 || s.Peers%stages != 0 || stages > len(s.Layers) {
 		return Layout{}, fmt.Errorf("pipeline: %d stages do not fit %d peers and %d layers", stages, s.Peers, len(s.Layers))
+	}
+	for _, c := range []CodecCost{grad, act} {
+		if !(c.Code >= 0) || math.IsInf(c.Code, 0) {
+			return Layout{}, fmt.Errorf("pipeline: codec %s's coding time %v s per value is out of range (want finite, ≥ 0)", c.Spec, c.Code)
+		}
 	}
 	R := s.Peers / stages
 	lay := Layout{Stages: stages, Replicas: R, Micro: s.Micro, Grad: grad.Spec}

@@ -271,6 +271,10 @@ func TestProjectPricesProcessorTime(t *testing.T) {
 	if free.CommCPU != 0 || free.Update != 0 {
 		t.Errorf("the zero CPUCost priced %v of communication and %v of update", free.CommCPU, free.Update)
 	}
+	coded.Code = -1
+	if _, err := s.Project(1, coded, none); err == nil || !strings.Contains(err.Error(), "coding time") {
+		t.Errorf("a negative coding time: %v", err)
+	}
 	s.CPU.Byte = math.NaN()
 	if _, err := s.Project(1, none, none); err == nil || !strings.Contains(err.Error(), "processor costs") {
 		t.Errorf("a NaN byte cost: %v", err)
@@ -317,5 +321,42 @@ func TestSimulateChargesMessagesToTheirStages(t *testing.T) {
 	}
 	if _, err := OneFOneB.Simulate(Timing{Forward: []float64{1, 1}, Backward: []float64{1, 1}, Transfer: []float64{1}, Message: []float64{1, 1}}, 1); err == nil {
 		t.Error("message times for 2 hops of a 2-stage pipeline were accepted")
+	}
+}
+
+// TestProjectPricesPipelineMessages: a 2-stage pipeline's messages cost
+// each end half a message's processor time in its passes (the simulation
+// with Timing.Message), or, beside a GPU, delay their hop by the whole of
+// it; CommCPU is a stage's M activations or gradients each way, and the
+// update the larger stage's parameters.
+func TestProjectPricesPipelineMessages(t *testing.T) {
+	s := Setup{Layers: equalLayers(4, 1e-3, 2e-3, 1000, 64), Peers: 2, Batch: 16, Micro: 4, Bandwidth: 1e9,
+		CPU: CPUCost{Update: 1e-6, Message: 1e-4, Byte: 1e-9}}
+	act := none
+	act.Code = 2e-9
+	// 4 samples a micro-batch × 64 values: 1024 bytes of fp32.
+	msg := 1e-4 + 1024*1e-9 + 256*2e-9
+	tm := Timing{Forward: []float64{8e-3, 8e-3}, Backward: []float64{16e-3, 16e-3}, Transfer: []float64{1024 / 1e9}, Message: []float64{msg / 2}}
+	want, err := OneFOneB.Simulate(tm, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.Project(2, none, act)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(l.Compute, want) || !near(l.CommCPU, 4*msg) || !near(l.Update, 2000*1e-6) || !near(l.Step, want+2000*1e-6) {
+		t.Errorf("%+v; want compute %v, communication's processor time %v", l, want, 4*msg)
+	}
+	s.CPU.Beside = true
+	tm.Message, tm.Transfer = nil, []float64{1024/1e9 + msg}
+	if want, err = OneFOneB.Simulate(tm, 4); err != nil {
+		t.Fatal(err)
+	}
+	if l, err = s.Project(2, none, act); err != nil {
+		t.Fatal(err)
+	}
+	if !near(l.Compute, want) || !near(l.Hop, 1024/1e9+msg) || !near(l.CommCPU, 4*msg) {
+		t.Errorf("beside a GPU: %+v; want compute %v, hop %v", l, want, 1024/1e9+msg)
 	}
 }
