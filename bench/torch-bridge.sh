@@ -109,8 +109,10 @@
 # timestamps) and bytes sent per step.
 #
 # Needs root, iproute2, Go, Debian's /usr/bin/python3 with torch (not the pyenv one)
-# and Fashion-MNIST (/usr/share/datasets/fashion-mnist). Exits 1 on any failure, 2 on
-# bad usage. A trap on EXIT/INT/TERM kills every process it started and removes the
+# and Fashion-MNIST (/usr/share/datasets/fashion-mnist). On a machine without Go or
+# Debian's packages (a GPU machine: scripts/gpu-check.sh), BINARY names a prebuilt
+# p2ptrain, PYTHON another python3 with torch, and P2PTRAIN_DATA the folder of the
+# Fashion-MNIST files. Exits 1 on any failure, 2 on bad usage. A trap on EXIT/INT/TERM kills every process it started and removes the
 # namespaces (bench/netns.sh --cleanup), but only when this script made them: when
 # p2pt-* namespaces exist at the start (another run's), it waits (--wait) or fails,
 # and never touches them.
@@ -121,7 +123,7 @@ PREFIX=p2pt
 SUBNET=10.77.0
 PORT=4001
 DDP_PORT=29500
-PY=/usr/bin/python3
+PY=${PYTHON:-/usr/bin/python3}
 SCRIPT=$ROOT/python/examples/fashion_mnist.py # run with --model mlp (the shape the Go trainer has)
 
 hosts=4 rate=100mbit steps=300 batch=64 hidden=256 codecs="none,sint8,qsgd:bits=4"
@@ -183,7 +185,7 @@ last_step=$((steps / 50 * 50))
 
 [ "$(id -u)" = 0 ] || die "needs root (network namespaces, tc)"
 command -v ip >/dev/null 2>&1 || die "ip (iproute2) is not on PATH"
-command -v go >/dev/null 2>&1 || die "go is not on PATH"
+[ -n "${BINARY:-}" ] || command -v go >/dev/null 2>&1 || die "go is not on PATH (or set BINARY to a p2ptrain binary)"
 [ -x "$PY" ] || die "$PY not found (Debian's python3 with python3-torch)"
 [ "$do_bridge$do_ddp" = 00 ] || "$PY" -c 'import torch' 2>/dev/null ||
 	die "$PY cannot import torch (scripts/setup.sh installs python3-torch)"
