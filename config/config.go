@@ -167,6 +167,12 @@ type Train struct {
 	// parallelism, StagesAuto ("auto") lets the ring coordinator choose
 	// when training starts.
 	PipelineStages Stages `toml:"pipeline_stages"`
+	// PipelineSplit, when set, is the cut of the model's layers into the
+	// PipelineStages stages: stage s holds layers [PipelineSplit[s],
+	// PipelineSplit[s+1]), from 0 to the layer count (`p2ptrain plan`
+	// prints one balanced by measured times). Empty: balanced by the
+	// layers' parameter counts.
+	PipelineSplit []int `toml:"pipeline_split"`
 	// MicroBatches is the number of micro-batches a pipeline cuts each
 	// step's batch_size samples into (with PipelineStages > 1).
 	MicroBatches int `toml:"micro_batches"`
@@ -472,6 +478,7 @@ func DefaultConfig() Config {
 			OuterLR:            0.7,
 			OuterMomentum:      0.9,
 			PipelineStages:     1,
+			PipelineSplit:      []int{},
 			MicroBatches:       4,
 			ActivationCodec:    "dyn8",
 			PipelineSchedule:   "1f1b",
@@ -786,6 +793,9 @@ func (t *Train) validatePipeline(bad func(key, format string, args ...any)) {
 		bad("train.pipeline_stages", "%v must be in [1, 256] or \"auto\" (1: pure data parallelism; auto: the ring coordinator chooses when training starts)", s)
 		return
 	}
+	if len(t.PipelineSplit) > 0 && (s.Auto() || s < 2) {
+		bad("train.pipeline_split", "%v needs a fixed train.pipeline_stages of 2 or more, not %v (auto cuts by the coordinator's measured layer times)", t.PipelineSplit, s)
+	}
 	if s == 1 {
 		return
 	}
@@ -795,8 +805,19 @@ func (t *Train) validatePipeline(bad func(key, format string, args ...any)) {
 		bad("train.micro_batches", "%d is above train.batch_size (%d): each of a pipeline's micro-batches needs a sample", t.MicroBatches, t.BatchSize)
 	}
 	cfg := model.Config{Hidden: t.Hidden, MaxBatch: 1, GPT: model.GPTConfig{Layers: t.GPT.Layers, DModel: t.GPT.DModel, Heads: t.GPT.Heads, Context: t.GPT.Context, Vocab: t.GPT.Vocab}}
-	if layers, err := model.Layers(t.Model, cfg); !s.Auto() && err == nil && len(layers) < int(s) {
+	layers, err := model.Layers(t.Model, cfg)
+	if !s.Auto() && err == nil && len(layers) < int(s) {
 		bad("train.pipeline_stages", "%d stages need a model of at least %d layers; %s has %d (the gpt has train.gpt.layers + 3, the mlp len(train.hidden) + 1)", s, s, t.Model, len(layers))
+	}
+	if sp := pipeline.Split(t.PipelineSplit); len(sp) > 0 && !s.Auto() {
+		switch {
+		case sp.Stages() != int(s):
+			bad("train.pipeline_split", "%v has %d boundaries; train.pipeline_stages = %d needs %d: 0, the first layer of every later stage, and the layer count", t.PipelineSplit, len(sp), s, int(s)+1)
+		case err == nil:
+			if err := sp.Check(len(layers)); err != nil {
+				bad("train.pipeline_split", "%v: %s has %d layers: %v", t.PipelineSplit, t.Model, len(layers), err)
+			}
+		}
 	}
 	for _, c := range []struct {
 		key string

@@ -25,6 +25,8 @@ func TestPipelineKeysAreValidated(t *testing.T) {
 		},
 		func(c *Config) { c.Train.PipelineStages = 3; c.Train.Hidden = []int{64, 64} }, // the mlp: 3 layers
 		func(c *Config) { gpt(c); c.Train.PipelineStages = StagesAuto },
+		func(c *Config) { gpt(c); c.Train.PipelineSplit = []int{0, 4, 5} }, // a cut of p2ptrain plan's
+		func(c *Config) { gpt(c); c.Train.PipelineStages = 3; c.Train.PipelineSplit = []int{0, 1, 2, 5} },
 		// auto: micro-batches above batch_size only rule out the layouts
 		// whose pipelines (S × batch_size samples) cannot hold them.
 		func(c *Config) {
@@ -62,6 +64,14 @@ func TestPipelineKeysAreValidated(t *testing.T) {
 		{func(c *Config) { gpt(c); c.Train.ClipNorm = 1 }, []string{"train.clip_norm", "global gradient norm"}},
 		{func(c *Config) { gpt(c); c.Train.CheckpointDir = t.TempDir() }, []string{"train.checkpoint_dir", "pipeline_stages = 2"}},
 		{func(c *Config) { gpt(c); c.Train.Trainer = TrainerExternal }, []string{"train.trainer", "built-in"}},
+		{func(c *Config) { gpt(c); c.Train.PipelineSplit = []int{0, 2, 4, 5} }, []string{"train.pipeline_split", "has 4 boundaries", "pipeline_stages = 2 needs 3"}},
+		{func(c *Config) { gpt(c); c.Train.PipelineSplit = []int{0, 6} }, []string{"train.pipeline_split", "has 2 boundaries"}},
+		{func(c *Config) { gpt(c); c.Train.PipelineSplit = []int{0, 3, 6} }, []string{"train.pipeline_split", "gpt has 5 layers", "does not cover 5"}},
+		{func(c *Config) { gpt(c); c.Train.PipelineSplit = []int{1, 3, 5} }, []string{"train.pipeline_split", "does not cover"}},
+		{func(c *Config) { gpt(c); c.Train.PipelineSplit = []int{0, 0, 5} }, []string{"train.pipeline_split", "empty stage 0"}},
+		{func(c *Config) { gpt(c); c.Train.PipelineStages = StagesAuto; c.Train.PipelineSplit = []int{0, 3, 5} },
+			[]string{"train.pipeline_split", "fixed train.pipeline_stages", "auto"}},
+		{func(c *Config) { c.Train.PipelineSplit = []int{0, 2} }, []string{"train.pipeline_split", "not 1"}},
 	} {
 		c := base()
 		tc.edit(&c)

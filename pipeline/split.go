@@ -24,8 +24,8 @@ func (sp Split) Costs(costs []float64) []float64 {
 	return out
 }
 
-// check returns an error unless sp cuts n layers into non-empty stages.
-func (sp Split) check(n int) error {
+// Check returns an error unless sp cuts n layers into non-empty stages.
+func (sp Split) Check(n int) error {
 	if len(sp) < 2 || sp[0] != 0 || sp[len(sp)-1] != n {
 		return fmt.Errorf("pipeline: split %v does not cover %d layers from 0", []int(sp), n)
 	}

@@ -91,7 +91,7 @@ func TestBalanceMatchesBruteForce(t *testing.T) {
 		if math.Abs(opt-bestV) > 1e-12 || !slices.Equal(got, first) {
 			t.Fatalf("Balance(%v, %d) = %v (%v), brute force %v (%v)", costs, k, got, opt, first, bestV)
 		}
-		if err := got.check(n); err != nil {
+		if err := got.Check(n); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -116,7 +116,7 @@ func TestBalanceErrors(t *testing.T) {
 		}
 	}
 	for _, sp := range []Split{{0}, {1, 3}, {0, 2, 2, 3}, {0, 2}} {
-		if err := sp.check(3); err == nil {
+		if err := sp.Check(3); err == nil {
 			t.Errorf("split %v of 3 layers: no error", sp)
 		}
 	}

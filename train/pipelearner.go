@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -22,8 +23,9 @@ import (
 // epoch's transport (Begin), and passes the loss the last stage computes
 // back to every stage; BeforeApply adds the other end's part of the shared
 // token table's gradient. Which stage it holds changes with the ring
-// epoch's layout (SetStage). Every peer cuts the model alike: Balance over
-// the layers' parameter counts (pipeline.ParamCosts).
+// epoch's layout (SetStage). Every peer cuts the model alike: by
+// train.pipeline_split, or Balance over the layers' parameter counts
+// (pipeline.ParamCosts).
 type PipeLearner struct {
 	cfg  config.Train
 	mcfg model.Config
@@ -81,7 +83,15 @@ func NewPipeLearner(cfg config.Train, bucketBytes int, train, test *data.Dataset
 	if l.layers, err = model.Layers(cfg.Model, l.mcfg); err != nil {
 		return nil, err
 	}
-	if l.split, _, err = pipeline.Balance(pipeline.ParamCosts(l.layers), int(cfg.PipelineStages)); err != nil {
+	if len(cfg.PipelineSplit) > 0 {
+		l.split = slices.Clone(pipeline.Split(cfg.PipelineSplit))
+		if err := l.split.Check(len(l.layers)); err != nil {
+			return nil, fmt.Errorf("train: train.pipeline_split: %s has %d layers: %w", cfg.Model, len(l.layers), err)
+		}
+		if l.split.Stages() != int(cfg.PipelineStages) {
+			return nil, fmt.Errorf("train: train.pipeline_split %v cuts %d stages, train.pipeline_stages is %d", cfg.PipelineSplit, l.split.Stages(), cfg.PipelineStages)
+		}
+	} else if l.split, _, err = pipeline.Balance(pipeline.ParamCosts(l.layers), int(cfg.PipelineStages)); err != nil {
 		return nil, fmt.Errorf("train: train.pipeline_stages: %s has %d layers: %w", cfg.Model, len(l.layers), err)
 	}
 	if l.dev, err = gpu.Open(cfg.Devices[0]); err != nil {

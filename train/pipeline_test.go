@@ -13,6 +13,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/model"
+	"github.com/p2ptrain/p2ptrain/pipeline"
 	"github.com/p2ptrain/p2ptrain/telemetry"
 )
 
@@ -355,4 +356,52 @@ func TestPipelineMLPMatchesOnePeer(t *testing.T) {
 		t.Fatalf("the pipelined mlp did not learn: loss %.3f → %.3f", b[0], b[steps-1])
 	}
 	t.Logf("mlp in 2 stages: loss %.4f → %.4f, largest relative difference from one peer %.2g", b[0], b[steps-1], worst)
+}
+
+// TestPipelineSplitFromConfig: train.pipeline_split cuts the model where
+// it says (here the cut that balancing by parameter counts does not
+// choose), every stage holds its layers, and the pipeline still follows
+// one peer's training step for step.
+func TestPipelineSplitFromConfig(t *testing.T) {
+	requireDataset(t)
+	const steps = 20
+	base := trainConfig(steps, 2)
+	infos, err := model.Layers("mlp", model.Config{Hidden: base.Train.Hidden})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byParams, _, err := pipeline.Balance(pipeline.ParamCosts(infos), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	split := []int{0, 1, len(infos)}
+	if slices.Equal(split, []int(byParams)) {
+		split = []int{0, len(infos) - 1, len(infos)}
+	}
+	one := startTrainer(t, trainConfig(steps, 1), nil)
+	one.wait(t, time.Minute)
+	var ps []*trainPeer
+	for range 2 {
+		cfg := trainConfig(steps, 2, bootstrapTo(ps)...)
+		cfg.Train.PipelineStages, cfg.Train.MicroBatches, cfg.Train.ActivationCodec = 2, 4, "none"
+		cfg.Train.PipelineSplit = split
+		ps = append(ps, startTrainer(t, cfg, nil))
+	}
+	for _, p := range append(ps, one) {
+		p.wait(t, time.Minute)
+		if p.err != nil || p.res.Step != steps {
+			t.Fatalf("peer %s: step %d, %v", p.n.ID(), p.res.Step, p.err)
+		}
+	}
+	for _, p := range ps {
+		if got := stagePeer(t, p).Split(); !slices.Equal([]int(got), split) {
+			t.Errorf("peer %s cut the model at %v, not train.pipeline_split %v (by parameters: %v)", p.n.ID(), got, split, byParams)
+		}
+	}
+	a, b := stepLosses([]*trainPeer{one}, steps), stepLosses(ps, steps)
+	for i := range a {
+		if math.Abs(a[i]-b[i]) > 1e-5*a[i] {
+			t.Fatalf("step %d: loss %v in 2 stages cut at %v, %v on one peer", i+1, b[i], split, a[i])
+		}
+	}
 }

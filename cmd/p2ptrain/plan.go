@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -392,6 +393,20 @@ func printPlan(w io.Writer, rep planReport, showLayers bool, all []pipeline.Layo
 		if l.Stages == 1 && best.Stages > 1 {
 			line += fmt.Sprintf(" (pure data parallelism at best, with %s gradients: %s, ×%.2f)", shortSpec(dash(l.Grad)), secs(l.Step), l.Step/best.Step)
 			break
+		}
+	}
+	if best.Stages > 1 {
+		// The cut balanced by the times measured here, as settings every
+		// peer gives (a fixed train.pipeline_stages cuts by parameter
+		// counts otherwise).
+		var cut []string
+		for _, v := range best.Split {
+			cut = append(cut, strconv.Itoa(v))
+		}
+		line += fmt.Sprintf("\nto train it: --set train.pipeline_stages=%d --set train.pipeline_split=%s --set train.batch_size=%d --set train.micro_batches=%d --set train.activation_codec=%s",
+			best.Stages, strings.Join(cut, ","), rep.Batch/best.Replicas, best.Micro, best.Act)
+		if best.Grad != "" {
+			line += " --codec " + best.Grad
 		}
 	}
 	_, err := fmt.Fprintln(w, line)

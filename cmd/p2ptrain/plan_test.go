@@ -2,11 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -269,5 +271,53 @@ func TestPlanProcessorCosts(t *testing.T) {
 	code, _, errOut = runCLI(t, append(slices.Clone(tinyPlan), "--optimizer", "lion")...)
 	if code != 2 || !strings.Contains(errOut, "--optimizer") {
 		t.Errorf("--optimizer lion: exit %d, %q", code, errOut)
+	}
+}
+
+// TestPlanPrintsTheSettingsOfItsChoice: when the fastest layout is a
+// pipeline, the table ends with the settings that train it (its stages,
+// its cut as train.pipeline_split, the batch per pipeline, the
+// micro-batches and the codecs), the cut the JSON report gives for it;
+// pure data parallelism prints none. Layer times from one file make both
+// projections the same.
+func TestPlanPrintsTheSettingsOfItsChoice(t *testing.T) {
+	code, out, errOut := runCLI(t, append(tinyPlan, "--json")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	file := filepath.Join(t.TempDir(), "times.json")
+	if err := os.WriteFile(file, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, link := range []string{"1mbit", "100gbit"} {
+		args := append(slices.Clone(tinyPlan), "--layer-times", file, "--link", link)
+		code, js, errOut := runCLI(t, append(slices.Clone(args), "--json")...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", link, code, errOut)
+		}
+		var rep planReport
+		if err := json.Unmarshal([]byte(js), &rep); err != nil {
+			t.Fatal(err)
+		}
+		code, text, errOut := runCLI(t, args...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", link, code, errOut)
+		}
+		best := rep.Layouts[0]
+		if best.Stages == 1 {
+			if strings.Contains(text, "to train it") {
+				t.Errorf("%s: data parallelism is fastest, yet:\n%s", link, text)
+			}
+			continue
+		}
+		var cut []string
+		for _, v := range best.Split {
+			cut = append(cut, strconv.Itoa(v))
+		}
+		want := fmt.Sprintf("to train it: --set train.pipeline_stages=%d --set train.pipeline_split=%s --set train.batch_size=%d --set train.micro_batches=2 --set train.activation_codec=%s",
+			best.Stages, strings.Join(cut, ","), 8/best.Replicas, best.ActCodec)
+		if !strings.Contains(text, want) {
+			t.Errorf("%s: fastest %s split %v; no %q in\n%s", link, best.Layout, best.Split, want, text)
+		}
 	}
 }
