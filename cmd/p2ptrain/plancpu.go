@@ -39,10 +39,10 @@ const (
 	wireRounds  = 200
 )
 
-// measureCPU measures on this machine what cost needs: the step of
-// optimizer on m's parameters, every codec
-// of specs that have carries no figure for, and the transport, unless
-// have holds them. Its figures replace none of have's.
+// measureCPU measures on this machine the processor figures have (the
+// report of --layer-times; nil: none) lacks: the step of optimizer on m's
+// parameters (m nil: have must hold that optimizer's), every codec of
+// specs without a figure, and the transport. It keeps all of have's.
 func measureCPU(ctx context.Context, m *model.Model, optimizer string, specs []string, have *planCPU) (planCPU, error) {
 	out := planCPU{Optimizer: optimizer}
 	if have != nil {
