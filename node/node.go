@@ -50,6 +50,7 @@ const leaveGrace = 300 * time.Millisecond
 // Node is one running peer. Create it with New; stop it with Close.
 type Node struct {
 	cfg   config.Config
+	psk   pnet.PSK // the swarm key (nil: none)
 	log   *zap.Logger
 	host  host.Host
 	cm    *connmgr.BasicConnMgr
@@ -129,7 +130,7 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 	if err != nil {
 		return nil, fmt.Errorf("node: peer ID of the identity: %w", err)
 	}
-	n := &Node{cfg: cfg, log: log, bw: metrics.NewBandwidthCounter(), history: telemetry.NewHistory(historyRecords),
+	n := &Node{cfg: cfg, psk: psk, log: log, bw: metrics.NewBandwidthCounter(), history: telemetry.NewHistory(historyRecords),
 		relays: &relaySource{self: self, bootstrap: boot}}
 	nat.relays = n.relays.source
 	n.host, n.cm, err = newHost(hostParams{identity: identity, psk: psk, pskMode: cfg.Node.SwarmKeyMode, log: log.Named("security"), listen: listen, maxPeers: cfg.Node.MaxPeers, bw: n.bw, nat: nat})

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"slices"
@@ -95,13 +96,20 @@ func MeasureWireCost(ctx context.Context, psk pnet.PSK, mode string, rounds int)
 	return WireCost{Message: rt[0] / 2, Byte: max(rt[1]-rt[0], 0) / float64(wireCostLarge-wireCostSmall)}, nil
 }
 
+// MeasureWireCost times the transport with this node's own security (its
+// swarm key in its node.swarm_key_mode): the package's MeasureWireCost
+// for its cluster.
+func (n *Node) MeasureWireCost(ctx context.Context, rounds int) (WireCost, error) {
+	return MeasureWireCost(ctx, n.psk, n.cfg.Node.SwarmKeyMode, rounds)
+}
+
 // bounce sends rounds+1 messages of size bytes on st, each after the
 // previous one's 1-byte reply, and returns the median round trip in
 // seconds of all but the first. A message starts with its size (4 bytes,
 // big-endian, counted in size).
 func bounce(st network.Stream, size, rounds int) (float64, error) {
 	msg := make([]byte, size)
-	msg[0], msg[1], msg[2], msg[3] = byte(size>>24), byte(size>>16), byte(size>>8), byte(size)
+	binary.BigEndian.PutUint32(msg, uint32(size))
 	reply := make([]byte, 1)
 	times := make([]float64, 0, rounds)
 	for r := range rounds + 1 {
@@ -130,7 +138,7 @@ func echoSized(st network.Stream) {
 		if _, err := io.ReadFull(st, hdr); err != nil {
 			return
 		}
-		n := int(hdr[0])<<24 | int(hdr[1])<<16 | int(hdr[2])<<8 | int(hdr[3])
+		n := int(binary.BigEndian.Uint32(hdr))
 		if n < 4 || n > wireCostLarge {
 			st.Reset()
 			return

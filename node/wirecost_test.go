@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"math"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -38,5 +39,30 @@ func TestMeasureWireCost(t *testing.T) {
 	}
 	if _, err := MeasureWireCost(ctx, nil, "", 0); err == nil || !strings.Contains(err.Error(), "0 rounds") {
 		t.Errorf("no rounds: %v", err)
+	}
+}
+
+// TestNodeMeasuresItsOwnTransport: a node with a swarm key, in either
+// mode, times the transport with its own security: the two hosts of the
+// measurement connect (a mismatch of key or mode could not) and the
+// figures come out positive.
+func TestNodeMeasuresItsOwnTransport(t *testing.T) {
+	for _, mode := range []string{config.SwarmKeyNoise, config.SwarmKeyPnet} {
+		key := filepath.Join(t.TempDir(), "swarm.key")
+		if err := WriteSwarmKey(key); err != nil {
+			t.Fatal(err)
+		}
+		cfg := testConfig()
+		cfg.Node.SwarmKey, cfg.Node.SwarmKeyMode = key, mode
+		n := startNode(t, cfg, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		w, err := n.MeasureWireCost(ctx, 10)
+		cancel()
+		if err != nil || !(w.Message > 0) || !(w.Byte > 0) {
+			t.Errorf("%s: %+v, %v", mode, w, err)
+		}
+		if n.psk == nil {
+			t.Errorf("%s: the node kept no swarm key to measure with", mode)
+		}
 	}
 }

@@ -322,6 +322,29 @@ func TestPipelineKilledPeerRetriesAfterJoiner(t *testing.T) {
 		k.step, held, idle, firstStep-1, stagePeer(t, joiner).Stage(), failed)
 }
 
+// mlpStagesAndOnePeer trains the mlp for steps steps on one peer, whole,
+// and on 2 peers as 2 stages (4 micro-batches, `none` activations, cut at
+// split; nil: by parameter counts), and returns the stage peers and the
+// step losses of one peer and of the pipeline.
+func mlpStagesAndOnePeer(t *testing.T, steps int, split []int) (stages []*trainPeer, one, piped []float64) {
+	t.Helper()
+	whole := startTrainer(t, trainConfig(steps, 1), nil)
+	whole.wait(t, time.Minute)
+	for range 2 {
+		cfg := trainConfig(steps, 2, bootstrapTo(stages)...)
+		cfg.Train.PipelineStages, cfg.Train.MicroBatches, cfg.Train.ActivationCodec = 2, 4, "none"
+		cfg.Train.PipelineSplit = split
+		stages = append(stages, startTrainer(t, cfg, nil))
+	}
+	for _, p := range append(stages, whole) {
+		p.wait(t, time.Minute)
+		if p.err != nil || p.res.Step != uint64(steps) {
+			t.Fatalf("peer %s: step %d, %v", p.n.ID(), p.res.Step, p.err)
+		}
+	}
+	return stages, stepLosses([]*trainPeer{whole}, steps), stepLosses(stages, steps)
+}
+
 // TestPipelineMLPMatchesOnePeer: the mlp cut in 2 stages on 2 peers (one
 // pipeline, 16 images in 4 micro-batches, `none` activations, SGD with
 // momentum) follows one peer training it whole on the same batches: every
@@ -330,21 +353,7 @@ func TestPipelineKilledPeerRetriesAfterJoiner(t *testing.T) {
 func TestPipelineMLPMatchesOnePeer(t *testing.T) {
 	requireDataset(t)
 	const steps = 30
-	one := startTrainer(t, trainConfig(steps, 1), nil)
-	one.wait(t, time.Minute)
-	var ps []*trainPeer
-	for range 2 {
-		cfg := trainConfig(steps, 2, bootstrapTo(ps)...)
-		cfg.Train.PipelineStages, cfg.Train.MicroBatches, cfg.Train.ActivationCodec = 2, 4, "none"
-		ps = append(ps, startTrainer(t, cfg, nil))
-	}
-	for _, p := range append(ps, one) {
-		p.wait(t, time.Minute)
-		if p.err != nil || p.res.Step != steps {
-			t.Fatalf("peer %s: step %d, %v", p.n.ID(), p.res.Step, p.err)
-		}
-	}
-	a, b := stepLosses([]*trainPeer{one}, steps), stepLosses(ps, steps)
+	_, a, b := mlpStagesAndOnePeer(t, steps, nil)
 	worst := 0.0
 	for i := range a {
 		worst = max(worst, math.Abs(a[i]-b[i])/a[i])
@@ -378,27 +387,12 @@ func TestPipelineSplitFromConfig(t *testing.T) {
 	if slices.Equal(split, []int(byParams)) {
 		split = []int{0, len(infos) - 1, len(infos)}
 	}
-	one := startTrainer(t, trainConfig(steps, 1), nil)
-	one.wait(t, time.Minute)
-	var ps []*trainPeer
-	for range 2 {
-		cfg := trainConfig(steps, 2, bootstrapTo(ps)...)
-		cfg.Train.PipelineStages, cfg.Train.MicroBatches, cfg.Train.ActivationCodec = 2, 4, "none"
-		cfg.Train.PipelineSplit = split
-		ps = append(ps, startTrainer(t, cfg, nil))
-	}
-	for _, p := range append(ps, one) {
-		p.wait(t, time.Minute)
-		if p.err != nil || p.res.Step != steps {
-			t.Fatalf("peer %s: step %d, %v", p.n.ID(), p.res.Step, p.err)
-		}
-	}
+	ps, a, b := mlpStagesAndOnePeer(t, steps, split)
 	for _, p := range ps {
 		if got := stagePeer(t, p).Split(); !slices.Equal([]int(got), split) {
 			t.Errorf("peer %s cut the model at %v, not train.pipeline_split %v (by parameters: %v)", p.n.ID(), got, split, byParams)
 		}
 	}
-	a, b := stepLosses([]*trainPeer{one}, steps), stepLosses(ps, steps)
 	for i := range a {
 		if math.Abs(a[i]-b[i]) > 1e-5*a[i] {
 			t.Fatalf("step %d: loss %v in 2 stages cut at %v, %v on one peer", i+1, b[i], split, a[i])

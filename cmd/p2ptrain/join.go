@@ -200,7 +200,7 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Linger:    cfg.Train.ReadyTimeout.D() + 2*cfg.Gossip.FailureTimeout.D(),
 		Telemetry: n,
 		MeasureWire: func(ctx context.Context) (float64, float64, error) {
-			w, err := node.MeasureWireCost(ctx, nil, "", wireRounds)
+			w, err := n.MeasureWireCost(ctx, wireRounds)
 			return w.Message, w.Byte, err
 		},
 	}
