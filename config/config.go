@@ -179,9 +179,20 @@ type Train struct {
 	// ActivationCodec encodes the activations and their gradients between
 	// stages: none, fp16, bf16, int8, dyn8 or qsgd.
 	ActivationCodec string `toml:"activation_codec"`
+	// ActivationLinkCodecs is ActivationLinkCodecsOff (every link carries
+	// ActivationCodec) or ActivationLinkCodecsAuto (each link carries the
+	// most exact of none, bf16 and ActivationCodec whose transfer hides
+	// under the stage's compute, from the link's measured rate).
+	ActivationLinkCodecs string `toml:"activation_link_codecs"`
 	// PipelineSchedule orders a stage's micro-batches: 1f1b or gpipe.
 	PipelineSchedule string `toml:"pipeline_schedule"`
 }
+
+// Values of train.activation_link_codecs.
+const (
+	ActivationLinkCodecsOff  = "off"
+	ActivationLinkCodecsAuto = "auto"
+)
 
 // Stages is train.pipeline_stages: a number of stages (1: pure data
 // parallelism), or StagesAuto. In the file it is an integer or the string
@@ -454,34 +465,35 @@ func DefaultConfig() Config {
 			RobustIters: 3,
 		},
 		Train: Train{
-			Trainer:            TrainerBuiltin,
-			Model:              "mlp",
-			Hidden:             []int{1024, 1024},
-			Steps:              0,
-			BatchSize:          64,
-			LR:                 0.05,
-			Optimizer:          "sgd",
-			Momentum:           0.9,
-			WeightDecay:        0,
-			WarmupSteps:        50,
-			LowRankWarmupSteps: 200,
-			Seed:               1,
-			Devices:            []string{"cpu"},
-			EvalEvery:          200,
-			CheckEvery:         50,
-			MinPeers:           1,
-			ExcludeAfter:       2,
-			ReadyTimeout:       Duration(30 * time.Second),
-			DataExt:            []string{".go"},
-			GPT:                GPT{Layers: 4, DModel: 256, Heads: 4, Context: 128, Vocab: 256},
-			SyncEvery:          1,
-			OuterLR:            0.7,
-			OuterMomentum:      0.9,
-			PipelineStages:     1,
-			PipelineSplit:      []int{},
-			MicroBatches:       4,
-			ActivationCodec:    "dyn8",
-			PipelineSchedule:   "1f1b",
+			Trainer:              TrainerBuiltin,
+			Model:                "mlp",
+			Hidden:               []int{1024, 1024},
+			Steps:                0,
+			BatchSize:            64,
+			LR:                   0.05,
+			Optimizer:            "sgd",
+			Momentum:             0.9,
+			WeightDecay:          0,
+			WarmupSteps:          50,
+			LowRankWarmupSteps:   200,
+			Seed:                 1,
+			Devices:              []string{"cpu"},
+			EvalEvery:            200,
+			CheckEvery:           50,
+			MinPeers:             1,
+			ExcludeAfter:         2,
+			ReadyTimeout:         Duration(30 * time.Second),
+			DataExt:              []string{".go"},
+			GPT:                  GPT{Layers: 4, DModel: 256, Heads: 4, Context: 128, Vocab: 256},
+			SyncEvery:            1,
+			OuterLR:              0.7,
+			OuterMomentum:        0.9,
+			PipelineStages:       1,
+			PipelineSplit:        []int{},
+			MicroBatches:         4,
+			ActivationCodec:      "dyn8",
+			ActivationLinkCodecs: ActivationLinkCodecsOff,
+			PipelineSchedule:     "1f1b",
 		},
 		Probe: Probe{
 			Enabled:        true,
@@ -784,6 +796,9 @@ func (t *Train) validatePipeline(bad func(key, format string, args ...any)) {
 	}
 	if err := pipeline.ValidateCodec(t.ActivationCodec); err != nil {
 		bad("train.activation_codec", "%v", err)
+	}
+	if l := t.ActivationLinkCodecs; l != ActivationLinkCodecsOff && l != ActivationLinkCodecsAuto {
+		bad("train.activation_link_codecs", "%q is not %q or %q", l, ActivationLinkCodecsOff, ActivationLinkCodecsAuto)
 	}
 	if t.MicroBatches < 1 {
 		bad("train.micro_batches", "%d must be at least 1", t.MicroBatches)

@@ -25,6 +25,11 @@ func TestPipelineKeysAreValidated(t *testing.T) {
 		},
 		func(c *Config) { c.Train.PipelineStages = 3; c.Train.Hidden = []int{64, 64} }, // the mlp: 3 layers
 		func(c *Config) { gpt(c); c.Train.PipelineStages = StagesAuto },
+		func(c *Config) {
+			gpt(c)
+			c.Train.PipelineStages = 2
+			c.Train.ActivationLinkCodecs = ActivationLinkCodecsAuto
+		},
 		func(c *Config) { gpt(c); c.Train.PipelineSplit = []int{0, 4, 5} }, // a cut of p2ptrain plan's
 		func(c *Config) { gpt(c); c.Train.PipelineStages = 3; c.Train.PipelineSplit = []int{0, 1, 2, 5} },
 		// auto: micro-batches above batch_size only rule out the layouts
@@ -57,6 +62,7 @@ func TestPipelineKeysAreValidated(t *testing.T) {
 		{func(c *Config) { gpt(c); c.Train.PipelineStages = StagesAuto; c.Allreduce.Codec = "powersgd:rank=4" }, []string{"allreduce.codec", "pipeline_stages = auto", "low-rank"}},
 		{func(c *Config) { c.Train.PipelineSchedule = "zigzag" }, []string{"train.pipeline_schedule", "zigzag"}},
 		{func(c *Config) { c.Train.ActivationCodec = "powersgd:rank=4" }, []string{"train.activation_codec", "linear or quantized"}},
+		{func(c *Config) { c.Train.ActivationLinkCodecs = "on" }, []string{"train.activation_link_codecs", `"on" is not "off" or "auto"`}},
 		{func(c *Config) { c.Train.MicroBatches = 0 }, []string{"train.micro_batches", "at least 1"}},
 		{func(c *Config) { gpt(c); c.Train.BatchSize, c.Train.MicroBatches = 4, 8 }, []string{"train.micro_batches", "train.batch_size (4)"}},
 		{func(c *Config) { gpt(c); c.Train.SyncEvery, c.Train.Steps = 2, 10 }, []string{"train.sync_every", "DiLoCo"}},

@@ -41,3 +41,49 @@ func MaxPayload(spec string, n int) (int, error) {
 	}
 	return c.MaxEncodedLen(n), nil
 }
+
+// Ladder returns the codecs a stage may carry on one link under
+// train.activation_link_codecs = "auto", from the most exact to spec (a
+// spec ValidateCodec accepts, in canonical form): none, then bf16 when spec
+// takes fewer than its 2 bytes a value, then spec. With spec none it is
+// just none. Stage.Step sends each message with the most exact of them
+// whose transfer hides under the stage's compute (pickCodec).
+func Ladder(spec string) ([]string, error) {
+	c, err := newCodec(spec, ladderProbe, 0)
+	if err != nil {
+		return nil, err
+	}
+	out := []string{"none"}
+	if c.Spec() == out[0] {
+		return out, nil
+	}
+	bf, err := newCodec("bf16", ladderProbe, 0)
+	if err != nil {
+		return nil, err
+	}
+	if c.MaxEncodedLen(ladderProbe) < bf.MaxEncodedLen(ladderProbe) {
+		out = append(out, bf.Spec())
+	}
+	return append(out, c.Spec()), nil
+}
+
+// ladderProbe is the tensor size Ladder compares codecs' sizes at.
+const ladderProbe = 1 << 16
+
+// LadderPayload bounds the payload of a message of n values under the
+// codecs of ladder: the largest encoding, and, with several codecs, the
+// byte that names the one used.
+func LadderPayload(ladder []string, n int) (int, error) {
+	most := 0
+	for _, spec := range ladder {
+		p, err := MaxPayload(spec, n)
+		if err != nil {
+			return 0, err
+		}
+		most = max(most, p)
+	}
+	if len(ladder) > 1 {
+		most++
+	}
+	return most, nil
+}

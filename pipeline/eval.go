@@ -106,7 +106,7 @@ func (st *Stage) Evaluate(ctx context.Context, step uint64, ds model.Samples) (m
 				in.X = b.X
 			} else {
 				st.evalIn = grow(st.evalIn, in.N*st.inEl)
-				if in.X, err = st.recv(ctx, Key{step, j, EvalActivation}, st.in, st.evalIn); err != nil {
+				if in.X, err = st.recv(ctx, Key{step, j, EvalActivation}, st.ins, st.evalIn); err != nil {
 					return model.Stats{}, err
 				}
 			}
@@ -121,7 +121,7 @@ func (st *Stage) Evaluate(ctx context.Context, step uint64, ds model.Samples) (m
 				acc.Add(s)
 				continue
 			}
-			if err := st.send(ctx, Key{step, j, EvalActivation}, st.evalOut, st.y, evalPos(step, j)); err != nil {
+			if err := st.send(ctx, Key{step, j, EvalActivation}, st.evalOut, st.tag(len(st.outs)-1), st.y, evalPos(step, j)); err != nil {
 				return model.Stats{}, err
 			}
 		}

@@ -107,10 +107,17 @@ type outcome struct {
 // goroutine over a MemNetwork.
 func runPipeline(t testing.TB, p *problem, split Split, M int, sc Schedule, codec string) outcome {
 	t.Helper()
+	return runPipelineConfig(t, p, split, Config{Micro: M, Schedule: sc, Codec: codec})
+}
+
+// runPipelineConfig is runPipeline with the stages' Config c (Stages,
+// Stage and Seed filled in by newStages).
+func runPipelineConfig(t testing.TB, p *problem, split Split, c Config) outcome {
+	t.Helper()
 	S := split.Stages()
 	net := NewMemNetwork(S)
 	want := byName(p.whole, p.whole.Params())
-	stages := newStages(t, p.name, p.cfg, p.whole, split, net, Config{Micro: M, Schedule: sc, Codec: codec})
+	stages := newStages(t, p.name, p.cfg, p.whole, split, net, c)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a bound on a deadlock, not a wait
 	defer cancel()
 	out := outcome{results: make([]Result, S), grads: map[string][]float32{}}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
+	"time"
 
 	"github.com/p2ptrain/p2ptrain/compress"
 	"github.com/p2ptrain/p2ptrain/model"
@@ -25,6 +27,17 @@ type Config struct {
 	Codec string
 	// Seed seeds stochastic codecs (qsgd); use a different one per stage.
 	Seed uint64
+	// LinkCodecs lets the stage choose the codec of each step's messages
+	// per link among Ladder(Codec) (train.activation_link_codecs = "auto",
+	// docs/pipeline.md): the most exact one whose transfer at the link's
+	// rate hides under the stage's compute. Every stage of a pipeline must
+	// set it alike: each message then starts with a byte naming its codec.
+	LinkCodecs bool
+	// InRate and OutRate are the measured rates, in bytes/s, of this
+	// stage's links to the previous and to the next stage, which carry its
+	// activation gradients and its activations (0: not measured; the stage
+	// then sends with Codec). Only LinkCodecs reads them.
+	InRate, OutRate float64
 }
 
 // Stage runs one pipeline stage's part of each step: its schedule's
@@ -41,10 +54,18 @@ type Stage struct {
 	last  bool
 	inEl  int // input values per sample
 	outEl int // output values per sample
-	// in encodes the input gradients sent back and decodes the activations
-	// received; out encodes the activations sent on and decodes the
-	// gradients received.
-	in, out compress.Codec
+	// ins encode the input gradients sent back and decode the activations
+	// received; outs encode the activations sent on and decode the
+	// gradients received: one codec of Ladder(Codec) each with LinkCodecs,
+	// else just Codec's. inPick and outPick index the codec this step sends
+	// with; inSizes and outSizes are each codec's bytes for a micro-batch.
+	ins, outs         []compress.Codec
+	inPick, outPick   int
+	inSizes, outSizes []int
+	// busy is the compute time of the step so far; compute the last
+	// complete step's per micro-batch (0: none yet), which pickCodec
+	// compares the links' transfers with.
+	busy, compute time.Duration
 	// held[j] is micro-batch j's input (stages but the first), kept from
 	// its forward pass to its backward pass; spare holds free buffers.
 	held        [][]float32
@@ -77,15 +98,94 @@ func NewStage(m *model.Model, t Transport, cfg Config) (*Stage, error) {
 	if st.first != (cfg.Stage == 0) || st.last != (cfg.Stage == cfg.Stages-1) {
 		return nil, fmt.Errorf("pipeline: stage %d of %d cannot run layers [%d, %d) of %d", cfg.Stage, cfg.Stages, lo, hi, total)
 	}
+	specs := []string{cfg.Codec}
+	if cfg.LinkCodecs {
+		if specs, err = Ladder(cfg.Codec); err != nil {
+			return nil, err
+		}
+	}
+	if len(specs) > 1 && (!(cfg.InRate >= 0) || !(cfg.OutRate >= 0)) {
+		return nil, fmt.Errorf("pipeline: stage %d: link rates %g and %g bytes/s (want ≥ 0)", cfg.Stage, cfg.InRate, cfg.OutRate)
+	}
 	mb := m.MaxBatch()
-	if st.in, err = newCodec(cfg.Codec, mb*st.inEl, cfg.Seed); err != nil {
-		return nil, err
+	for _, spec := range specs {
+		in, err := newCodec(spec, mb*st.inEl, cfg.Seed)
+		if err != nil {
+			return nil, err
+		}
+		out, err := newCodec(spec, mb*st.outEl, cfg.Seed^0x9e3779b97f4a7c15)
+		if err != nil {
+			return nil, err
+		}
+		st.ins, st.outs = append(st.ins, in), append(st.outs, out)
+		st.inSizes, st.outSizes = append(st.inSizes, in.MaxEncodedLen(mb*st.inEl)), append(st.outSizes, out.MaxEncodedLen(mb*st.outEl))
 	}
-	if st.out, err = newCodec(cfg.Codec, mb*st.outEl, cfg.Seed^0x9e3779b97f4a7c15); err != nil {
-		return nil, err
-	}
+	st.inPick, st.outPick = len(specs)-1, len(specs)-1
 	st.held = make([][]float32, cfg.Micro)
 	return st, nil
+}
+
+// upgradeMargin is the share of the stage's compute a more exact codec's
+// transfer must fit in before a link moves to it: the hysteresis that
+// keeps a link whose transfer is about as long as the compute from
+// switching codec every step.
+const upgradeMargin = 0.8
+
+// pickCodec returns the index, in a ladder of codecs from the most exact
+// to the most compressed whose encoded bytes for one micro-batch are
+// sizes, of the codec a link of rate bytes/s carries: the most exact one
+// whose transfer takes at most the stage's compute per micro-batch
+// (upgradeMargin of it for one more exact than cur, the link's codec so
+// far); the most compressed when none fits or the rate is not measured.
+// A transfer that takes less than the compute of a micro-batch hides
+// under it in the schedule's steady state.
+func pickCodec(sizes []int, rate float64, compute time.Duration, cur int) int {
+	last := len(sizes) - 1
+	if !(rate > 0) {
+		return last
+	}
+	for i, b := range sizes[:last] {
+		limit := compute.Seconds()
+		if i < cur {
+			limit *= upgradeMargin
+		}
+		if float64(b)/rate <= limit {
+			return i
+		}
+	}
+	return last
+}
+
+// LinkCodecs returns the codecs the stage sends its activations and its
+// activation gradients with in its next step ("" for a side it sends
+// nothing on: the last stage's activations, the first's gradients).
+func (st *Stage) LinkCodecs() (activations, gradients string) {
+	if !st.last {
+		activations = st.outs[st.outPick].Spec()
+	}
+	if !st.first {
+		gradients = st.ins[st.inPick].Spec()
+	}
+	return activations, gradients
+}
+
+// choose picks the codecs of the step's messages on both links, from the
+// last step's compute.
+func (st *Stage) choose() {
+	if len(st.outs) < 2 {
+		return
+	}
+	st.outPick = pickCodec(st.outSizes, st.cfg.OutRate, st.compute, st.outPick)
+	st.inPick = pickCodec(st.inSizes, st.cfg.InRate, st.compute, st.inPick)
+}
+
+// tag is the codec byte of a message sent with codec i of the ladder (-1:
+// none, with a single codec).
+func (st *Stage) tag(i int) int {
+	if len(st.outs) < 2 {
+		return -1
+	}
+	return i
 }
 
 // Model returns the stage's model (its parameters, gradients, buckets).
@@ -143,6 +243,8 @@ func (st *Stage) Step(ctx context.Context, step uint64, n int, b model.Batch, no
 		offs[j+1] = offs[j] + s
 	}
 	st.sent, st.recvd = 0, 0
+	st.choose()
+	st.busy = 0
 	for j := range st.held { // a failed step's
 		st.release(j)
 	}
@@ -160,7 +262,7 @@ func (st *Stage) Step(ctx context.Context, step uint64, n int, b model.Batch, no
 			if st.first {
 				in.X = b.X[offs[j]*st.inEl : offs[j+1]*st.inEl]
 			} else {
-				if in.X, err = st.recv(ctx, Key{step, j, Activation}, st.in, st.buffer(j, nj*st.inEl)); err != nil {
+				if in.X, err = st.recv(ctx, Key{step, j, Activation}, st.ins, st.buffer(j, nj*st.inEl)); err != nil {
 					return res, err
 				}
 			}
@@ -172,7 +274,7 @@ func (st *Stage) Step(ctx context.Context, step uint64, n int, b model.Batch, no
 				res.Stats.Add(s)
 				continue
 			}
-			if err := st.send(ctx, Key{step, j, Activation}, st.out, st.y, Pos(step, j, Activation)); err != nil {
+			if err := st.send(ctx, Key{step, j, Activation}, st.outs[st.outPick], st.tag(st.outPick), st.y, Pos(step, j, Activation)); err != nil {
 				return res, err
 			}
 			continue
@@ -187,7 +289,7 @@ func (st *Stage) Step(ctx context.Context, step uint64, n int, b model.Batch, no
 		var dy []float32
 		if !st.last {
 			st.dy = grow(st.dy, nj*st.outEl)
-			if dy, err = st.recv(ctx, Key{step, j, Gradient}, st.out, st.dy); err != nil {
+			if dy, err = st.recv(ctx, Key{step, j, Gradient}, st.outs, st.dy); err != nil {
 				return res, err
 			}
 		}
@@ -201,16 +303,20 @@ func (st *Stage) Step(ctx context.Context, step uint64, n int, b model.Batch, no
 		if backwards < st.cfg.Micro {
 			cb = nil
 		}
-		if err := st.m.StageBackward(dy, scale, dx, backwards > 1, cb); err != nil {
+		t0 := time.Now()
+		err = st.m.StageBackward(dy, scale, dx, backwards > 1, cb)
+		st.busy += time.Since(t0)
+		if err != nil {
 			return res, fmt.Errorf("pipeline: stage %d step %d micro-batch %d backward: %w", st.cfg.Stage, step, j, err)
 		}
 		st.release(j)
 		if !st.first {
-			if err := st.send(ctx, Key{step, j, Gradient}, st.in, dx, Pos(step, j, Gradient)); err != nil {
+			if err := st.send(ctx, Key{step, j, Gradient}, st.ins[st.inPick], st.tag(st.inPick), dx, Pos(step, j, Gradient)); err != nil {
 				return res, err
 			}
 		}
 	}
+	st.compute = st.busy / time.Duration(st.cfg.Micro)
 	return res, nil
 }
 
@@ -228,6 +334,8 @@ func (st *Stage) forward(in model.StageInput) (model.Stats, error) {
 		st.y = grow(st.y, in.N*st.outEl)
 		out = st.y
 	}
+	t0 := time.Now()
+	defer func() { st.busy += time.Since(t0) }()
 	return st.m.StageForward(in, out)
 }
 
@@ -257,10 +365,15 @@ func (st *Stage) release(j int) {
 	}
 }
 
-// send encodes v with c and sends it as message k.
-func (st *Stage) send(ctx context.Context, k Key, c compress.Codec, v []float32, pos compress.Pos) error {
+// send encodes v with c and sends it as message k, after the codec byte
+// tag when it is not -1.
+func (st *Stage) send(ctx context.Context, k Key, c compress.Codec, tag int, v []float32, pos compress.Pos) error {
 	var err error
-	if st.enc, err = c.Encode(st.enc[:0], v, pos); err != nil {
+	st.enc = st.enc[:0]
+	if tag >= 0 {
+		st.enc = append(st.enc, byte(tag))
+	}
+	if st.enc, err = c.Encode(st.enc, v, pos); err != nil {
 		return fmt.Errorf("pipeline: stage %d encoding %v: %w", st.cfg.Stage, k, err)
 	}
 	if err := st.t.Send(ctx, k, st.enc); err != nil {
@@ -270,17 +383,37 @@ func (st *Stage) send(ctx context.Context, k Key, c compress.Codec, v []float32,
 	return nil
 }
 
-// recv receives message k and decodes it with c into dst.
-func (st *Stage) recv(ctx context.Context, k Key, c compress.Codec, dst []float32) ([]float32, error) {
+// recv receives message k and decodes it into dst with the codec of cs
+// its first byte names, or with cs[0] when cs holds one codec.
+func (st *Stage) recv(ctx context.Context, k Key, cs []compress.Codec, dst []float32) ([]float32, error) {
 	p, err := st.t.Recv(ctx, k)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: stage %d receiving %v: %w", st.cfg.Stage, k, err)
 	}
 	st.recvd += int64(len(p))
+	c := cs[0]
+	if len(cs) > 1 {
+		if len(p) == 0 || int(p[0]) >= len(cs) {
+			return nil, fmt.Errorf("pipeline: stage %d: %v names no codec of its link's %d (%s): %w", st.cfg.Stage, k, len(cs), specsOf(cs), ErrBadCodec)
+		}
+		c, p = cs[p[0]], p[1:]
+	}
 	if err := c.Decode(dst, p); err != nil {
 		return nil, fmt.Errorf("pipeline: stage %d decoding %v: %w", st.cfg.Stage, k, err)
 	}
 	return dst, nil
+}
+
+// ErrBadCodec: a message whose codec byte names none of its link's codecs.
+var ErrBadCodec = errors.New("pipeline: unknown activation codec")
+
+// specsOf lists the codecs' specs.
+func specsOf(cs []compress.Codec) string {
+	specs := make([]string, len(cs))
+	for i, c := range cs {
+		specs[i] = c.Spec()
+	}
+	return strings.Join(specs, ", ")
 }
 
 // ErrNoTie: SumTied on a stage that holds no side of a shared weight.

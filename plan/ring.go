@@ -16,8 +16,12 @@ import (
 // j (the diagonal is ignored; 0 means unknown or unreachable).
 type Matrix [][]float64
 
+// At returns m[i][j], or 0 (unknown) for the diagonal, indices outside m
+// and values that are not a rate.
+func (m Matrix) At(i, j int) float64 { return m.at(i, j) }
+
 func (m Matrix) at(i, j int) float64 {
-	if i == j || i >= len(m) || j >= len(m[i]) {
+	if i == j || i < 0 || j < 0 || i >= len(m) || j >= len(m[i]) {
 		return 0
 	}
 	v := m[i][j]

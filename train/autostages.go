@@ -150,7 +150,8 @@ func (t *Trainer) initAuto(o Options) error {
 // settings, so an auto cluster and a fixed one refuse each other naming
 // it).
 func autoSettings(s Settings, cfg config.Train) {
-	s["train.pipeline"] = fmt.Sprintf("auto, %d micro-batches, %s activations, %s", cfg.MicroBatches, cfg.ActivationCodec, cfg.PipelineSchedule)
+	s["train.pipeline"] = fmt.Sprintf("auto, %d micro-batches, %s activations (link codecs %s), %s", cfg.MicroBatches, cfg.ActivationCodec,
+		cfg.ActivationLinkCodecs, cfg.PipelineSchedule)
 }
 
 // measureLayers times the whole model's layers on this peer, and what a

@@ -34,6 +34,10 @@ type PipeLearner struct {
 	layers []model.LayerInfo
 	split  pipeline.Split
 	sched  pipeline.Schedule
+	// ladder is the activation codecs a link chooses among, most exact
+	// first (pipeline.Ladder; train.activation_codec alone unless
+	// train.activation_link_codecs is "auto").
+	ladder []string
 
 	// stage is the stage held; m and opt its model and optimizer.
 	stage   int
@@ -48,8 +52,10 @@ type PipeLearner struct {
 
 	batch model.Batch
 	idx   []int
-	// loss is the last stage's loss of the last Compute.
-	loss float64
+	// loss is the last stage's loss of the last Compute; act and grad
+	// the codecs it sent activations and their gradients with.
+	loss      float64
+	act, grad string
 	// eval is the last evaluation through the pipeline, of the held
 	// stage's parameters that hash to evalHash ("": none).
 	eval     model.Stats
@@ -76,8 +82,18 @@ func NewPipeLearner(cfg config.Train, bucketBytes int, train, test *data.Dataset
 	if err := pipeline.ValidateCodec(cfg.ActivationCodec); err != nil {
 		return nil, fmt.Errorf("train: train.activation_codec: %w", err)
 	}
+	ladder := []string{cfg.ActivationCodec}
+	switch cfg.ActivationLinkCodecs {
+	case config.ActivationLinkCodecsAuto:
+		if ladder, err = pipeline.Ladder(cfg.ActivationCodec); err != nil {
+			return nil, fmt.Errorf("train: train.activation_codec: %w", err)
+		}
+	case config.ActivationLinkCodecsOff, "":
+	default:
+		return nil, fmt.Errorf("train: train.activation_link_codecs %q is not %q or %q", cfg.ActivationLinkCodecs, config.ActivationLinkCodecsOff, config.ActivationLinkCodecsAuto)
+	}
 	g := cfg.GPT
-	l := &PipeLearner{cfg: cfg, sched: sched, stage: -1, mcfg: model.Config{Hidden: cfg.Hidden, BucketBytes: bucketBytes,
+	l := &PipeLearner{cfg: cfg, sched: sched, ladder: ladder, stage: -1, mcfg: model.Config{Hidden: cfg.Hidden, BucketBytes: bucketBytes,
 		MaxBatch: (cfg.BatchSize + cfg.MicroBatches - 1) / cfg.MicroBatches, Dropout: float32(cfg.Dropout),
 		GPT: model.GPTConfig{Layers: g.Layers, DModel: g.DModel, Heads: g.Heads, Context: g.Context, Vocab: g.Vocab}}}
 	if l.layers, err = model.Layers(cfg.Model, l.mcfg); err != nil {
@@ -165,7 +181,7 @@ func (l *PipeLearner) Bounds() (maxPayload, tiedBytes int, err error) {
 		return n
 	}
 	for _, n := range []int{numel(l.m.StageInputShape()), numel(l.m.StageOutputShape())} {
-		p, err := pipeline.MaxPayload(l.cfg.ActivationCodec, n)
+		p, err := pipeline.LadderPayload(l.ladder, n)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -179,16 +195,29 @@ func (l *PipeLearner) Bounds() (maxPayload, tiedBytes int, err error) {
 
 // Begin starts an epoch: the held stage runs as stage Stage() of a
 // pipeline whose messages tr carries; seed seeds stochastic activation
-// codecs.
-func (l *PipeLearner) Begin(tr pipeline.Transport, seed uint64) error {
+// codecs; inRate and outRate are the measured rates in bytes/s of this
+// peer's links to the previous and the next stage (0: not measured), from
+// which train.activation_link_codecs = "auto" chooses each link's codec.
+func (l *PipeLearner) Begin(tr pipeline.Transport, seed uint64, inRate, outRate float64) error {
 	run, err := pipeline.NewStage(l.m, tr, pipeline.Config{Stages: l.split.Stages(), Stage: l.stage, Micro: l.cfg.MicroBatches,
-		Schedule: l.sched, Codec: l.cfg.ActivationCodec, Seed: seed})
+		Schedule: l.sched, Codec: l.cfg.ActivationCodec, Seed: seed,
+		LinkCodecs: len(l.ladder) > 1, InRate: inRate, OutRate: outRate})
 	if err != nil {
 		return err
 	}
 	l.run, l.tr = run, tr
 	return nil
 }
+
+// WireCodec names the activations' codecs as the pipeline's frames do:
+// train.activation_codec, or with train.activation_link_codecs = "auto"
+// the codecs each link chooses among, most exact first ("none|bf16|dyn8").
+func (l *PipeLearner) WireCodec() string { return strings.Join(l.ladder, "|") }
+
+// LinkCodecs returns the codecs the held stage sent its activations and
+// their gradients with in the last step it computed ("" before one, and
+// for a side the stage sends nothing on).
+func (l *PipeLearner) LinkCodecs() (activations, gradients string) { return l.act, l.grad }
 
 // End ends the epoch Begin started.
 func (l *PipeLearner) End() { l.run, l.tr = nil, nil }
@@ -213,7 +242,7 @@ func (l *PipeLearner) Settings() Settings {
 	s := l.dataset.settings(l.cfg, l.cfg.Model+"["+strings.Join(descs, " ")+"]", 1)
 	s["train.eval_samples"] = strconv.Itoa(l.cfg.EvalSamples) // the stages evaluate together
 	s["train.pipeline"] = fmt.Sprintf("%d stages %v, %d micro-batches, %s activations, %s", l.split.Stages(), []int(l.split),
-		l.cfg.MicroBatches, l.cfg.ActivationCodec, l.sched)
+		l.cfg.MicroBatches, l.WireCodec(), l.sched)
 	return s
 }
 
@@ -243,6 +272,7 @@ func (l *PipeLearner) Compute(ctx context.Context, step uint64, sh Shard, ready 
 		ready(b, l.m.BucketGrads(b))
 	})
 	l.loss = res.Stats.Loss
+	l.act, l.grad = l.run.LinkCodecs()
 	return l.loss, err
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/model"
+	"github.com/p2ptrain/p2ptrain/node"
 	"github.com/p2ptrain/p2ptrain/pipeline"
 	"github.com/p2ptrain/p2ptrain/telemetry"
 )
@@ -396,6 +397,44 @@ func TestPipelineSplitFromConfig(t *testing.T) {
 	for i := range a {
 		if math.Abs(a[i]-b[i]) > 1e-5*a[i] {
 			t.Fatalf("step %d: loss %v in 2 stages cut at %v, %v on one peer", i+1, b[i], split, a[i])
+		}
+	}
+}
+
+// TestPipelineLinkCodecsFromMeasuredLinks: with
+// train.activation_link_codecs = "auto" each stage sends on its links the
+// codec their measured rate allows: none once the stage has timed its
+// compute when the links are far faster than it, the configured dyn8 when
+// they are far slower. The frames carry the byte naming the codec through
+// the peers' pipeline protocol.
+func TestPipelineLinkCodecsFromMeasuredLinks(t *testing.T) {
+	requireDataset(t)
+	const steps = 6
+	for _, tc := range []struct {
+		mbit float64
+		want string
+	}{{1e12, "none"}, {1e-3, "dyn8:block=2048"}} {
+		var ps []*trainPeer
+		for range 2 {
+			cfg := trainConfig(steps, 2, bootstrapTo(ps)...)
+			cfg.Train.PipelineStages, cfg.Train.MicroBatches = 2, 4
+			cfg.Train.ActivationCodec, cfg.Train.ActivationLinkCodecs = "dyn8", config.ActivationLinkCodecsAuto
+			ps = append(ps, startTrainerWrapped(t, cfg, nil, nil, func(n *node.Node) Cluster { return linkCluster{n, tc.mbit, 1} }))
+		}
+		for _, p := range ps {
+			p.wait(t, time.Minute)
+			if p.err != nil || p.res.Step != steps {
+				t.Fatalf("links of %g Mbit/s: peer %s: step %d, %v", tc.mbit, p.n.ID(), p.res.Step, p.err)
+			}
+		}
+		got := map[int]string{}
+		for _, p := range ps {
+			sp := stagePeer(t, p)
+			act, grad := sp.LinkCodecs()
+			got[sp.Stage()] = act + grad // each stage sends on one side
+		}
+		if got[0] != tc.want || got[1] != tc.want {
+			t.Errorf("links of %g Mbit/s: stage 0 sent activations with %q, stage 1 their gradients with %q; want %q", tc.mbit, got[0], got[1], tc.want)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/model"
 	"github.com/p2ptrain/p2ptrain/pipeline"
@@ -291,6 +292,22 @@ type pipeEpoch struct {
 	tr    *pipestream.Transport
 	// sent is the transport's byte count at the last step's start.
 	sent uint64
+	// act and grad are the codecs the stage's links carried in the last
+	// step logged (train.activation_link_codecs = "auto").
+	act, grad string
+}
+
+// noteLinkCodecs logs the codecs the stage's links carried in step when
+// they differ from the last step's, under train.activation_link_codecs =
+// "auto".
+func (t *Trainer) noteLinkCodecs(pe *pipeEpoch, step uint64) {
+	act, grad := t.stages.LinkCodecs()
+	if t.cfg.ActivationLinkCodecs != config.ActivationLinkCodecsAuto || (act == pe.act && grad == pe.grad) {
+		return
+	}
+	pe.act, pe.grad = act, grad
+	t.log.Info("pipeline link codecs", zap.Uint64("step", step), zap.Int("stage", pe.stage),
+		zap.String("activations_to_next", act), zap.String("gradients_to_previous", grad))
 }
 
 // beginPipe opens ep's pipeline transport for this peer's stage, starts
@@ -318,13 +335,14 @@ func (t *Trainer) beginPipe(ep gossip.Epoch) (plan.EpochSpec, *pipeEpoch, error)
 	// generous, and a dead neighbour is noticed by its link first.
 	timeout := max(t.cfg.ReadyTimeout.D(), 4*t.slowestStep)
 	tr, err := opener.OpenPipe(pipestream.Pipe{Epoch: ep.Number, Digest: ep.Digest(), Peers: as.Pipelines[r], Self: t.self,
-		Micro: t.cfg.MicroBatches, Codec: t.cfg.ActivationCodec, MaxPayload: maxPayload, TiedBytes: tied, EvalChunks: t.stages.EvalChunks(), Step: t.step, Timeout: timeout})
+		Micro: t.cfg.MicroBatches, Codec: t.stages.WireCodec(), MaxPayload: maxPayload, TiedBytes: tied, EvalChunks: t.stages.EvalChunks(), Step: t.step, Timeout: timeout})
 	if err != nil {
 		return plan.EpochSpec{}, nil, err
 	}
 	h := fnv.New64a()
 	h.Write([]byte(t.self))
-	if err := t.stages.Begin(tr, h.Sum64()); err != nil {
+	inRate, outRate := neighbourRates(t.c.LinkMatrix(as.Pipelines[r]), s)
+	if err := t.stages.Begin(tr, h.Sum64(), inRate, outRate); err != nil {
 		tr.Reset(err)
 		return plan.EpochSpec{}, nil, err
 	}
@@ -336,7 +354,8 @@ func (t *Trainer) beginPipe(ep gossip.Epoch) (plan.EpochSpec, *pipeEpoch, error)
 	spec.Ring.Digest = fmt.Sprintf("%s/stage%d", ep.Digest(), s)
 	t.log.Info("pipeline stage in ring epoch", zap.Uint64("epoch", ep.Number), zap.String("layout", as.String()),
 		zap.Int("stage", s), zap.Int("replica", r), zap.Ints("layers", []int{t.stages.Split()[s], t.stages.Split()[s+1]}),
-		zap.Strings("stage_ring", members))
+		zap.Strings("stage_ring", members), zap.String("activation_codecs", t.stages.WireCodec()),
+		zap.Float64("link_in_mbit_s", inRate*8/1e6), zap.Float64("link_out_mbit_s", outRate*8/1e6))
 	return spec, &pipeEpoch{stage: s, tr: tr, sent: tr.Sent()}, nil
 }
 
@@ -366,6 +385,13 @@ func (t *Trainer) stageLeader(ep gossip.Epoch) (string, int, bool) {
 		return "", 0, false
 	}
 	return as.StageMembers(s)[0], s, true
+}
+
+// neighbourRates returns the measured rates in bytes/s from stage s to
+// the stages before and after it, in m, the link matrix of a pipeline's
+// members in stage order (0: no such stage, or not measured).
+func neighbourRates(m plan.Matrix, s int) (in, out float64) {
+	return m.At(s, s-1), m.At(s, s+1)
 }
 
 // noteStepTime remembers the slowest step, for the pipeline's deadlines.

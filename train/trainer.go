@@ -981,6 +981,7 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 	sent := float64(tr.Sent() - sentBefore)
 	if t.pipe != nil {
 		sent += float64(t.pipe.tr.Sent() - pipeBefore) // activations, their gradients, the tied table
+		t.noteLinkCodecs(t.pipe, step)
 	}
 	samples := float64(sh.Global)
 	allreduceS := reduced.Sub(computed).Seconds()
