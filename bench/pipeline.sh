@@ -38,6 +38,14 @@
 #   --warm N           V: steps left out at the start of every run [8]
 #   --repeats N        V: runs of every row (the median of their figures counts) [2]
 #   --wall S           B: seconds every run trains, from its first step [45]
+#   --act-link-codecs LIST
+#                      train.activation_link_codecs of the pipelines, comma-separated:
+#                      off (every link carries dyn8), auto (each link the most exact
+#                      of none, bf16 and dyn8 whose transfer hides under its stage's
+#                      compute); each pipeline layout runs with each, side by side.
+#                      Unless the list is just off, the table gains a column with the
+#                      mode and the codecs the links carried in the last run's last
+#                      step, counted over the links' directions [off]
 #   --binary PATH      p2ptrain binary to run; without it bin/p2ptrain is (re)built
 #   --markdown FILE    also write the table to FILE
 #   --timeout S        seconds one run may take before it is killed and the benchmark
@@ -114,7 +122,7 @@ SUBNET=10.77.0
 PORT=4001
 
 BINARY="" mode="" peers_opt="" pin=0 gso_off=0 shaper=htb lt_tag="" rates="" sizes="" layouts="dp,s2,s4" steps=40 warm=8 repeats=2 wall=45
-markdown="" timeout_s="" wait_s=0 logdir=""
+markdown="" timeout_s="" wait_s=0 logdir="" act_links=off
 MICRO=4 PER_PEER=8
 
 PROG=pipeline
@@ -137,6 +145,7 @@ while [ $# -gt 0 ]; do
 	--pin) pin=1; shift ;;
 	--gso-off) gso_off=1; shift ;;
 	--shaper) need_arg "$@"; shaper=$2; shift 2 ;;
+	--act-link-codecs) need_arg "$@"; act_links=$2; shift 2 ;;
 	*) common_flag "$@"; shift 2 ;;
 	esac
 done
@@ -159,6 +168,10 @@ IFS=, read -r -a size_list <<<"$sizes"
 for s in "${size_list[@]}"; do [[ "$s" =~ ^[ab]$ ]] || usage_err "bad size '$s' (a or b)"; done
 IFS=, read -r -a layout_list <<<"$layouts"
 for l in "${layout_list[@]}"; do [[ "$l" =~ ^(dp|s2|s4)$ ]] || usage_err "bad layout '$l' (dp, s2 or s4)"; done
+IFS=, read -r -a act_list <<<"$act_links"
+for a in "${act_list[@]}"; do [[ "$a" =~ ^(off|auto)$ ]] || usage_err "--act-link-codecs: bad mode '$a' (off or auto)"; done
+act_col=0
+[ "$act_links" = off ] || act_col=1
 int_in "$steps" 10 100000 || usage_err "--steps must be at least 10"
 int_in "$warm" 1 $((steps - 5)) || usage_err "--warm must be at least 1 and leave 5 steps"
 int_in "$repeats" 1 20 || usage_err "--repeats must be 1..20"
@@ -342,7 +355,8 @@ run_one() {
 	quiesce
 	write_config "$work/$run.toml" "$size" "$lay"
 	local extra=(--codec dyn8 --metrics-file "$work/$run-{host}.jsonl")
-	[ "$s" = 1 ] || extra+=(--set "train.pipeline_stages=$s" --set "train.micro_batches=$MICRO" --set train.activation_codec=dyn8)
+	[ "$s" = 1 ] || extra+=(--set "train.pipeline_stages=$s" --set "train.micro_batches=$MICRO" --set train.activation_codec=dyn8
+		--set "train.activation_link_codecs=$act")
 	start_daemons "$run" "$work/$run.toml" "${extra[@]}"
 	for ((i = 1; i <= hosts; i++)); do names+=("$run-h$i-d"); files+=("$work/$run-h$i.jsonl"); done
 	if [ "$mode" = validate ]; then
@@ -363,6 +377,18 @@ run_one() {
 	done
 	kill_ours
 	line=$(summarize 5 "$wall" "${files[@]}") || { say "$run: too few steps to summarize"; line="nan nan nan 0 nan nan"; }
+}
+
+# link_codecs RUN: the codecs the pipeline links of RUN carried in each host's last
+# logged choice (train.activation_link_codecs = "auto"), counted: "none×2 dyn8×2";
+# "-" for pure data parallelism or none logged.
+link_codecs() {
+	local run=$1 i out
+	out=$(for ((i = 1; i <= hosts; i++)); do
+		jq -r 'select(.msg == "pipeline link codecs") | [.activations_to_next, .gradients_to_previous] | map(select(. != "")) | join(" ")' \
+			"$work/$run-h$i-d.err" 2>/dev/null | tail -n 1 | tr ' ' '\n'
+	done | sed 's/:.*//' | grep . | sort | uniq -c | awk '{ printf "%s%s×%d", (NR > 1 ? " " : ""), $2, $1 }')
+	echo "${out:--}"
 }
 
 # mid K LINE...: the median of field K of the lines.
@@ -404,9 +430,11 @@ table=$work/table.md
 if [ "$mode" = validate ]; then
 	echo "| peers | link | gpt | layout | predicted s/step | measured s/step | measured / predicted | within 15 % | predicted compute + comm | measured compute + comm | predicted bytes/step | measured bytes/step | without processor terms: predicted, measured / predicted |" >>"$table"
 	echo "|---:|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|" >>"$table"
+	[ "$act_col" = 0 ] || sed -i '1 s/$/ activation link codecs (last step) |/; 2 s/$/---|/' "$table"
 else
 	echo "| peers | link | gpt | layout | s/step | predicted s/step | bytes/step (busiest peer) | steps in ${wall} s | loss at ${wall} s |" >>"$table"
 	echo "|---:|---|---|---|---:|---:|---:|---:|---:|" >>"$table"
+	[ "$act_col" = 0 ] || sed -i '1 s/$/ activation link codecs (last step) |/; 2 s/$/---|/' "$table"
 fi
 for hosts in "${peer_list[@]}"; do
 	DAEMON_CPUS=()
@@ -426,40 +454,46 @@ for hosts in "${peer_list[@]}"; do
 				[ "$s" -le "$hosts" ] || { say "$hosts hosts: no $s stages (more stages than peers)"; continue; }
 				[ "$pin" = 1 ] || read -r pred pbytes pcomp pcomm pbare <<<"$(predict "$hosts" "$rate" "$size" "$lay")"
 				name=$([ "$s" = 1 ] && echo "dp×$hosts" || echo "$s×$((hosts / s))")
-				runs=$repeats
-				[ "$mode" = validate ] || runs=1
-				res=() preds=()
-				for ((k = 1; k <= runs; k++)); do
-					run="p$hosts-$rate-$size-$lay-$k"
-					if [ "$pin" = 1 ]; then # the layers timed again just before the run
-						lt_tag=-$run
-						preds+=("$(predict "$hosts" "$rate" "$size" "$lay")")
-						read -r pred _ <<<"${preds[k - 1]}"
+				acts=("${act_list[@]}")
+				[ "$s" != 1 ] || acts=(off)
+				for act in "${acts[@]}"; do
+					runs=$repeats
+					[ "$mode" = validate ] || runs=1
+					res=() preds=()
+					for ((k = 1; k <= runs; k++)); do
+						run="p$hosts-$rate-$size-$lay-$act-$k"
+						if [ "$pin" = 1 ]; then # the layers timed again just before the run
+							lt_tag=-$run
+							preds+=("$(predict "$hosts" "$rate" "$size" "$lay")")
+							read -r pred _ <<<"${preds[k - 1]}"
+						fi
+						say "$run: starting (predicted $pred s/step; load average $(cut -d ' ' -f 1-3 /proc/loadavg))"
+						run_one "$run" "$size" "$lay"
+						say "$run: interval_s bytes loss steps = $line"
+						res+=("$line")
+						codecs=$(link_codecs "$run")
+					done
+					if [ "$pin" = 1 ]; then
+						pred=$(mid 1 "${preds[@]}") pbytes=$(mid 2 "${preds[@]}") pcomp=$(mid 3 "${preds[@]}") pcomm=$(mid 4 "${preds[@]}") pbare=$(mid 5 "${preds[@]}")
 					fi
-					say "$run: starting (predicted $pred s/step; load average $(cut -d ' ' -f 1-3 /proc/loadavg))"
-					run_one "$run" "$size" "$lay"
-					say "$run: interval_s bytes loss steps = $line"
-					res+=("$line")
+					meas=$(mid 1 "${res[@]}")
+					mbytes=$(mid 2 "${res[@]}")
+					mcomp=$(mid 5 "${res[@]}")
+					mcomm=$(mid 6 "${res[@]}")
+					if [ "$mode" = validate ]; then
+						awk -v p="$hosts" -v r="$rate" -v g="$size" -v l="$name" -v a="$pred" -v m="$meas" -v pb="$pbytes" -v mb="$mbytes" -v n="$runs" \
+							-v pc="$pcomp" -v pm="$pcomm" -v mc="$mcomp" -v mm="$mcomm" -v b="$pbare" 'BEGIN {
+							q = m / a; ok = (q >= 0.85 && q <= 1.15) ? "yes" : "**no**"
+							printf "| %d | %s | %s | %s | %.3f | %.3f (%d runs) | %.2f | %s | %.3f + %.3f | %.3f + %.3f | %.0f kB | %.0f kB | %.3f, %.2f |\n",
+								p, r, g, l, a, m, n, q, ok, pc, pm, mc, mm, pb / 1e3, mb / 1e3, b, m / b }' >>"$table"
+					else
+						read -r _ _ loss nsteps <<<"${res[0]}"
+						awk -v p="$hosts" -v r="$rate" -v g="$size" -v l="$name" -v a="$pred" -v m="$meas" -v mb="$mbytes" -v lo="$loss" -v n="$nsteps" 'BEGIN {
+							printf "| %d | %s | %s | %s | %.3f | %.3f | %.0f kB | %d | %.3f |\n", p, r, g, l, m, a, mb / 1e3, n, lo }' >>"$table"
+					fi
+					[ "$act_col" = 0 ] || sed -i "\$ s/\$/ $act: $codecs |/" "$table"
+					tail -n 1 "$table" >&2
 				done
-				if [ "$pin" = 1 ]; then
-					pred=$(mid 1 "${preds[@]}") pbytes=$(mid 2 "${preds[@]}") pcomp=$(mid 3 "${preds[@]}") pcomm=$(mid 4 "${preds[@]}") pbare=$(mid 5 "${preds[@]}")
-				fi
-				meas=$(mid 1 "${res[@]}")
-				mbytes=$(mid 2 "${res[@]}")
-				mcomp=$(mid 5 "${res[@]}")
-				mcomm=$(mid 6 "${res[@]}")
-				if [ "$mode" = validate ]; then
-					awk -v p="$hosts" -v r="$rate" -v g="$size" -v l="$name" -v a="$pred" -v m="$meas" -v pb="$pbytes" -v mb="$mbytes" -v n="$runs" \
-						-v pc="$pcomp" -v pm="$pcomm" -v mc="$mcomp" -v mm="$mcomm" -v b="$pbare" 'BEGIN {
-						q = m / a; ok = (q >= 0.85 && q <= 1.15) ? "yes" : "**no**"
-						printf "| %d | %s | %s | %s | %.3f | %.3f (%d runs) | %.2f | %s | %.3f + %.3f | %.3f + %.3f | %.0f kB | %.0f kB | %.3f, %.2f |\n",
-							p, r, g, l, a, m, n, q, ok, pc, pm, mc, mm, pb / 1e3, mb / 1e3, b, m / b }' >>"$table"
-				else
-					read -r _ _ loss nsteps <<<"${res[0]}"
-					awk -v p="$hosts" -v r="$rate" -v g="$size" -v l="$name" -v a="$pred" -v m="$meas" -v mb="$mbytes" -v lo="$loss" -v n="$nsteps" 'BEGIN {
-						printf "| %d | %s | %s | %s | %.3f | %.3f | %.0f kB | %d | %.3f |\n", p, r, g, l, m, a, mb / 1e3, n, lo }' >>"$table"
-				fi
-				tail -n 1 "$table" >&2
 			done
 		done
 		cluster_down
