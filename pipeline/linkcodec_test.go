@@ -84,7 +84,7 @@ func TestLinkCodecsFollowRates(t *testing.T) {
 		codec string
 	}{{math.Inf(1), "none"}, {0, "dyn8"}} {
 		want := runPipeline(t, p, split, 4, OneFOneB, tc.codec)
-		got := runPipelineConfig(t, p, split, Config{Micro: 4, Schedule: OneFOneB, Codec: "dyn8", LinkCodecs: true, InRate: tc.rate, OutRate: tc.rate})
+		got := runPipelineConfig(t, p, split, Config{Micro: 4, Schedule: OneFOneB, Codec: "dyn8", LinkCodecs: true, Rates: rates(tc.rate)})
 		if got.loss != want.loss {
 			t.Errorf("rate %g: loss %+v, want %s's %+v", tc.rate, got.loss, tc.codec, want.loss)
 		}
@@ -114,7 +114,7 @@ func TestLinkCodecsAdapt(t *testing.T) {
 	p := newProblem(t, "gpt", model.Config{GPT: tinyGPT}, 8)
 	split := Split{0, 2, 5}
 	net := NewMemNetwork(2)
-	stages := newStages(t, p.name, p.cfg, p.whole, split, net, Config{Micro: 4, Codec: "int8", LinkCodecs: true, InRate: 1e15, OutRate: 1e15})
+	stages := newStages(t, p.name, p.cfg, p.whole, split, net, Config{Micro: 4, Codec: "int8", LinkCodecs: true, Rates: rates(1e15)})
 	want := [][2]string{{"int8:block=2048", "int8:block=2048"}, {"none", "none"}}
 	for step := range 2 {
 		stepAll(t, stages, p, uint64(step))
@@ -131,6 +131,9 @@ func TestLinkCodecsAdapt(t *testing.T) {
 		t.Errorf("the first stage names a gradient codec %q", g)
 	}
 }
+
+// rates returns a Config.Rates whose links both read r bytes/s.
+func rates(r float64) func() (float64, float64) { return func() (float64, float64) { return r, r } }
 
 // stepAll runs one step of p's batch on every stage of a pipeline.
 func stepAll(t *testing.T, stages []*Stage, p *problem, step uint64) {

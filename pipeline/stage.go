@@ -33,11 +33,13 @@ type Config struct {
 	// rate hides under the stage's compute. Every stage of a pipeline must
 	// set it alike: each message then starts with a byte naming its codec.
 	LinkCodecs bool
-	// InRate and OutRate are the measured rates, in bytes/s, of this
-	// stage's links to the previous and to the next stage, which carry its
-	// activation gradients and its activations (0: not measured; the stage
-	// then sends with Codec). Only LinkCodecs reads them.
-	InRate, OutRate float64
+	// Rates returns the measured rates, in bytes/s, of this stage's links
+	// to the previous and to the next stage, which carry its activation
+	// gradients and its activations (0: not measured; the link then
+	// carries Codec). With LinkCodecs the stage calls it before each step,
+	// so that a link measured during an epoch counts from the next step.
+	// nil: no link is measured.
+	Rates func() (in, out float64)
 }
 
 // Stage runs one pipeline stage's part of each step: its schedule's
@@ -66,6 +68,8 @@ type Stage struct {
 	// complete step's per micro-batch (0: none yet), which pickCodec
 	// compares the links' transfers with.
 	busy, compute time.Duration
+	// inRate and outRate are the links' rates the last choice read.
+	inRate, outRate float64
 	// held[j] is micro-batch j's input (stages but the first), kept from
 	// its forward pass to its backward pass; spare holds free buffers.
 	held        [][]float32
@@ -103,9 +107,6 @@ func NewStage(m *model.Model, t Transport, cfg Config) (*Stage, error) {
 		if specs, err = Ladder(cfg.Codec); err != nil {
 			return nil, err
 		}
-	}
-	if len(specs) > 1 && (!(cfg.InRate >= 0) || !(cfg.OutRate >= 0)) {
-		return nil, fmt.Errorf("pipeline: stage %d: link rates %g and %g bytes/s (want ≥ 0)", cfg.Stage, cfg.InRate, cfg.OutRate)
 	}
 	mb := m.MaxBatch()
 	for _, spec := range specs {
@@ -169,14 +170,22 @@ func (st *Stage) LinkCodecs() (activations, gradients string) {
 	return activations, gradients
 }
 
+// LinkRates returns the rates in bytes/s of the links to the previous and
+// the next stage that the codecs of the last step were chosen by (0: not
+// measured, or LinkCodecs off).
+func (st *Stage) LinkRates() (in, out float64) { return st.inRate, st.outRate }
+
 // choose picks the codecs of the step's messages on both links, from the
 // last step's compute.
 func (st *Stage) choose() {
 	if len(st.outs) < 2 {
 		return
 	}
-	st.outPick = pickCodec(st.outSizes, st.cfg.OutRate, st.compute, st.outPick)
-	st.inPick = pickCodec(st.inSizes, st.cfg.InRate, st.compute, st.inPick)
+	if st.cfg.Rates != nil {
+		st.inRate, st.outRate = st.cfg.Rates()
+	}
+	st.outPick = pickCodec(st.outSizes, st.outRate, st.compute, st.outPick)
+	st.inPick = pickCodec(st.inSizes, st.inRate, st.compute, st.inPick)
 }
 
 // tag is the codec byte of a message sent with codec i of the ladder (-1:

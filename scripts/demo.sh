@@ -136,10 +136,19 @@ for i in $(seq 0 $((peers - 1))); do
   printf 'peer%d: %s\n' "$i" "$(grep '^done' "$work/$i.out" || echo "no result; log: $(tail -3 "$work/$i.log")")"
   [ "$trainer" = builtin ] || printf '  its PyTorch process: %s\n' "$(grep '^done' "$work/$i.py.out" || echo "no result: $(tail -3 "$work/$i.py.log")")"
 done
-hashes="$(grep -h '^done' "$work"/*.out | sed 's/.*param_hash=//' | sort -u | wc -l)" # daemons and scripts alike
+# One hash per stage, daemons and scripts alike: with train.pipeline_stages the
+# done lines name the stage each peer holds, and only a stage's replicas agree.
+pairs="$(grep -h '^done' "$work"/*.out | awk '{ s = "-"; h = ""; for (i = 1; i <= NF; i++) { if ($i ~ /^stage=/) s = $i; if ($i ~ /^param_hash=/) h = $i }; print s, h }' | sort -u)"
+hashes="$(printf '%s\n' "$pairs" | grep -c .)"
+stages="$(printf '%s\n' "$pairs" | cut -d ' ' -f 1 | sort -u | grep -c .)"
 want=$peers; [ "$trainer" = builtin ] || want=$((2 * peers))
-if [ "$status" -ne 0 ] || [ "$hashes" -ne 1 ] || [ "$(grep -l '^done' "$work"/*.out | wc -l)" -ne "$want" ]; then
-  echo "demo: the peers did not all finish with one parameter hash" >&2
+if [ "$status" -ne 0 ] || [ "$hashes" -ne "$stages" ] || [ "$(grep -l '^done' "$work"/*.out | wc -l)" -ne "$want" ]; then
+  echo "demo: the peers did not all finish with one parameter hash (per pipeline stage):" >&2
+  printf '  %s\n' "$pairs" >&2
   exit 1
 fi
-echo "== all $peers peers finished with identical parameters"
+if [ "$stages" -gt 1 ]; then
+  echo "== all $peers peers finished; the replicas of each of the $stages pipeline stages hold identical parameters"
+else
+  echo "== all $peers peers finished with identical parameters"
+fi

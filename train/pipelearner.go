@@ -54,8 +54,9 @@ type PipeLearner struct {
 	idx   []int
 	// loss is the last stage's loss of the last Compute; act and grad
 	// the codecs it sent activations and their gradients with.
-	loss      float64
-	act, grad string
+	loss            float64
+	act, grad       string
+	inRate, outRate float64
 	// eval is the last evaluation through the pipeline, of the held
 	// stage's parameters that hash to evalHash ("": none).
 	eval     model.Stats
@@ -195,13 +196,13 @@ func (l *PipeLearner) Bounds() (maxPayload, tiedBytes int, err error) {
 
 // Begin starts an epoch: the held stage runs as stage Stage() of a
 // pipeline whose messages tr carries; seed seeds stochastic activation
-// codecs; inRate and outRate are the measured rates in bytes/s of this
-// peer's links to the previous and the next stage (0: not measured), from
-// which train.activation_link_codecs = "auto" chooses each link's codec.
-func (l *PipeLearner) Begin(tr pipeline.Transport, seed uint64, inRate, outRate float64) error {
+// codecs; rates returns the measured rates in bytes/s of this peer's links
+// to the previous and the next stage (0: not measured; nil: none), from
+// which train.activation_link_codecs = "auto" chooses each link's codec
+// before every step.
+func (l *PipeLearner) Begin(tr pipeline.Transport, seed uint64, rates func() (in, out float64)) error {
 	run, err := pipeline.NewStage(l.m, tr, pipeline.Config{Stages: l.split.Stages(), Stage: l.stage, Micro: l.cfg.MicroBatches,
-		Schedule: l.sched, Codec: l.cfg.ActivationCodec, Seed: seed,
-		LinkCodecs: len(l.ladder) > 1, InRate: inRate, OutRate: outRate})
+		Schedule: l.sched, Codec: l.cfg.ActivationCodec, Seed: seed, LinkCodecs: len(l.ladder) > 1, Rates: rates})
 	if err != nil {
 		return err
 	}
@@ -218,6 +219,10 @@ func (l *PipeLearner) WireCodec() string { return strings.Join(l.ladder, "|") }
 // their gradients with in the last step it computed ("" before one, and
 // for a side the stage sends nothing on).
 func (l *PipeLearner) LinkCodecs() (activations, gradients string) { return l.act, l.grad }
+
+// LinkRates returns the measured rates in bytes/s of the links to the
+// previous and the next stage that LinkCodecs were chosen by.
+func (l *PipeLearner) LinkRates() (in, out float64) { return l.inRate, l.outRate }
 
 // End ends the epoch Begin started.
 func (l *PipeLearner) End() { l.run, l.tr = nil, nil }
@@ -273,6 +278,7 @@ func (l *PipeLearner) Compute(ctx context.Context, step uint64, sh Shard, ready 
 	})
 	l.loss = res.Stats.Loss
 	l.act, l.grad = l.run.LinkCodecs()
+	l.inRate, l.outRate = l.run.LinkRates()
 	return l.loss, err
 }
 

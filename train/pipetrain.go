@@ -306,8 +306,10 @@ func (t *Trainer) noteLinkCodecs(pe *pipeEpoch, step uint64) {
 		return
 	}
 	pe.act, pe.grad = act, grad
+	in, out := t.stages.LinkRates()
 	t.log.Info("pipeline link codecs", zap.Uint64("step", step), zap.Int("stage", pe.stage),
-		zap.String("activations_to_next", act), zap.String("gradients_to_previous", grad))
+		zap.String("activations_to_next", act), zap.String("gradients_to_previous", grad),
+		zap.Float64("next_mbit_s", out*8/1e6), zap.Float64("previous_mbit_s", in*8/1e6))
 }
 
 // beginPipe opens ep's pipeline transport for this peer's stage, starts
@@ -341,8 +343,9 @@ func (t *Trainer) beginPipe(ep gossip.Epoch) (plan.EpochSpec, *pipeEpoch, error)
 	}
 	h := fnv.New64a()
 	h.Write([]byte(t.self))
-	inRate, outRate := neighbourRates(t.c.LinkMatrix(as.Pipelines[r]), s)
-	if err := t.stages.Begin(tr, h.Sum64(), inRate, outRate); err != nil {
+	peers := as.Pipelines[r]
+	rates := func() (float64, float64) { return neighbourRates(t.c.LinkMatrix(peers), s) }
+	if err := t.stages.Begin(tr, h.Sum64(), rates); err != nil {
 		tr.Reset(err)
 		return plan.EpochSpec{}, nil, err
 	}
@@ -354,8 +357,7 @@ func (t *Trainer) beginPipe(ep gossip.Epoch) (plan.EpochSpec, *pipeEpoch, error)
 	spec.Ring.Digest = fmt.Sprintf("%s/stage%d", ep.Digest(), s)
 	t.log.Info("pipeline stage in ring epoch", zap.Uint64("epoch", ep.Number), zap.String("layout", as.String()),
 		zap.Int("stage", s), zap.Int("replica", r), zap.Ints("layers", []int{t.stages.Split()[s], t.stages.Split()[s+1]}),
-		zap.Strings("stage_ring", members), zap.String("activation_codecs", t.stages.WireCodec()),
-		zap.Float64("link_in_mbit_s", inRate*8/1e6), zap.Float64("link_out_mbit_s", outRate*8/1e6))
+		zap.Strings("stage_ring", members), zap.String("activation_codecs", t.stages.WireCodec()))
 	return spec, &pipeEpoch{stage: s, tr: tr, sent: tr.Sent()}, nil
 }
 

@@ -66,6 +66,10 @@ type Result struct {
 	// Retries counts failed attempts at a step (each was retried), and
 	// Resyncs the training states this peer took over from a member.
 	Retries, Resyncs int
+	// Stages is the number of pipeline stages the model was cut into (0:
+	// none; every peer holds the whole model), and Stage the one this peer
+	// holds, whose parameters ParamHash hashes.
+	Stages, Stage int
 }
 
 // Trainer runs the data-parallel step loop of one peer: local gradients on
@@ -1223,6 +1227,9 @@ func (t *Trainer) finish(ctx context.Context) (Result, gossip.Epoch, error) {
 		t.checkpoint()
 	}
 	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.hash, Retries: t.retries, Resyncs: t.syncs}
+	if t.pipelined() {
+		res.Stages, res.Stage = t.stages.Stages(), t.heldStage()
+	}
 	if t.cfg.Model == "gpt" {
 		res.BitsPerByte = data.BitsPerByte(st.Loss)
 	}
@@ -1277,15 +1284,21 @@ func majorityBehind(ep gossip.Epoch, members []gossip.Member, self string, own *
 	return target < own.Step
 }
 
-// String formats a result as the final line of a run.
+// String formats a result as the final line of a run; a pipeline stage's
+// names the stage its parameter hash is of (the replicas of a stage agree,
+// the stages differ).
 func (r Result) String() string {
+	hash := "param_hash=" + r.ParamHash
+	if r.Stages > 0 {
+		hash = fmt.Sprintf("stage=%d %s", r.Stage, hash)
+	}
 	if r.Accuracy < 0 {
-		return fmt.Sprintf("done step=%d train_loss=%.4f param_hash=%s", r.Step, r.Loss, r.ParamHash)
+		return fmt.Sprintf("done step=%d train_loss=%.4f %s", r.Step, r.Loss, hash)
 	}
 	if r.BitsPerByte > 0 {
-		return fmt.Sprintf("done step=%d test_loss=%.4f accuracy=%.4f bits_per_byte=%.4f param_hash=%s", r.Step, r.Loss, r.Accuracy, r.BitsPerByte, r.ParamHash)
+		return fmt.Sprintf("done step=%d test_loss=%.4f accuracy=%.4f bits_per_byte=%.4f %s", r.Step, r.Loss, r.Accuracy, r.BitsPerByte, hash)
 	}
-	return fmt.Sprintf("done step=%d test_loss=%.4f accuracy=%.4f param_hash=%s", r.Step, r.Loss, r.Accuracy, r.ParamHash)
+	return fmt.Sprintf("done step=%d test_loss=%.4f accuracy=%.4f %s", r.Step, r.Loss, r.Accuracy, hash)
 }
 
 // lateMembers sorts the members of ep that are not in ready: slow ones
