@@ -47,7 +47,7 @@ func MaxPayload(spec string, n int) (int, error) {
 // spec ValidateCodec accepts, in canonical form): none, then bf16 when spec
 // takes fewer than its 2 bytes a value, then spec. With spec none it is
 // just none. Stage.Step sends each message with the most exact of them
-// whose transfer hides under the stage's compute (pickCodec).
+// whose extra transfer the stage's compute affords (pickCodec).
 func Ladder(spec string) ([]string, error) {
 	c, err := newCodec(spec, ladderProbe, 0)
 	if err != nil {
@@ -86,4 +86,30 @@ func LadderPayload(ladder []string, n int) (int, error) {
 		most++
 	}
 	return most, nil
+}
+
+// WithLadder returns activation codec c projected under
+// train.activation_link_codecs = "auto": with Ladder(c.Spec)'s codecs in
+// c.Ladder, each with its coding seconds per value from code (by
+// canonical spec; c's own Code kept). A ladder of one codec (none) leaves
+// c as it is.
+func WithLadder(c CodecCost, code map[string]float64) (CodecCost, error) {
+	specs, err := Ladder(c.Spec)
+	if err != nil {
+		return CodecCost{}, err
+	}
+	if len(specs) < 2 {
+		return c, nil
+	}
+	c.Ladder = make([]CodecCost, len(specs))
+	for i, spec := range specs[:len(specs)-1] {
+		if c.Ladder[i], err = CodecCostOf(spec); err != nil {
+			return CodecCost{}, err
+		}
+		c.Ladder[i].Code = code[c.Ladder[i].Spec]
+	}
+	last := c
+	last.Ladder = nil
+	c.Ladder[len(specs)-1] = last
+	return c, nil
 }

@@ -47,7 +47,9 @@ func TestLadder(t *testing.T) {
 }
 
 func TestPickCodec(t *testing.T) {
-	sizes := []int{400, 200, 100} // 0.4, 0.2 and 0.1 s at 1000 bytes/s
+	// At 1 MB/s none's message takes 3 ms more than the most compressed
+	// codec's, bf16's 1 ms more.
+	sizes := []int{4000, 2000, 1000}
 	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
 	for _, tc := range []struct {
 		rate    float64
@@ -56,12 +58,12 @@ func TestPickCodec(t *testing.T) {
 		want    int
 		why     string
 	}{
-		{1000, ms(500), 2, 0, "none's 0.4 s fits in 0.8 of 0.5 s of compute"},
-		{1000, ms(450), 2, 1, "none's 0.4 s is above 0.8 of 0.45 s: moving up needs the margin, bf16's 0.2 s has it"},
-		{1000, ms(450), 0, 0, "a link that carries none keeps it while its 0.4 s fits in 0.45 s"},
-		{1000, ms(300), 0, 1, "none's 0.4 s no longer fits in 0.3 s"},
-		{1000, ms(50), 0, 2, "nothing fits: the most compressed"},
-		{1000, 0, 2, 2, "no compute measured yet: the most compressed"},
+		{1e6, ms(100), 2, 0, "none's extra 3 ms fits in 0.8 of 5 % of 100 ms"},
+		{1e6, ms(70), 2, 1, "none's extra 3 ms is above 0.8 of 5 % of 70 ms (2.8 ms): moving up needs the margin, bf16's 1 ms has it"},
+		{1e6, ms(70), 0, 0, "a link that carries none keeps it while its extra 3 ms fits in 5 % of 70 ms"},
+		{1e6, ms(50), 0, 1, "none's extra 3 ms no longer fits in 2.5 ms"},
+		{1e6, ms(10), 0, 2, "nothing fits in 0.5 ms: the most compressed"},
+		{1e6, 0, 2, 2, "no compute measured yet: the most compressed"},
 		{0, ms(500), 0, 2, "an unmeasured link: the most compressed"},
 		{math.NaN(), ms(500), 0, 2, "not a rate"},
 		{math.Inf(1), 0, 2, 0, "an infinitely fast link takes none at once"},

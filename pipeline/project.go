@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/compress"
@@ -45,6 +47,10 @@ type CodecCost struct {
 	// Code is the processor's seconds to encode one value and decode it
 	// once, measured on the peer's device (0: not priced).
 	Code float64
+	// Ladder, with more than one codec, projects an activation codec under
+	// train.activation_link_codecs = "auto": the codecs of Ladder(Spec),
+	// this one last, that each hop's sending stage chooses among.
+	Ladder []CodecCost
 	// codec is an instance of the codec, for the ring's frame count
 	// (allreduce.RingFrames; nil: fp32's frames).
 	codec compress.Codec
@@ -115,6 +121,27 @@ type Setup struct {
 	CPU CPUCost
 }
 
+// pickCost returns the codec of ladder that a stage computing busy seconds
+// a step sends a message of values values with, by the rule Stage.Step
+// follows (pickCodec with its compute per micro-batch).
+func (s Setup) pickCost(ladder []CodecCost, values, busy float64) CodecCost {
+	sizes := make([]int, len(ladder))
+	for i, c := range ladder {
+		sizes[i] = int(math.Ceil(values * 4 * c.Ratio))
+	}
+	per := time.Duration(busy / float64(s.Micro) * float64(time.Second))
+	return ladder[pickCodec(sizes, s.Bandwidth, per, len(sizes)-1)]
+}
+
+// specsOfCosts lists the codecs' specs.
+func specsOfCosts(cs []CodecCost) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = c.Spec
+	}
+	return out
+}
+
 // Layout is the projection of one layout: S stages × R replicas (S = 1 is
 // pure data parallelism) with a gradient and an activation codec. Times are
 // seconds per step.
@@ -124,8 +151,12 @@ type Layout struct {
 	// forward pass twice, for the recomputation, plus its backward pass).
 	Split Split
 	// Grad is the gradient codec ("" without replicas: R = 1), Act the
-	// activation codec ("" for S = 1).
+	// activation codec ("" for S = 1; with its Ladder the ladder's codecs
+	// joined by "|").
 	Grad, Act string
+	// ActLinks is, with an activation codec's Ladder, each hop's codecs of activations
+	// and of their gradients, "fwd/back" (nil without).
+	ActLinks []string
 	// Compute is a peer's compute time (S = 1), or the pipeline's time: its
 	// schedule simulated with the stages' compute and the hops' transfers.
 	Compute float64
@@ -269,9 +300,6 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 	}
 	lay.Split = split
 	tm := Timing{Latency: s.RTT / 2}
-	if !s.CPU.Beside {
-		tm.Message = make([]float64, 0, stages-1)
-	}
 	sent := make([]float64, stages)
 	cpu := make([]float64, stages) // each stage's communication CPU
 	tiedParams := 0
@@ -297,44 +325,70 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 		lay.Update = max(lay.Update, float64(g)*s.CPU.Update)
 		sent[st] += ringSent
 		cpu[st] += ringCPU
-		if st+1 < stages {
-			values := mb * float64(s.Layers[hi-1].OutElems)
-			bytes := values * 4 * act.Ratio
+	}
+	busy := make([]float64, stages) // each stage's compute time in the step
+	for st := range stages {
+		ops, _ := s.Schedule.Ops(stages, st, s.Micro)
+		for _, op := range ops {
+			if op.Kind == Forward || op.Recompute {
+				busy[st] += tm.Forward[st]
+			}
+			if op.Kind == Backward {
+				busy[st] += tm.Backward[st]
+			}
+		}
+	}
+	links := len(act.Ladder) > 1
+	if links {
+		lay.Act = strings.Join(specsOfCosts(act.Ladder), "|")
+		tm.TransferBack = make([]float64, 0, stages-1)
+		if !s.CPU.Beside {
+			tm.MessageBack = make([]float64, 0, stages-1)
+		}
+	}
+	if !s.CPU.Beside {
+		tm.Message = make([]float64, 0, stages-1)
+	}
+	for h := range stages - 1 {
+		values := mb * float64(s.Layers[split[h+1]-1].OutElems)
+		// Each direction carries the codec its sending stage picks.
+		fwd, back := act, act
+		if links {
+			fwd = s.pickCost(act.Ladder, values, busy[h])
+			back = s.pickCost(act.Ladder, values, busy[h+1])
+			lay.ActLinks = append(lay.ActLinks, fwd.Spec+"/"+back.Spec)
+		}
+		for dir, c := range []CodecCost{fwd, back} {
+			bytes := values * 4 * c.Ratio
 			transfer := bytes / s.Bandwidth
-			// Both ends of the hop handle an activation and a gradient
-			// per micro-batch: one message's processor time each, half of
-			// it at either end.
-			msg := s.CPU.message(bytes, values, act)
-			cpu[st] += float64(s.Micro) * msg
-			cpu[st+1] += float64(s.Micro) * msg
+			// Both ends of the hop handle a message of this direction per
+			// micro-batch: its processor time, half of it at either end.
+			msg := s.CPU.message(bytes, values, c)
+			cpu[h] += float64(s.Micro) * msg / 2
+			cpu[h+1] += float64(s.Micro) * msg / 2
 			if s.CPU.Beside {
 				transfer += msg
-			} else {
+			} else if dir == 0 {
 				tm.Message = append(tm.Message, msg/2)
+			} else if links {
+				tm.MessageBack = append(tm.MessageBack, msg/2)
 			}
-			tm.Transfer = append(tm.Transfer, transfer)
+			if dir == 0 {
+				tm.Transfer = append(tm.Transfer, transfer)
+				sent[h] += float64(s.Micro) * bytes // activations forward
+			} else {
+				if links {
+					tm.TransferBack = append(tm.TransferBack, transfer)
+				}
+				sent[h+1] += float64(s.Micro) * bytes // their gradients back
+			}
 			lay.Hop = max(lay.Hop, transfer+tm.Latency)
-			sent[st] += float64(s.Micro) * bytes   // activations forward
-			sent[st+1] += float64(s.Micro) * bytes // their gradients back
 		}
 	}
 	if lay.Compute, err = s.Schedule.Simulate(tm, s.Micro); err != nil {
 		return Layout{}, err
 	}
-	busiest := 0.0 // the most compute time a stage spends in the step
-	for st := range stages {
-		ops, _ := s.Schedule.Ops(stages, st, s.Micro)
-		busy := 0.0
-		for _, op := range ops {
-			if op.Kind == Forward || op.Recompute {
-				busy += tm.Forward[st]
-			}
-			if op.Kind == Backward {
-				busy += tm.Backward[st]
-			}
-		}
-		busiest = max(busiest, busy)
-	}
+	busiest := slices.Max(busy) // the most compute time a stage spends in the step
 	if lay.Compute > 0 {
 		lay.Bubble = 1 - busiest/lay.Compute
 	}

@@ -360,3 +360,89 @@ func TestProjectPricesPipelineMessages(t *testing.T) {
 		t.Errorf("beside a GPU: %+v; want compute %v, hop %v", l, want, 1024/1e9+msg)
 	}
 }
+
+// TestProjectLinkCodecs checks the projection of per-link activation
+// codecs: each direction of a hop carries the codec its sending stage
+// picks by the rule Stage.Step follows, so links far faster than the
+// compute project none's step, links far slower dyn8's, and a heavy first
+// stage beside a light second one sends its activations exactly while
+// the light stage compresses their gradients.
+func TestProjectLinkCodecs(t *testing.T) {
+	dyn8, err := CodecCostOf("dyn8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	auto, err := WithLadder(dyn8, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := specsOfCosts(auto.Ladder); !slices.Equal(got, []string{"none", "bf16", dyn8.Spec}) {
+		t.Fatalf("ladder %v", got)
+	}
+	ls := equalLayers(4, 1e-3, 2e-3, 1000, 1000) // 4 micro-batches of 1 sample: 4 kB each in fp32
+	for _, tc := range []struct {
+		bw    float64
+		links string
+		same  CodecCost
+	}{{1e9, "none/none", none}, {1e5, dyn8.Spec + "/" + dyn8.Spec, dyn8}} {
+		s := Setup{Layers: ls, Peers: 2, Batch: 4, Micro: 4, Bandwidth: tc.bw, RTT: 1e-4}
+		got, err := s.Project(2, none, auto)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := s.Project(2, none, tc.same)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.ActLinks, []string{tc.links}) || got.Step != want.Step || got.PeerBytes != want.PeerBytes {
+			t.Errorf("links of %g B/s: hops %v, step %v and %v bytes; want %s, %s's %v and %v", tc.bw, got.ActLinks, got.Step, got.PeerBytes,
+				tc.links, tc.same.Spec, want.Step, want.PeerBytes)
+		}
+		if got.Act != "none|bf16|"+dyn8.Spec {
+			t.Errorf("act %q", got.Act)
+		}
+	}
+	// Stage 0 computes 6 ms a micro-batch (1F1B recomputes its forward
+	// passes), stage 1 0.3 ms: at 20 MB/s none's 3 kB more than dyn8 take
+	// 150 µs, within 0.8 of 5 % of stage 0's compute (240 µs), and bf16's
+	// 1 kB more 50 µs, above stage 1's 12 µs.
+	heavy := []LayerCost{{Forward: 2e-3, Backward: 2e-3, Params: 10, Tied: -1, OutElems: 1000}, {Forward: 1e-4, Backward: 2e-4, Params: 10, Tied: -1, OutElems: 10}}
+	s := Setup{Layers: heavy, Peers: 2, Batch: 4, Micro: 4, Bandwidth: 20e6, RTT: 1e-4}
+	got, err := s.Project(2, none, auto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.ActLinks, []string{"none/" + dyn8.Spec}) {
+		t.Fatalf("hops %v, want none forward and dyn8 back", got.ActLinks)
+	}
+	lo, _ := s.Project(2, none, dyn8)
+	hi, _ := s.Project(2, none, none)
+	// The busiest sender is stage 0, with none's activations.
+	if !(got.Step >= lo.Step && got.Step <= hi.Step) || got.PeerBytes != hi.PeerBytes {
+		t.Errorf("mixed hop: step %v, %v bytes; want a step between dyn8's %v and none's %v, and none's %v bytes", got.Step, got.PeerBytes, lo.Step, hi.Step, hi.PeerBytes)
+	}
+}
+
+// TestSimulateTransferBack checks that the gradients' own transfer times
+// are the ones their direction takes.
+func TestSimulateTransferBack(t *testing.T) {
+	tm := Timing{Forward: []float64{1, 1}, Backward: []float64{1, 1}, Transfer: []float64{0.5}}
+	base, err := GPipe.Simulate(tm, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm.TransferBack = []float64{0.5}
+	if same, _ := GPipe.Simulate(tm, 2); same != base {
+		t.Errorf("equal gradient transfers: %v, want %v", same, base)
+	}
+	tm.TransferBack = []float64{3}
+	// GPipe, 2 stages, 2 micro-batches: stage 1's last backward pass ends
+	// at 5.5; its gradients reach stage 0 3 s after each other's link time.
+	if slow, _ := GPipe.Simulate(tm, 2); !(slow > base+2) {
+		t.Errorf("slow gradient transfers: %v, want above %v", slow, base+2)
+	}
+	tm.TransferBack = []float64{1, 2}
+	if _, err := GPipe.Simulate(tm, 2); err == nil {
+		t.Error("a TransferBack of 2 hops for 1 accepted")
+	}
+}

@@ -138,15 +138,33 @@ type Timing struct {
 	// activation arrives and hop s's to send its output, a backward pass
 	// the same for the gradients, and a recomputation neither.
 	Message []float64
+	// TransferBack and MessageBack, when not nil, are Transfer and Message
+	// of the hops' activation gradients where they differ from their
+	// activations' (a codec per link and direction); nil: the same.
+	TransferBack, MessageBack []float64
 }
 
-// message returns hop h's per-end processor time, 0 for a hop that does
-// not exist or without Message.
-func (t Timing) message(h int) float64 {
-	if h < 0 || h >= len(t.Message) {
+// message returns hop h's per-end processor time of a message forward
+// (back: of a gradient), 0 for a hop that does not exist or without
+// Message.
+func (t Timing) message(h int, back bool) float64 {
+	m := t.Message
+	if back && t.MessageBack != nil {
+		m = t.MessageBack
+	}
+	if h < 0 || h >= len(m) {
 		return 0
 	}
-	return t.Message[h]
+	return m[h]
+}
+
+// transfer returns hop h's transfer time of a message forward (back: of a
+// gradient).
+func (t Timing) transfer(h int, back bool) float64 {
+	if back && t.TransferBack != nil {
+		return t.TransferBack[h]
+	}
+	return t.Transfer[h]
 }
 
 // Simulate runs every stage's operations for micro micro-batches under t
@@ -160,9 +178,10 @@ func (t Timing) message(h int) float64 {
 // the order sent, and arrives Latency after leaving it.
 func (sc Schedule) Simulate(t Timing, micro int) (float64, error) {
 	S := len(t.Forward)
-	if S == 0 || len(t.Backward) != S || len(t.Transfer) != S-1 || t.Message != nil && len(t.Message) != S-1 {
-		return 0, fmt.Errorf("pipeline: timing for %d forward, %d backward stages, %d hops and %d hops' message times",
-			len(t.Forward), len(t.Backward), len(t.Transfer), len(t.Message))
+	if S == 0 || len(t.Backward) != S || len(t.Transfer) != S-1 || t.Message != nil && len(t.Message) != S-1 ||
+		t.TransferBack != nil && len(t.TransferBack) != S-1 || t.MessageBack != nil && len(t.MessageBack) != S-1 {
+		return 0, fmt.Errorf("pipeline: timing for %d forward, %d backward stages, %d hops, %d hops' message times, %d and %d of their gradients",
+			len(t.Forward), len(t.Backward), len(t.Transfer), len(t.Message), len(t.TransferBack), len(t.MessageBack))
 	}
 	ops := make([][]Op, S)
 	for s := range S {
@@ -190,9 +209,9 @@ func (sc Schedule) Simulate(t Timing, micro int) (float64, error) {
 	free := make([]float64, S)
 	fwdLink, bwdLink := make([]float64, S), make([]float64, S)
 	next := make([]int, S)
-	send := func(link *float64, h int, at float64) float64 {
+	send := func(link *float64, h int, back bool, at float64) float64 {
 		start := max(*link, at)
-		*link = start + t.Transfer[h]
+		*link = start + t.transfer(h, back)
 		return *link + t.Latency
 	}
 	for done := 0; done < S*2*micro; {
@@ -202,10 +221,9 @@ func (sc Schedule) Simulate(t Timing, micro int) (float64, error) {
 				op := ops[s][next[s]]
 				// Every pass receives from one neighbour and sends to
 				// the other (the ends of the pipeline one of them).
-				msgs := t.message(s-1) + t.message(s)
-				ready, dur, start := act[s][op.Micro], t.Forward[s]+msgs, free[s]
+				ready, dur, start := act[s][op.Micro], t.Forward[s]+t.message(s-1, false)+t.message(s, false), free[s]
 				if op.Kind == Backward {
-					ready, dur = grad[s][op.Micro], t.Backward[s]+msgs
+					ready, dur = grad[s][op.Micro], t.Backward[s]+t.message(s-1, true)+t.message(s, true)
 					if op.Recompute {
 						// The recomputation needs only the stage's own
 						// input: the stage runs it before it waits for
@@ -219,9 +237,9 @@ func (sc Schedule) Simulate(t Timing, micro int) (float64, error) {
 				free[s] = max(start, ready) + dur
 				switch {
 				case op.Kind == Forward && s < S-1:
-					act[s+1][op.Micro] = send(&fwdLink[s], s, free[s])
+					act[s+1][op.Micro] = send(&fwdLink[s], s, false, free[s])
 				case op.Kind == Backward && s > 0:
-					grad[s-1][op.Micro] = send(&bwdLink[s-1], s-1, free[s])
+					grad[s-1][op.Micro] = send(&bwdLink[s-1], s-1, true, free[s])
 				}
 				next[s]++
 				done++

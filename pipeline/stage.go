@@ -29,8 +29,8 @@ type Config struct {
 	Seed uint64
 	// LinkCodecs lets the stage choose the codec of each step's messages
 	// per link among Ladder(Codec) (train.activation_link_codecs = "auto",
-	// docs/pipeline.md): the most exact one whose transfer at the link's
-	// rate hides under the stage's compute. Every stage of a pipeline must
+	// docs/pipeline.md): the most exact one whose extra bytes over Codec's
+	// cost the link at most linkBudget of the stage's compute. Every stage of a pipeline must
 	// set it alike: each message then starts with a byte naming its codec.
 	LinkCodecs bool
 	// Rates returns the measured rates, in bytes/s, of this stage's links
@@ -126,31 +126,39 @@ func NewStage(m *model.Model, t Transport, cfg Config) (*Stage, error) {
 	return st, nil
 }
 
-// upgradeMargin is the share of the stage's compute a more exact codec's
+// linkBudget is the share of a stage's compute that a more exact codec
+// may add to a link's transfers: a link carries a codec more exact than
+// the most compressed one only when the extra bytes of a micro-batch's
+// message take at most this share of the stage's compute per micro-batch,
+// so that exactness costs at most about this share of the step even when
+// none of the transfer overlaps compute (fill and drain, the stage ring's
+// traffic on the same link). The rule "the transfer hides under the
+// compute" made a 2-stage gpt 1.33× slower at 20 Mbit/s (docs/pipeline.md).
+const linkBudget = 0.05
+
+// upgradeMargin is the share of the budget a more exact codec's extra
 // transfer must fit in before a link moves to it: the hysteresis that
-// keeps a link whose transfer is about as long as the compute from
-// switching codec every step.
+// keeps a link near the budget from switching codec every step.
 const upgradeMargin = 0.8
 
 // pickCodec returns the index, in a ladder of codecs from the most exact
 // to the most compressed whose encoded bytes for one micro-batch are
 // sizes, of the codec a link of rate bytes/s carries: the most exact one
-// whose transfer takes at most the stage's compute per micro-batch
-// (upgradeMargin of it for one more exact than cur, the link's codec so
-// far); the most compressed when none fits or the rate is not measured.
-// A transfer that takes less than the compute of a micro-batch hides
-// under it in the schedule's steady state.
+// whose extra transfer time over the most compressed one is at most
+// linkBudget of the stage's compute per micro-batch (upgradeMargin of
+// that for one more exact than cur, the link's codec so far); the most
+// compressed when none fits or the rate is not measured.
 func pickCodec(sizes []int, rate float64, compute time.Duration, cur int) int {
 	last := len(sizes) - 1
 	if !(rate > 0) {
 		return last
 	}
 	for i, b := range sizes[:last] {
-		limit := compute.Seconds()
+		limit := linkBudget * compute.Seconds()
 		if i < cur {
 			limit *= upgradeMargin
 		}
-		if float64(b)/rate <= limit {
+		if float64(b-sizes[last])/rate <= limit {
 			return i
 		}
 	}

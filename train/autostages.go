@@ -171,7 +171,15 @@ func (t *Trainer) measureLayers(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("train: train.pipeline_stages = auto: timing the layers: %w", err)
 	}
-	cpu, code, err := profileCPU(ml.Model(), t.cfg, []string{t.arCfg.Codec, t.cfg.ActivationCodec})
+	specs := []string{t.arCfg.Codec, t.cfg.ActivationCodec}
+	if t.cfg.ActivationLinkCodecs == config.ActivationLinkCodecsAuto {
+		ladder, err := pipeline.Ladder(t.cfg.ActivationCodec)
+		if err != nil {
+			return fmt.Errorf("train: train.activation_codec: %w", err)
+		}
+		specs = append(specs, ladder[:len(ladder)-1]...) // the last is train.activation_codec
+	}
+	cpu, code, err := profileCPU(ml.Model(), t.cfg, specs)
 	if err != nil {
 		return fmt.Errorf("train: train.pipeline_stages = auto: timing the processor's work besides the layers: %w", err)
 	}
@@ -336,9 +344,11 @@ type stagesInput struct {
 	// Links are the links assumed.
 	Links linkSummary
 	// Schedule is train.pipeline_schedule; Grad and Act allreduce.codec
-	// and train.activation_codec.
+	// and train.activation_codec; ActLinks says that
+	// train.activation_link_codecs is "auto".
 	Schedule  pipeline.Schedule
 	Grad, Act string
+	ActLinks  bool
 	// CPU is what a step costs a peer's processor besides the layers, and
 	// Code each codec's coding seconds per value by canonical spec.
 	CPU  pipeline.CPUCost
@@ -358,6 +368,11 @@ func planStages(in stagesInput) (StagesChoice, []pipeline.Layout, error) {
 		return StagesChoice{}, nil, fmt.Errorf("train.activation_codec: %w", err)
 	}
 	grad.Code, act.Code = in.Code[grad.Spec], in.Code[act.Spec]
+	if in.ActLinks {
+		if act, err = pipeline.WithLadder(act, in.Code); err != nil {
+			return StagesChoice{}, nil, fmt.Errorf("train.activation_codec: %w", err)
+		}
+	}
 	setup := pipeline.Setup{Layers: in.Costs, Peers: in.Peers, Batch: in.Batch, Micro: in.Micro,
 		Bandwidth: in.Links.Bandwidth, RTT: in.Links.RTT, Schedule: in.Schedule, CPU: in.CPU}
 	layouts, err := setup.Plan([]pipeline.CodecCost{grad}, []pipeline.CodecCost{act})
@@ -447,7 +462,8 @@ func (t *Trainer) chooseStages(ctx context.Context, ep gossip.Epoch) (StagesChoi
 	}
 	links := t.waitLinks(ctx, ep)
 	in := stagesInput{Costs: a.costs, Peers: len(ep.Order), Batch: len(ep.Order) * a.base.BatchSize, Micro: a.base.MicroBatches,
-		Links: links, Grad: t.arCfg.Codec, Act: a.base.ActivationCodec, CPU: a.cpu, Code: a.code}
+		Links: links, Grad: t.arCfg.Codec, Act: a.base.ActivationCodec, ActLinks: a.base.ActivationLinkCodecs == config.ActivationLinkCodecsAuto,
+		CPU: a.cpu, Code: a.code}
 	var err error
 	if in.Schedule, err = pipeline.ParseSchedule(a.base.PipelineSchedule); err != nil {
 		return StagesChoice{}, fmt.Errorf("train: train.pipeline_schedule: %w", err)

@@ -53,22 +53,26 @@ type planLayer struct {
 }
 
 type planLayout struct {
-	Layout     string  `json:"layout"`
-	Stages     int     `json:"stages"`
-	Replicas   int     `json:"replicas"`
-	GradCodec  string  `json:"grad_codec,omitempty"`
-	ActCodec   string  `json:"act_codec,omitempty"`
-	Split      []int   `json:"split,omitempty"`
-	PipelineS  float64 `json:"compute_s"`
-	Bubble     float64 `json:"bubble"`
-	HopS       float64 `json:"hop_s"`
-	AllReduceS float64 `json:"allreduce_s"`
-	TiedS      float64 `json:"tied_s"`
-	UpdateS    float64 `json:"update_s"`
-	CommCPUS   float64 `json:"comm_cpu_s"`
-	StepS      float64 `json:"step_s"`
-	PeerBytes  float64 `json:"peer_bytes"`
-	PeerParams int     `json:"peer_params"`
+	Layout    string `json:"layout"`
+	Stages    int    `json:"stages"`
+	Replicas  int    `json:"replicas"`
+	GradCodec string `json:"grad_codec,omitempty"`
+	ActCodec  string `json:"act_codec,omitempty"`
+	// ActLinks is each hop's activation and gradient codecs, "fwd/back",
+	// under --act-link-codecs auto (ActCodec then lists the codecs a link
+	// chooses among, joined by "|").
+	ActLinks   []string `json:"act_links,omitempty"`
+	Split      []int    `json:"split,omitempty"`
+	PipelineS  float64  `json:"compute_s"`
+	Bubble     float64  `json:"bubble"`
+	HopS       float64  `json:"hop_s"`
+	AllReduceS float64  `json:"allreduce_s"`
+	TiedS      float64  `json:"tied_s"`
+	UpdateS    float64  `json:"update_s"`
+	CommCPUS   float64  `json:"comm_cpu_s"`
+	StepS      float64  `json:"step_s"`
+	PeerBytes  float64  `json:"peer_bytes"`
+	PeerParams int      `json:"peer_params"`
 }
 
 // cmdPlan runs `p2ptrain plan`: it times the model's layers on a local
@@ -99,6 +103,7 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	micro := fs.Int("micro", 8, "micro-batches per pipeline and step (`M`)")
 	grads := fs.String("grad-codecs", "none,dyn8", "gradient codec `SPECS` to compare (comma-separated)")
 	acts := fs.String("act-codecs", "none,dyn8", "activation codec `SPECS` to compare (comma-separated)")
+	actLinks := fs.String("act-link-codecs", "off", "`MODE` of the activation codecs per link (train.activation_link_codecs): off, auto (each link the most exact of none, bf16 and the codec whose transfer hides under the sending stage's compute), or both (each --act-codecs codec both ways)")
 	sched := fs.String("schedule", "1f1b", "pipeline `SCHEDULE`: 1f1b or gpipe")
 	device := fs.String("device", "cpu", "device `SPEC` to time the layers on, e.g. cpu or cuda:0")
 	timeBatch := fs.Int("time-batch", 0, "samples to time the layers on (`N`; default the per-peer batch, at most 4)")
@@ -151,6 +156,9 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 			return usagef("plan: --act-codecs: %v", err)
 		}
 	}
+	if *actLinks != "off" && *actLinks != "auto" && *actLinks != "both" {
+		return usagef("plan: --act-link-codecs %q is not off, auto or both", *actLinks)
+	}
 	n := *timeBatch
 	if n == 0 {
 		n = min(max(*batch / *peers, 1), 4)
@@ -161,6 +169,16 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	var specs []string
 	for _, c := range slices.Concat(gradCosts, actCosts) {
 		specs = append(specs, c.Spec)
+	}
+	if *actLinks != "off" {
+		for _, c := range actCosts {
+			ladder, _ := pipeline.Ladder(c.Spec) // validated above
+			for _, l := range ladder {
+				if !slices.Contains(specs, l) {
+					specs = append(specs, l)
+				}
+			}
+		}
 	}
 	var measure *cpuRequest
 	if *cpuCosts {
@@ -193,6 +211,9 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 		setup.CPU, gradCosts = applyCPU(*cpu, devName, gradCosts)
 		_, actCosts = applyCPU(*cpu, devName, actCosts)
 	}
+	if actCosts, err = linkActCosts(actCosts, *actLinks, cpu); err != nil {
+		return err
+	}
 	layouts, err := setup.Plan(gradCosts, actCosts)
 	if err != nil {
 		return err
@@ -204,7 +225,7 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 		rep.Layers = append(rep.Layers, planLayer{Layer: in.Describe, ForwardS: costs[i].Forward, BackwardS: costs[i].Backward, Params: in.Params, OutElems: in.OutElems})
 	}
 	for _, l := range layouts {
-		rep.Layouts = append(rep.Layouts, planLayout{Layout: l.Name(), Stages: l.Stages, Replicas: l.Replicas, GradCodec: l.Grad, ActCodec: l.Act,
+		rep.Layouts = append(rep.Layouts, planLayout{Layout: l.Name(), Stages: l.Stages, Replicas: l.Replicas, GradCodec: l.Grad, ActCodec: l.Act, ActLinks: l.ActLinks,
 			Split: l.Split, PipelineS: l.Compute, Bubble: l.Bubble, HopS: l.Hop, AllReduceS: l.AllReduce, TiedS: l.Tied, UpdateS: l.Update,
 			CommCPUS: l.CommCPU, StepS: l.Step,
 			PeerBytes: l.PeerBytes, PeerParams: l.PeerParams})
@@ -237,6 +258,32 @@ func codecCosts(list string) ([]pipeline.CodecCost, error) {
 			return nil, err
 		}
 		out = append(out, c)
+	}
+	return out, nil
+}
+
+// linkActCosts returns the activation codecs to project under
+// --act-link-codecs mode: as they are (off), each with its ladder (auto),
+// or each both ways (both). cpu holds the codecs' coding times (nil: not
+// priced).
+func linkActCosts(acts []pipeline.CodecCost, mode string, cpu *planCPU) ([]pipeline.CodecCost, error) {
+	if mode == "off" {
+		return acts, nil
+	}
+	var code map[string]float64
+	if cpu != nil {
+		code = cpu.Codecs
+	}
+	var out []pipeline.CodecCost
+	for _, a := range acts {
+		l, err := pipeline.WithLadder(a, code)
+		if err != nil {
+			return nil, err
+		}
+		if mode == "both" && len(l.Ladder) > 0 {
+			out = append(out, a)
+		}
+		out = append(out, l)
 	}
 	return out, nil
 }
@@ -377,7 +424,7 @@ func printPlan(w io.Writer, rep planReport, showLayers bool, all []pipeline.Layo
 			}
 			split = strings.Join(parts, " ")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f MB\t%.2fM\n", l.Layout, shortSpec(dash(l.GradCodec)), shortSpec(dash(l.ActCodec)), split,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f MB\t%.2fM\n", l.Layout, shortSpec(dash(l.GradCodec)), actColumn(dash(l.ActCodec), l.ActLinks), split,
 			secs(l.PipelineS), 100*l.Bubble, secs(l.HopS), secs(l.AllReduceS), secs(l.TiedS), secs(l.UpdateS), secs(l.CommCPUS), secs(l.StepS), l.PeerBytes/1e6, float64(l.PeerParams)/1e6)
 	}
 	if err := tw.Flush(); err != nil {
@@ -386,7 +433,7 @@ func printPlan(w io.Writer, rep planReport, showLayers bool, all []pipeline.Layo
 	best := all[0]
 	line := fmt.Sprintf("\nfastest: %s with %s gradients", best.Name(), shortSpec(dash(best.Grad)))
 	if best.Stages > 1 {
-		line += fmt.Sprintf(" and %s activations", shortSpec(best.Act))
+		line += fmt.Sprintf(" and %s activations", actColumn(best.Act, best.ActLinks))
 	}
 	line += fmt.Sprintf(", %s per step", secs(best.Step))
 	for _, l := range all {
@@ -403,14 +450,34 @@ func printPlan(w io.Writer, rep planReport, showLayers bool, all []pipeline.Layo
 		for _, v := range best.Split {
 			cut = append(cut, strconv.Itoa(v))
 		}
+		act := best.Act
+		if best.ActLinks != nil {
+			act = act[strings.LastIndex(act, "|")+1:] + " --set train.activation_link_codecs=auto"
+		}
 		line += fmt.Sprintf("\nto train it: --set train.pipeline_stages=%d --set train.pipeline_split=%s --set train.batch_size=%d --set train.micro_batches=%d --set train.activation_codec=%s",
-			best.Stages, strings.Join(cut, ","), rep.Batch/best.Replicas, best.Micro, best.Act)
+			best.Stages, strings.Join(cut, ","), rep.Batch/best.Replicas, best.Micro, act)
 		if best.Grad != "" {
 			line += " --codec " + best.Grad
 		}
 	}
 	_, err := fmt.Fprintln(w, line)
 	return err
+}
+
+// actColumn names a layout's activation codec for the table: the codec,
+// or with per-link codecs (links, "fwd/back" per hop) "auto:" the codec
+// the links fall back to and what each hop carries, e.g.
+// "auto:dyn8 [none/none]".
+func actColumn(act string, links []string) string {
+	if links == nil {
+		return shortSpec(act)
+	}
+	hops := make([]string, len(links))
+	for i, l := range links {
+		fwd, back, _ := strings.Cut(l, "/")
+		hops[i] = shortSpec(fwd) + "/" + shortSpec(back)
+	}
+	return "auto:" + shortSpec(act[strings.LastIndex(act, "|")+1:]) + " [" + strings.Join(hops, " ") + "]"
 }
 
 // shortSpec drops a codec spec's default parameters for the table.

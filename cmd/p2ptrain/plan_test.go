@@ -83,6 +83,7 @@ func TestPlanErrors(t *testing.T) {
 		{[]string{"--grad-codecs", "nope"}, "--grad-codecs"},
 		{[]string{"--act-codecs", "onebit"}, "--act-codecs"},
 		{[]string{"--grad-codecs", "powersgd"}, "low-rank"},
+		{[]string{"--act-link-codecs", "on"}, "--act-link-codecs"},
 	} {
 		code, _, errOut := runCLI(t, append([]string{"plan"}, tc.args...)...)
 		if code != 2 || !strings.Contains(errOut, tc.want) {
@@ -318,6 +319,66 @@ func TestPlanPrintsTheSettingsOfItsChoice(t *testing.T) {
 			best.Stages, strings.Join(cut, ","), 8/best.Replicas, best.ActCodec)
 		if !strings.Contains(text, want) {
 			t.Errorf("%s: fastest %s split %v; no %q in\n%s", link, best.Layout, best.Split, want, text)
+		}
+	}
+}
+
+// TestPlanActLinkCodecs checks --act-link-codecs both: every pipeline
+// layout is projected with dyn8 on every hop and with per-link codecs,
+// which on links far faster than the compute carry none both ways (the
+// same step as none's) and on far slower ones dyn8 (dyn8's step); the
+// table labels them.
+func TestPlanActLinkCodecs(t *testing.T) {
+	code, out, errOut := runCLI(t, append(slices.Clone(tinyPlan), "--json")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	file := filepath.Join(t.TempDir(), "times.json")
+	if err := os.WriteFile(file, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ link, hop, same string }{{"1000gbit", "none/none", "none"}, {"1kbit", "dyn8:block=2048/dyn8:block=2048", "dyn8:block=2048"}} {
+		args := append(slices.Clone(tinyPlan), "--layer-times", file, "--link", tc.link, "--grad-codecs", "none", "--act-codecs", "none,dyn8", "--act-link-codecs", "both")
+		code, js, errOut := runCLI(t, append(slices.Clone(args), "--json")...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", tc.link, code, errOut)
+		}
+		var rep planReport
+		if err := json.Unmarshal([]byte(js), &rep); err != nil {
+			t.Fatal(err)
+		}
+		step := map[string]float64{} // by layout and activation codec
+		linked := 0
+		for _, l := range rep.Layouts {
+			step[l.Layout+" "+l.ActCodec] = l.StepS
+			if l.ActLinks == nil {
+				continue
+			}
+			linked++
+			if l.ActCodec != "none|bf16|dyn8:block=2048" {
+				t.Errorf("%s: %s lists the link codecs %q", tc.link, l.Layout, l.ActCodec)
+			}
+			for _, h := range l.ActLinks {
+				if h != tc.hop {
+					t.Errorf("%s: %s's hops carry %v, want %s", tc.link, l.Layout, l.ActLinks, tc.hop)
+					break
+				}
+			}
+		}
+		if linked != 2 { // 2×2 and 4×1
+			t.Errorf("%s: %d layouts with per-link codecs, want 2: %+v", tc.link, linked, rep.Layouts)
+		}
+		for _, lay := range []string{"2×2", "4×1"} {
+			if a, b := step[lay+" none|bf16|dyn8:block=2048"], step[lay+" "+tc.same]; a != b || a == 0 {
+				t.Errorf("%s: %s projects %v s with per-link codecs, %v with %s on every hop", tc.link, lay, a, b, tc.same)
+			}
+		}
+		code, text, errOut := runCLI(t, args...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", tc.link, code, errOut)
+		}
+		if want := "auto:" + shortSpec("dyn8:block=2048") + " ["; !strings.Contains(text, want) {
+			t.Errorf("%s: no %q in\n%s", tc.link, want, text)
 		}
 	}
 }
