@@ -104,3 +104,9 @@ func (n *Node) InjectLink(st probe.LinkStatus) {
 	n.probe.Set(st)
 	n.gsp.Beat()
 }
+
+// SetPipelineStages tells the ring planner the number of pipeline stages
+// the cluster trains with (train.pipeline_stages = "auto" once chosen;
+// below 2: none), so that the epochs it plans lay the pipelines on the
+// fastest links (plan.PipelineOrder).
+func (n *Node) SetPipelineStages(stages int) { n.stages.Store(int32(stages)) }

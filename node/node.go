@@ -14,6 +14,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -64,6 +65,9 @@ type Node struct {
 	probe *probe.Prober
 	// relays feeds AutoRelay its candidates (node.relay_client).
 	relays *relaySource
+	// stages is the pipeline stages the cluster trains with, which the
+	// ring planner lays pipelines out for (below 2: none).
+	stages atomic.Int32
 
 	mu        sync.Mutex
 	step      uint64
@@ -132,6 +136,9 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 	}
 	n := &Node{cfg: cfg, psk: psk, log: log, bw: metrics.NewBandwidthCounter(), history: telemetry.NewHistory(historyRecords),
 		relays: &relaySource{self: self, bootstrap: boot}}
+	if st := cfg.Train.PipelineStages; !st.Auto() {
+		n.stages.Store(int32(st))
+	}
 	nat.relays = n.relays.source
 	n.host, n.cm, err = newHost(hostParams{identity: identity, psk: psk, pskMode: cfg.Node.SwarmKeyMode, log: log.Named("security"), listen: listen, maxPeers: cfg.Node.MaxPeers, bw: n.bw, nat: nat})
 	if err != nil {
@@ -153,7 +160,7 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 		Timing:   timing,
 		Self:     n.selfHeartbeat,
 
-		Planner:     plan.NewPlanner(cfg.Allreduce.Planner()),
+		Planner:     plan.NewPlanner(cfg.Allreduce.Planner()).WithStages(func() int { return int(n.stages.Load()) }),
 		ReplanEvery: cfg.Probe.ReplanInterval.D(),
 	}, log.Named("gossip"))
 	if err != nil {

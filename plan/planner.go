@@ -117,9 +117,22 @@ type Planner struct {
 	codec string
 	// override is allreduce.link_codecs when it names a codec.
 	override string
+	// stages returns the pipeline stages the cluster trains with (nil, or
+	// below 2: pure data parallelism).
+	stages func() int
 }
 
 var _ gossip.Planner = Planner{}
+
+// WithStages returns p planning for pipelines of stages() stages whenever
+// it returns 2 or more (train.pipeline_stages, or the choice of "auto"):
+// the epoch's order is then PipelineOrder's, which lays the pipelines
+// (pipeline.Assign) on the fastest links, and the whole ring's schedule,
+// which a pipeline does not run, stays the configured one.
+func (p Planner) WithStages(stages func() int) Planner {
+	p.stages = stages
+	return p
+}
 
 // Values of Settings.LinkCodecs besides a codec spec.
 const (
@@ -190,6 +203,15 @@ func (p Planner) Plan(live []string, members []gossip.Member) gossip.EpochPlan {
 	m, _, any := planMatrix(live, members)
 	if !any || len(live) < 2 {
 		return out
+	}
+	if p.stages != nil {
+		if s := p.stages(); s >= 2 {
+			out.Order = make([]string, len(live))
+			for k, i := range PipelineOrder(m, s) {
+				out.Order[k] = live[i]
+			}
+			return out
+		}
 	}
 	plan := Choose(m, p.bucketBytes)
 	var edges []string
@@ -296,6 +318,11 @@ func (p Planner) Replan(cur gossip.Epoch, plan gossip.EpochPlan, members []gossi
 	m, complete, _ := planMatrix(ids, members)
 	if !complete {
 		return false
+	}
+	if p.stages != nil {
+		if s := p.stages(); s >= 2 {
+			return replanPipelines(m, ids, cur.Order, plan.Order, s)
+		}
 	}
 	rtt, _ := planRTT(ids, members)
 	before := p.predictSeconds(m, rtt, ids, cur.Plan())

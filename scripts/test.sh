@@ -45,8 +45,20 @@ go test -count=1 -timeout 6m -v -run '^TestNATTraversal$' ./e2e 2>&1 | grep -E '
 test "${PIPESTATUS[0]}" -eq 0
 
 stage "chaos suite (slow: 5 processes per case on network-namespace hosts; skipped unless root)"
-go test -count=1 -timeout 30m -v ./e2e/chaos 2>&1 | grep -E '^(=== RUN|\s*--- |PASS|FAIL|ok|panic)|chaos_test.go:[0-9]+: [a-z|]|^\s+\|'
-test "${PIPESTATUS[0]}" -eq 0
+# The full output goes to a file; the summary lines are shown, and on a
+# failure each process's last log lines, which the test prints indented.
+chaos_log=$(mktemp)
+set +e
+go test -count=1 -timeout 30m -v ./e2e/chaos >"$chaos_log" 2>&1
+chaos_rc=$?
+set -e
+grep -E '^(=== RUN|\s*--- |PASS|FAIL|ok|panic)|chaos_test.go:[0-9]+: [a-z|]|^\s+\|' "$chaos_log" || true
+if [ "$chaos_rc" -ne 0 ]; then
+  echo "== chaos suite failed (exit $chaos_rc): the processes' last lines"
+  grep -A 41 -E 'chaos_test.go:[0-9]+: .*last lines:' "$chaos_log" | cut -c 1-400 || tail -n 200 "$chaos_log"
+fi
+rm -f "$chaos_log"
+test "$chaos_rc" -eq 0
 
 stage "fuzzing (${FUZZTIME:=5s} per target)"
 FUZZTIME="$FUZZTIME" scripts/fuzz.sh

@@ -34,6 +34,13 @@ import (
 // keep the choice the members hold, and confirm it in each epoch. The
 // choice holds for the run: changing it would discard every stage's state.
 
+// StagesPlanner is a Cluster whose ring planner lays out pipelines once
+// it knows their number of stages (node.Node): told when
+// train.pipeline_stages = "auto" adopts a choice.
+type StagesPlanner interface {
+	SetPipelineStages(stages int)
+}
+
 // StagesChoice is the number of pipeline stages a cluster trains with
 // under train.pipeline_stages = "auto", and the cut of the model's layers
 // into them, as the coordinator of a ring epoch chose or confirmed it.
@@ -552,6 +559,9 @@ func (t *Trainer) adoptStages(c StagesChoice, ep gossip.Epoch) error {
 	a.choice = &c
 	announced := c
 	t.payload.Stages = &announced
+	if sp, ok := t.c.(StagesPlanner); ok {
+		sp.SetPipelineStages(c.Stages)
+	}
 	if changed && t.payload.Ready != nil {
 		t.payload.Ready.Step, t.payload.Ready.Hash, t.payload.Ready.Stage = t.step, t.hash, t.heldStage()
 	}
