@@ -119,6 +119,24 @@ type Setup struct {
 	Schedule Schedule
 	// CPU is what the step costs a peer's processor besides its layers.
 	CPU CPUCost
+	// Idle lets layouts of S stages where S does not divide Peers into
+	// the projection: ⌊Peers/S⌋ pipelines train and the other Peers mod S
+	// members sit idle (pipeline.Assign's layout). PerPeerBatch, when
+	// positive, is the samples each member that trains adds to the global
+	// batch (train.batch_size under train.pipeline_stages = "auto"): a
+	// layout with idle members then takes a smaller batch than Batch, and
+	// Plan ranks layouts by time per sample.
+	Idle         bool
+	PerPeerBatch int
+}
+
+// batchFor returns the global batch of a layout in which working of the
+// Peers members train.
+func (s Setup) batchFor(working int) int {
+	if s.PerPeerBatch > 0 && working < s.Peers {
+		return working * s.PerPeerBatch
+	}
+	return s.Batch
 }
 
 // pickCost returns the codec of ladder that a stage computing busy seconds
@@ -147,6 +165,9 @@ func specsOfCosts(cs []CodecCost) []string {
 // seconds per step.
 type Layout struct {
 	Stages, Replicas, Micro int
+	// Idle is the members that sit idle (Setup.Idle), Batch the samples
+	// the layout trains per step.
+	Idle, Batch int
 	// Split is the cut of the layers into stages (Balance on each layer's
 	// forward pass twice, for the recomputation, plus its backward pass).
 	Split Split
@@ -191,10 +212,14 @@ type Layout struct {
 	PeerParams int
 }
 
-// Name returns "S×R", e.g. "2×4", or "dp×P" for S = 1.
+// Name returns "S×R", e.g. "2×4", "S×R+I" with I idle members, or "dp×P"
+// for S = 1.
 func (l Layout) Name() string {
 	if l.Stages == 1 {
 		return fmt.Sprintf("dp×%d", l.Replicas)
+	}
+	if l.Idle > 0 {
+		return fmt.Sprintf("%d×%d+%d", l.Stages, l.Replicas, l.Idle)
 	}
 	return fmt.Sprintf("%d×%d", l.Stages, l.Replicas)
 }
@@ -248,25 +273,30 @@ func (s Setup) check() error {
 	return nil
 }
 
-// Project predicts the step time of stages stages × Peers/stages replicas
-// with gradient codec grad and activation codec act (ignored for one
-// stage). The layout must be feasible: stages divides Peers, is at most
-// the number of layers, and each pipeline's part of the batch holds at
-// least Micro samples.
+// Project predicts the step time of stages stages × ⌊Peers/stages⌋
+// replicas with gradient codec grad and activation codec act (ignored for
+// one stage). The layout must be feasible: stages divides Peers (or, with
+// Idle, is at most Peers: the rest sit idle), is at most the number of
+// layers, and each pipeline's part of the batch holds at least Micro
+// samples.
 func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 	if err := s.check(); err != nil {
 		return Layout{}, err
 	}
-	if stages < 1 || s.Peers%stages != 0 || stages > len(s.Layers) {
+	if stages < 1 || stages > s.Peers || (!s.Idle && s.Peers%stages != 0) || stages > len(s.Layers) {
 		return Layout{}, fmt.Errorf("pipeline: %d stages do not fit %d peers and %d layers", stages, s.Peers, len(s.Layers))
 	}
+	idle := s.Peers % stages
+	s.Batch = s.batchFor(s.Peers - idle)
+	s.Peers -= idle
+	s.PerPeerBatch = 0
 	for _, c := range []CodecCost{grad, act} {
 		if !(c.Code >= 0) || math.IsInf(c.Code, 0) {
 			return Layout{}, fmt.Errorf("pipeline: codec %s's coding time %v s per value is out of range (want finite, ≥ 0)", c.Spec, c.Code)
 		}
 	}
 	R := s.Peers / stages
-	lay := Layout{Stages: stages, Replicas: R, Micro: s.Micro, Grad: grad.Spec}
+	lay := Layout{Stages: stages, Replicas: R, Idle: idle, Batch: s.Batch, Micro: s.Micro, Grad: grad.Spec}
 	if R == 1 {
 		lay.Grad = "" // no ring
 	}
@@ -409,8 +439,9 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 }
 
 // Plan projects pure data parallelism with each gradient codec and every
-// feasible hybrid layout (S from 2 up, dividing Peers) with each pair of
-// gradient and activation codecs, fastest first.
+// feasible hybrid layout (S from 2 up, dividing Peers, or any S up to
+// Peers with Idle) with each pair of gradient and activation codecs,
+// fastest first: by step time, or with PerPeerBatch by time per sample.
 func (s Setup) Plan(grads, acts []CodecCost) ([]Layout, error) {
 	if err := s.check(); err != nil {
 		return nil, err
@@ -420,11 +451,12 @@ func (s Setup) Plan(grads, acts []CodecCost) ([]Layout, error) {
 	}
 	var out []Layout
 	for S := 1; S <= min(s.Peers, len(s.Layers)); S++ {
-		if s.Peers%S != 0 || S > 1 && s.Batch < s.Peers/S*s.Micro {
+		R := s.Peers / S
+		if (!s.Idle && s.Peers%S != 0) || S > 1 && s.batchFor(R*S) < R*s.Micro {
 			continue
 		}
 		for gi, g := range grads {
-			if gi > 0 && s.Peers == S {
+			if gi > 0 && R == 1 {
 				break // no ring: the gradient codec does not matter
 			}
 			for ai, a := range acts {
@@ -439,6 +471,6 @@ func (s Setup) Plan(grads, acts []CodecCost) ([]Layout, error) {
 			}
 		}
 	}
-	slices.SortStableFunc(out, func(a, b Layout) int { return cmp.Compare(a.Step, b.Step) })
+	slices.SortStableFunc(out, func(a, b Layout) int { return cmp.Compare(a.Step/float64(a.Batch), b.Step/float64(b.Batch)) })
 	return out, nil
 }

@@ -446,3 +446,56 @@ func TestSimulateTransferBack(t *testing.T) {
 		t.Error("a TransferBack of 2 hops for 1 accepted")
 	}
 }
+
+// TestProjectIdleMembers: with Setup.Idle a layout of S stages that does
+// not divide the peers leaves the last Peers mod S idle and projects as
+// the peers that train; with PerPeerBatch its batch shrinks with them, and
+// Plan ranks the layouts by time per sample, so a layout with an idle
+// member wins over data parallelism of every member on slow links.
+func TestProjectIdleMembers(t *testing.T) {
+	dyn8, _ := CodecCostOf("dyn8")
+	five := Setup{Layers: equalLayers(4, 1e-3, 2e-3, 1_000_000, 256), Peers: 5, Batch: 40, Micro: 4, Bandwidth: 2.5e6, RTT: 1e-3}
+	if _, err := five.Project(2, dyn8, dyn8); err == nil {
+		t.Fatal("2 stages on 5 peers without Idle: no error")
+	}
+	five.Idle = true
+	got, err := five.Project(2, dyn8, dyn8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	four := five
+	four.Peers, four.Idle = 4, false
+	want, err := four.Project(2, dyn8, dyn8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Name() != "2×2+1" || got.Idle != 1 || got.Batch != 40 || got.Step != want.Step || got.PeerBytes != want.PeerBytes {
+		t.Errorf("2 stages of 5 peers: %s, idle %d, batch %d, step %v; want 2×2+1 and 4 peers' step %v with the batch of 40", got.Name(), got.Idle, got.Batch, got.Step, want.Step)
+	}
+	five.PerPeerBatch = 8 // 8 samples per member that trains
+	got, err = five.Project(2, dyn8, dyn8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	four.Batch = 32
+	if want, _ = four.Project(2, dyn8, dyn8); got.Batch != 32 || got.Step != want.Step {
+		t.Errorf("8 samples per member: 2×2+1 takes %d samples in %v s; want 32 in %v", got.Batch, got.Step, want.Step)
+	}
+	ls, err := five.Plan([]CodecCost{dyn8}, []CodecCost{dyn8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{}
+	for i, l := range ls {
+		names = append(names, l.Name())
+		if i > 0 && l.Step/float64(l.Batch) < ls[i-1].Step/float64(ls[i-1].Batch) {
+			t.Errorf("not sorted by time per sample at %d", i)
+		}
+	}
+	if !slices.Equal(slices.Sorted(slices.Values(names)), []string{"2×2+1", "3×1+2", "4×1+1", "dp×5"}) {
+		t.Errorf("layouts %v; want dp×5, 2×2+1, 3×1+2 and 4×1+1", names)
+	}
+	if ls[0].Idle == 0 {
+		t.Errorf("a 4 M-parameter model on 20 Mbit/s links: %s ranks first; want a layout with idle members over dp×5", ls[0].Name())
+	}
+}

@@ -25,8 +25,10 @@ import (
 // This file is train.pipeline_stages = "auto" (docs/pipeline.md). Every
 // peer starts with the whole model and times its layers. In the first ring
 // epoch in which training starts, its coordinator projects pure data
-// parallelism and every hybrid layout (pipeline.Setup.Plan) from its
-// layer times, the slowest measured link between neighbours of the ring,
+// parallelism and every hybrid layout (pipeline.Setup.Plan; with S not
+// dividing the members, the last members idle, ranked by time per sample
+// since each member that trains adds train.batch_size) from its layer
+// times, the slowest measured link between neighbours of the ring,
 // the model's sizes, the global batch, the micro-batches and the codecs,
 // and announces the fastest layout's number of stages and cut of the
 // layers in its heartbeat payload, stamped with the epoch. The other
@@ -348,6 +350,10 @@ type stagesInput struct {
 	// Peers is the ring epoch's member count; Batch the global batch
 	// (Peers × train.batch_size); Micro train.micro_batches.
 	Peers, Batch, Micro int
+	// PerPeerBatch is train.batch_size: each member that trains adds it to
+	// the global batch, so that a layout with idle members takes fewer
+	// samples (0: every layout takes Batch).
+	PerPeerBatch int
 	// Links are the links assumed.
 	Links linkSummary
 	// Schedule is train.pipeline_schedule; Grad and Act allreduce.codec
@@ -381,7 +387,8 @@ func planStages(in stagesInput) (StagesChoice, []pipeline.Layout, error) {
 		}
 	}
 	setup := pipeline.Setup{Layers: in.Costs, Peers: in.Peers, Batch: in.Batch, Micro: in.Micro,
-		Bandwidth: in.Links.Bandwidth, RTT: in.Links.RTT, Schedule: in.Schedule, CPU: in.CPU}
+		Bandwidth: in.Links.Bandwidth, RTT: in.Links.RTT, Schedule: in.Schedule, CPU: in.CPU,
+		Idle: in.PerPeerBatch > 0, PerPeerBatch: in.PerPeerBatch}
 	layouts, err := setup.Plan([]pipeline.CodecCost{grad}, []pipeline.CodecCost{act})
 	if err != nil {
 		return StagesChoice{}, nil, err
@@ -468,7 +475,7 @@ func (t *Trainer) chooseStages(ctx context.Context, ep gossip.Epoch) (StagesChoi
 		return c, nil
 	}
 	links := t.waitLinks(ctx, ep)
-	in := stagesInput{Costs: a.costs, Peers: len(ep.Order), Batch: len(ep.Order) * a.base.BatchSize, Micro: a.base.MicroBatches,
+	in := stagesInput{Costs: a.costs, Peers: len(ep.Order), Batch: len(ep.Order) * a.base.BatchSize, PerPeerBatch: a.base.BatchSize, Micro: a.base.MicroBatches,
 		Links: links, Grad: t.arCfg.Codec, Act: a.base.ActivationCodec, ActLinks: a.base.ActivationLinkCodecs == config.ActivationLinkCodecsAuto,
 		CPU: a.cpu, Code: a.code}
 	var err error

@@ -84,6 +84,37 @@ func TestPlanStagesIsPlansFastest(t *testing.T) {
 	}
 }
 
+// TestPlanStagesCountsIdleLayouts: 5 peers on slow links can choose a
+// layout whose stages do not divide them (the last members idle), ranked
+// by time per sample as pipeline.Plan ranks it with Idle and
+// PerPeerBatch.
+func TestPlanStagesCountsIdleLayouts(t *testing.T) {
+	cfg := config.DefaultConfig().Train
+	cfg.Model = "gpt"
+	cfg.GPT = config.GPT{Layers: 8, DModel: 512, Heads: 8, Context: 128, Vocab: 256}
+	costs := fakeCosts(t, cfg, 10)
+	in := stagesInput{Costs: costs, Peers: 5, Batch: 5 * 8, PerPeerBatch: 8, Micro: 4, Schedule: pipeline.OneFOneB,
+		Links: linkSummary{Bandwidth: 20e6 / 8, RTT: 2e-3}, Grad: "none", Act: "dyn8"}
+	got, layouts, err := planStages(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Stages < 2 || 5%got.Stages == 0 || layouts[0].Idle == 0 {
+		t.Fatalf("5 peers at 20 Mbit/s chose %v (%s); want a pipeline with idle members", got, layouts[0].Name())
+	}
+	if err := got.check(); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range layouts {
+		if want := (5 - l.Idle) * 8; l.Batch != want {
+			t.Errorf("%s takes %d samples a step; want %d (8 per member that trains)", l.Name(), l.Batch, want)
+		}
+	}
+	dp := slices.IndexFunc(layouts, func(l pipeline.Layout) bool { return l.Stages == 1 })
+	t.Logf("5 peers at 20 Mbit/s: %v, %s, %.4f s per sample; dp×5 %.4f", got, layouts[0].Name(), layouts[0].Step/float64(layouts[0].Batch),
+		layouts[dp].Step/float64(layouts[dp].Batch))
+}
+
 // TestPlanStagesPricesTheProcessor: the processor's figures reach the
 // projection: every layout's update is its largest stage's parameters
 // times the optimizer's cost, and a codec's coding time, looked up by
@@ -339,6 +370,49 @@ func TestAutoStagesOneStageIsDataParallelism(t *testing.T) {
 	want := sameResult(t, dp, steps)
 	if got := sameResult(t, auto, steps); got.ParamHash != want.ParamHash || math.Abs(got.Loss-want.Loss) != 0 {
 		t.Fatalf("auto with one stage ended with hash %s loss %v; data parallelism with %s loss %v", got.ParamHash, got.Loss, want.ParamHash, want.Loss)
+	}
+}
+
+// TestAutoStagesWithAnIdleMember: 3 peers of "auto" on slow links (2
+// Mbit/s, RTT 20 ms) with injected layer costs choose 2 stages, which do
+// not divide them: one pipeline trains, the third member sits idle, and
+// every peer ends at the last step with the final state of the stage it
+// holds.
+func TestAutoStagesWithAnIdleMember(t *testing.T) {
+	const steps, batch = 8, 4
+	cfg := func(boot ...string) config.Config {
+		c := gptConfig(steps, 3, batch, boot...)
+		c.Train.MicroBatches = 2
+		c.Train.ActivationCodec = "none"
+		return c
+	}
+	costs := fakeCosts(t, cfg().Train, 5)
+	want, _, err := planStages(stagesInput{Costs: costs, Peers: 3, Batch: 3 * batch, PerPeerBatch: batch, Micro: 2, Schedule: pipeline.OneFOneB,
+		Links: linkSummary{Bandwidth: 2e6 / 8, RTT: 20e-3}, Grad: "none", Act: "none"})
+	if err != nil || want.Stages != 2 {
+		t.Fatalf("the inputs choose %v, %v: the test needs them to choose 2 stages of 3 peers", want, err)
+	}
+	ps := startAuto(t, 3, cfg, 2, 20, costs)
+	idle := 0
+	byStage := map[int][]*trainPeer{}
+	for _, p := range ps {
+		if c := p.tr.auto.choice; c == nil || c.key() != want.key() {
+			t.Fatalf("peer %s trained with %v; want %v", p.n.ID(), c, want)
+		}
+		if p.res.Step != steps {
+			t.Fatalf("peer %s ended at step %d", p.n.ID(), p.res.Step)
+		}
+		if p.tr.idleLogged.Load() != 0 {
+			idle++
+		}
+		s := stagePeer(t, p).Stage()
+		byStage[s] = append(byStage[s], p)
+	}
+	if idle == 0 || len(byStage) != 2 {
+		t.Fatalf("%d peers said they were idle, %d stages held; want an idle peer and both stages", idle, len(byStage))
+	}
+	for _, sp := range byStage {
+		sameResult(t, sp, steps)
 	}
 }
 

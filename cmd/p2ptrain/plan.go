@@ -56,6 +56,8 @@ type planLayout struct {
 	Layout    string `json:"layout"`
 	Stages    int    `json:"stages"`
 	Replicas  int    `json:"replicas"`
+	Idle      int    `json:"idle,omitempty"`
+	Batch     int    `json:"batch"`
 	GradCodec string `json:"grad_codec,omitempty"`
 	ActCodec  string `json:"act_codec,omitempty"`
 	// ActLinks is each hop's activation and gradient codecs, "fwd/back",
@@ -104,6 +106,7 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	grads := fs.String("grad-codecs", "none,dyn8", "gradient codec `SPECS` to compare (comma-separated)")
 	acts := fs.String("act-codecs", "none,dyn8", "activation codec `SPECS` to compare (comma-separated)")
 	actLinks := fs.String("act-link-codecs", "off", "`MODE` of the activation codecs per link (train.activation_link_codecs): off, auto (each link the most exact of none, bf16 and the codec whose transfer hides under the sending stage's compute), or both (each --act-codecs codec both ways)")
+	idle := fs.Bool("idle", false, "also project S stages that do not divide --peers, the last peers idle (as train.pipeline_stages = auto does), with a global batch of --batch / peers per peer that trains, ranked by time per sample")
 	sched := fs.String("schedule", "1f1b", "pipeline `SCHEDULE`: 1f1b or gpipe")
 	device := fs.String("device", "cpu", "device `SPEC` to time the layers on, e.g. cpu or cuda:0")
 	timeBatch := fs.Int("time-batch", 0, "samples to time the layers on (`N`; default the per-peer batch, at most 4)")
@@ -138,6 +141,8 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 		return usagef("plan: --link must be a rate, not unlimited")
 	case *rtt < 0:
 		return usagef("plan: --rtt must not be negative")
+	case *idle && *batch%*peers != 0:
+		return usagef("plan: --idle takes a --batch that --peers divides (%d samples, %d peers): each peer that trains adds --batch / --peers", *batch, *peers)
 	}
 	sc, err := pipeline.ParseSchedule(*sched)
 	if err != nil {
@@ -204,7 +209,10 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	setup := pipeline.Setup{Layers: costs, Peers: *peers, Batch: *batch, Micro: *micro, Bandwidth: link.rate, RTT: rtt.Seconds(), Schedule: sc}
+	setup := pipeline.Setup{Layers: costs, Peers: *peers, Batch: *batch, Micro: *micro, Bandwidth: link.rate, RTT: rtt.Seconds(), Schedule: sc, Idle: *idle}
+	if *idle {
+		setup.PerPeerBatch = *batch / *peers
+	}
 	if measure == nil {
 		cpu = nil
 	} else {
@@ -225,7 +233,7 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 		rep.Layers = append(rep.Layers, planLayer{Layer: in.Describe, ForwardS: costs[i].Forward, BackwardS: costs[i].Backward, Params: in.Params, OutElems: in.OutElems})
 	}
 	for _, l := range layouts {
-		rep.Layouts = append(rep.Layouts, planLayout{Layout: l.Name(), Stages: l.Stages, Replicas: l.Replicas, GradCodec: l.Grad, ActCodec: l.Act, ActLinks: l.ActLinks,
+		rep.Layouts = append(rep.Layouts, planLayout{Layout: l.Name(), Stages: l.Stages, Replicas: l.Replicas, Idle: l.Idle, Batch: l.Batch, GradCodec: l.Grad, ActCodec: l.Act, ActLinks: l.ActLinks,
 			Split: l.Split, PipelineS: l.Compute, Bubble: l.Bubble, HopS: l.Hop, AllReduceS: l.AllReduce, TiedS: l.Tied, UpdateS: l.Update,
 			CommCPUS: l.CommCPU, StepS: l.Step,
 			PeerBytes: l.PeerBytes, PeerParams: l.PeerParams})
@@ -436,9 +444,15 @@ func printPlan(w io.Writer, rep planReport, showLayers bool, all []pipeline.Layo
 		line += fmt.Sprintf(" and %s activations", actColumn(best.Act, best.ActLinks))
 	}
 	line += fmt.Sprintf(", %s per step", secs(best.Step))
+	if best.Idle > 0 {
+		line += fmt.Sprintf(" of %d samples, %d peers idle", best.Batch, best.Idle)
+	}
 	for _, l := range all {
 		if l.Stages == 1 && best.Stages > 1 {
-			line += fmt.Sprintf(" (pure data parallelism at best, with %s gradients: %s, ×%.2f)", shortSpec(dash(l.Grad)), secs(l.Step), l.Step/best.Step)
+			// ×: time per sample, the step's when the batches are equal
+			// (idle members make a layout's smaller).
+			line += fmt.Sprintf(" (pure data parallelism at best, with %s gradients: %s, ×%.2f)", shortSpec(dash(l.Grad)), secs(l.Step),
+				l.Step/float64(l.Batch)/(best.Step/float64(best.Batch)))
 			break
 		}
 	}
@@ -455,7 +469,7 @@ func printPlan(w io.Writer, rep planReport, showLayers bool, all []pipeline.Layo
 			act = act[strings.LastIndex(act, "|")+1:] + " --set train.activation_link_codecs=auto"
 		}
 		line += fmt.Sprintf("\nto train it: --set train.pipeline_stages=%d --set train.pipeline_split=%s --set train.batch_size=%d --set train.micro_batches=%d --set train.activation_codec=%s",
-			best.Stages, strings.Join(cut, ","), rep.Batch/best.Replicas, best.Micro, act)
+			best.Stages, strings.Join(cut, ","), best.Batch/best.Replicas, best.Micro, act)
 		if best.Grad != "" {
 			line += " --codec " + best.Grad
 		}

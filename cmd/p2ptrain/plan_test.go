@@ -382,3 +382,46 @@ func TestPlanActLinkCodecs(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanIdle checks --idle: 5 peers of the tiny gpt (5 layers) get
+// layouts whose stages do not divide them, named with their idle peers
+// and taking 2 samples a step per peer that trains; --idle with a batch
+// the peers do not divide is refused.
+func TestPlanIdle(t *testing.T) {
+	code, out, errOut := runCLI(t, append(slices.Clone(tinyPlan), "--json")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	file := filepath.Join(t.TempDir(), "times.json")
+	if err := os.WriteFile(file, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"plan", "--preset", "tiny", "--gpt-context", "16", "--peers", "5", "--batch", "10", "--micro", "2", "--layer-times", file,
+		"--grad-codecs", "none", "--act-codecs", "dyn8", "--idle", "--json"}
+	code, js, errOut := runCLI(t, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep planReport
+	if err := json.Unmarshal([]byte(js), &rep); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, l := range rep.Layouts {
+		got[l.Layout] = l.Batch
+		if want := 2 * (5 - l.Idle); l.Batch != want {
+			t.Errorf("%s: batch %d, want %d", l.Layout, l.Batch, want)
+		}
+	}
+	// 2 and 3 stages: 2 pipelines need 2 × 2 micro-batches of the 4 or 6
+	// samples; 4 stages take 8 samples in 1 pipeline; 5 stages all 10.
+	for _, name := range []string{"dp×5", "2×2+1", "3×1+2", "4×1+1", "5×1"} {
+		if _, ok := got[name]; !ok {
+			t.Errorf("no layout %s in %v", name, got)
+		}
+	}
+	code, _, errOut = runCLI(t, "plan", "--peers", "4", "--batch", "10", "--idle")
+	if code != 2 || !strings.Contains(errOut, "--idle") {
+		t.Errorf("--idle with 10 samples on 4 peers: exit %d, %q", code, errOut)
+	}
+}
