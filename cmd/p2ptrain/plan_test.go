@@ -329,14 +329,7 @@ func TestPlanPrintsTheSettingsOfItsChoice(t *testing.T) {
 // same step as none's) and on far slower ones dyn8 (dyn8's step); the
 // table labels them.
 func TestPlanActLinkCodecs(t *testing.T) {
-	code, out, errOut := runCLI(t, append(slices.Clone(tinyPlan), "--json")...)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errOut)
-	}
-	file := filepath.Join(t.TempDir(), "times.json")
-	if err := os.WriteFile(file, []byte(out), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := tinyLayerTimes(t)
 	for _, tc := range []struct{ link, hop, same string }{{"1000gbit", "none/none", "none"}, {"1kbit", "dyn8:block=2048/dyn8:block=2048", "dyn8:block=2048"}} {
 		args := append(slices.Clone(tinyPlan), "--layer-times", file, "--link", tc.link, "--grad-codecs", "none", "--act-codecs", "none,dyn8", "--act-link-codecs", "both")
 		code, js, errOut := runCLI(t, append(slices.Clone(args), "--json")...)
@@ -388,14 +381,7 @@ func TestPlanActLinkCodecs(t *testing.T) {
 // and taking 2 samples a step per peer that trains; --idle with a batch
 // the peers do not divide is refused.
 func TestPlanIdle(t *testing.T) {
-	code, out, errOut := runCLI(t, append(slices.Clone(tinyPlan), "--json")...)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errOut)
-	}
-	file := filepath.Join(t.TempDir(), "times.json")
-	if err := os.WriteFile(file, []byte(out), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := tinyLayerTimes(t)
 	args := []string{"plan", "--preset", "tiny", "--gpt-context", "16", "--peers", "5", "--batch", "10", "--micro", "2", "--layer-times", file,
 		"--grad-codecs", "none", "--act-codecs", "dyn8", "--idle", "--json"}
 	code, js, errOut := runCLI(t, args...)
@@ -424,4 +410,19 @@ func TestPlanIdle(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, "--idle") {
 		t.Errorf("--idle with 10 samples on 4 peers: exit %d, %q", code, errOut)
 	}
+}
+
+// tinyLayerTimes writes tinyPlan's JSON report, the tiny gpt's layer times
+// for --layer-times, to a file and returns its path.
+func tinyLayerTimes(t *testing.T) string {
+	t.Helper()
+	code, out, errOut := runCLI(t, append(slices.Clone(tinyPlan), "--json")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	file := filepath.Join(t.TempDir(), "times.json")
+	if err := os.WriteFile(file, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
 }
