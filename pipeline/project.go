@@ -128,6 +128,22 @@ type Setup struct {
 	// Plan ranks layouts by time per sample.
 	Idle         bool
 	PerPeerBatch int
+	// LayoutLinks, when not nil, gives the rates (bytes/s each way) a
+	// layout of stages ≥ 2 stages runs on: its slowest hop between
+	// consecutive stages and its stages' rings' slowest edge, where the
+	// cluster lays its pipelines out from measured links (0: Bandwidth).
+	// Bandwidth stays the rate of pure data parallelism's ring and of the
+	// tied exchange.
+	LayoutLinks func(stages int) (hop, ring float64)
+}
+
+// hopBandwidth returns the rate of the hops between stages: hop when
+// LayoutLinks gave one, else Bandwidth.
+func (s Setup) hopBandwidth(hop float64) float64 {
+	if hop > 0 && !math.IsInf(hop, 0) {
+		return hop
+	}
+	return s.Bandwidth
 }
 
 // batchFor returns the global batch of a layout in which working of the
@@ -140,15 +156,16 @@ func (s Setup) batchFor(working int) int {
 }
 
 // pickCost returns the codec of ladder that a stage computing busy seconds
-// a step sends a message of values values with, by the rule Stage.Step
-// follows (pickCodec with its compute per micro-batch).
-func (s Setup) pickCost(ladder []CodecCost, values, busy float64) CodecCost {
+// a step sends a message of values values with on a link of rate bytes/s,
+// by the rule Stage.Step follows (pickCodec with its compute per
+// micro-batch).
+func (s Setup) pickCost(ladder []CodecCost, values, busy, rate float64) CodecCost {
 	sizes := make([]int, len(ladder))
 	for i, c := range ladder {
 		sizes[i] = int(math.Ceil(values * 4 * c.Ratio))
 	}
 	per := time.Duration(busy / float64(s.Micro) * float64(time.Second))
-	return ladder[pickCodec(sizes, s.Bandwidth, per, len(sizes)-1)]
+	return ladder[pickCodec(sizes, rate, per, len(sizes)-1)]
 }
 
 // specsOfCosts lists the codecs' specs.
@@ -168,6 +185,10 @@ type Layout struct {
 	// Idle is the members that sit idle (Setup.Idle), Batch the samples
 	// the layout trains per step.
 	Idle, Batch int
+	// HopRate and RingRate are the link rates (bytes/s) the projection
+	// gave the hops between stages and the rings (Setup.LayoutLinks, else
+	// Bandwidth; HopRate 0 for S = 1).
+	HopRate, RingRate float64
 	// Split is the cut of the layers into stages (Balance on each layer's
 	// forward pass twice, for the recomputation, plus its backward pass).
 	Split Split
@@ -296,7 +317,7 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 		}
 	}
 	R := s.Peers / stages
-	lay := Layout{Stages: stages, Replicas: R, Idle: idle, Batch: s.Batch, Micro: s.Micro, Grad: grad.Spec}
+	lay := Layout{Stages: stages, Replicas: R, Idle: idle, Batch: s.Batch, Micro: s.Micro, Grad: grad.Spec, RingRate: s.Bandwidth}
 	if R == 1 {
 		lay.Grad = "" // no ring
 	}
@@ -319,6 +340,15 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 		return Layout{}, fmt.Errorf("pipeline: %d replicas × %d micro-batches need a batch of at least %d samples, not %d", R, s.Micro, R*s.Micro, s.Batch)
 	}
 	lay.Act = act.Spec
+	hopBW := s.Bandwidth
+	if s.LayoutLinks != nil {
+		hop, ring := s.LayoutLinks(stages)
+		hopBW = s.hopBandwidth(hop)
+		if ring > 0 && !math.IsInf(ring, 0) {
+			s.Bandwidth = ring // the stages' rings; the tied exchange too
+		}
+	}
+	lay.HopRate, lay.RingRate = hopBW, s.Bandwidth
 	mb := float64(s.Batch) / float64(R*s.Micro) // samples per micro-batch
 	weights := make([]float64, len(s.Layers))
 	for i, l := range s.Layers {
@@ -384,13 +414,13 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 		// Each direction carries the codec its sending stage picks.
 		fwd, back := act, act
 		if links {
-			fwd = s.pickCost(act.Ladder, values, busy[h])
-			back = s.pickCost(act.Ladder, values, busy[h+1])
+			fwd = s.pickCost(act.Ladder, values, busy[h], hopBW)
+			back = s.pickCost(act.Ladder, values, busy[h+1], hopBW)
 			lay.ActLinks = append(lay.ActLinks, fwd.Spec+"/"+back.Spec)
 		}
 		for dir, c := range []CodecCost{fwd, back} {
 			bytes := values * 4 * c.Ratio
-			transfer := bytes / s.Bandwidth
+			transfer := bytes / hopBW
 			// Both ends of the hop handle a message of this direction per
 			// micro-batch: its processor time, half of it at either end.
 			msg := s.CPU.message(bytes, values, c)

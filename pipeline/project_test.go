@@ -499,3 +499,32 @@ func TestProjectIdleMembers(t *testing.T) {
 		t.Errorf("a 4 M-parameter model on 20 Mbit/s links: %s ranks first; want a layout with idle members over dp×5", ls[0].Name())
 	}
 }
+
+// TestProjectLayoutLinks: with Setup.LayoutLinks a pipeline layout's hops
+// run at the rate it gives them and its stages' rings at theirs, while
+// pure data parallelism keeps Bandwidth.
+func TestProjectLayoutLinks(t *testing.T) {
+	dyn8, _ := CodecCostOf("dyn8")
+	slow, fast := 2.5e6, 125e6 // 20 Mbit/s and 1 Gbit/s
+	s := Setup{Layers: equalLayers(4, 1e-3, 2e-3, 1_000_000, 4096), Peers: 4, Batch: 32, Micro: 4, Bandwidth: slow, RTT: 1e-3}
+	uniform, err := s.Project(2, dyn8, dyn8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dpBefore, _ := s.Project(1, dyn8, dyn8)
+	s.LayoutLinks = func(stages int) (float64, float64) { return fast, slow }
+	racks, err := s.Project(2, dyn8, dyn8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	values := 32.0 / (2 * 4) * 4096 // a micro-batch's activations
+	if want := values*4*dyn8.Ratio/fast + 5e-4; !near(racks.Hop, want) || racks.HopRate != fast || racks.RingRate != slow {
+		t.Errorf("hops at 1 Gbit/s: hop %v s (want %v), rates %v and %v", racks.Hop, want, racks.HopRate, racks.RingRate)
+	}
+	if racks.AllReduce != uniform.AllReduce || !(racks.Step < uniform.Step) {
+		t.Errorf("rings at 20 Mbit/s both ways: all-reduce %v and %v, steps %v (fast hops) and %v", racks.AllReduce, uniform.AllReduce, racks.Step, uniform.Step)
+	}
+	if dp, _ := s.Project(1, dyn8, dyn8); dp.Step != dpBefore.Step {
+		t.Errorf("data parallelism moved from %v to %v s with the layout's links", dpBefore.Step, dp.Step)
+	}
+}

@@ -5,6 +5,7 @@ package plan
 
 import (
 	"cmp"
+	"math"
 	"slices"
 )
 
@@ -130,4 +131,41 @@ func replanPipelines(m Matrix, ids, cur, next []string, stages int) bool {
 	}
 	was, now := scorePipelines(m, a, stages), scorePipelines(m, b, stages)
 	return now.hop > replanGain*was.hop || (now.hop >= was.hop && now.ring > replanGain*was.ring)
+}
+
+// LayoutRates returns the slowest hop between consecutive stages and the
+// slowest edge of the stages' rings (each link at the slower of its
+// directions) of the layout pipeline.Assign makes of order o with stages
+// stages, over the measured rates m: 0 where none of them is measured.
+func LayoutRates(m Matrix, o []int, stages int) (hop, ring float64) {
+	rate := func(a, b int) float64 {
+		x, y := m.at(a, b), m.at(b, a)
+		switch {
+		case x > 0 && y > 0:
+			return min(x, y)
+		case math.IsInf(x, 0) || math.IsInf(y, 0):
+			return 0
+		}
+		return max(x, y)
+	}
+	slowest := func(cur, v float64) float64 {
+		if v > 0 && (cur == 0 || v < cur) {
+			return v
+		}
+		return cur
+	}
+	R := len(o) / max(stages, 1)
+	for r := range R {
+		for s := range stages - 1 {
+			hop = slowest(hop, rate(o[r*stages+s], o[r*stages+s+1]))
+		}
+	}
+	for s := range stages {
+		for r := range R {
+			if R > 1 {
+				ring = slowest(ring, rate(o[r*stages+s], o[(r+1)%R*stages+s]))
+			}
+		}
+	}
+	return hop, ring
 }

@@ -72,12 +72,18 @@ func figureMatrix(order []string, rows map[string][]gossip.LinkFigure, value fun
 	return m, known
 }
 
-// planMatrix is LinkMatrix prepared for planning: unknown pairs take the
-// median known figure (all equal when nothing is known, which gives the
-// peer-ID order) and every figure is quantised to a power of planStep.
-// complete reports whether every pair was measured.
+// planMatrix is LinkMatrix prepared for planning (Planning). complete
+// reports whether every pair was measured.
 func planMatrix(order []string, members []gossip.Member) (m Matrix, complete, any bool) {
 	m, known := LinkMatrix(order, LinkRows(members))
+	return Planning(m), known == len(order)*(len(order)-1), known > 0
+}
+
+// Planning prepares a matrix of measured rates for planning, in place:
+// unknown pairs take the median known figure (all equal when nothing is
+// known, which gives the peer-ID order) and every figure is quantised to
+// a power of planStep. It returns m.
+func Planning(m Matrix) Matrix {
 	var vals []float64
 	for i := range m {
 		for j := range m {
@@ -96,13 +102,13 @@ func planMatrix(order []string, members []gossip.Member) (m Matrix, complete, an
 			if i == j {
 				continue
 			}
-			if m[i][j] == 0 {
+			if !(m[i][j] > 0) || math.IsInf(m[i][j], 0) {
 				m[i][j] = fill
 			}
 			m[i][j] = math.Pow(planStep, math.Round(math.Log(m[i][j])/math.Log(planStep)))
 		}
 	}
-	return m, known == len(order)*(len(order)-1), known > 0
+	return m
 }
 
 // Planner is the gossip.Planner of this peer's proposals: the ring order

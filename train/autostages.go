@@ -354,6 +354,10 @@ type stagesInput struct {
 	// the global batch, so that a layout with idle members takes fewer
 	// samples (0: every layout takes Batch).
 	PerPeerBatch int
+	// Rates are the measured rates in bytes/s between the members, in the
+	// epoch's order (nil: every layout runs on Links): a pipeline layout
+	// is then projected on the links plan.PipelineOrder lays it out on.
+	Rates plan.Matrix
 	// Links are the links assumed.
 	Links linkSummary
 	// Schedule is train.pipeline_schedule; Grad and Act allreduce.codec
@@ -366,6 +370,26 @@ type stagesInput struct {
 	// Code each codec's coding seconds per value by canonical spec.
 	CPU  pipeline.CPUCost
 	Code map[string]float64
+}
+
+// layoutLinks returns pipeline.Setup.LayoutLinks over the measured rates
+// bw between the members: for S stages, the slowest measured hop and
+// stage-ring edge of the layout plan.PipelineOrder makes of them (as the
+// ring planner does once it knows S), 0 where none is measured.
+func layoutLinks(bw plan.Matrix) func(stages int) (hop, ring float64) {
+	planning := plan.Planning(clone2(bw))
+	return func(stages int) (float64, float64) {
+		return plan.LayoutRates(bw, plan.PipelineOrder(planning, stages), stages)
+	}
+}
+
+// clone2 returns a deep copy of m.
+func clone2(m plan.Matrix) plan.Matrix {
+	out := make(plan.Matrix, len(m))
+	for i := range m {
+		out[i] = slices.Clone(m[i])
+	}
+	return out
 }
 
 // planStages chooses the number of stages and the cut of the layers: the
@@ -389,6 +413,9 @@ func planStages(in stagesInput) (StagesChoice, []pipeline.Layout, error) {
 	setup := pipeline.Setup{Layers: in.Costs, Peers: in.Peers, Batch: in.Batch, Micro: in.Micro,
 		Bandwidth: in.Links.Bandwidth, RTT: in.Links.RTT, Schedule: in.Schedule, CPU: in.CPU,
 		Idle: in.PerPeerBatch > 0, PerPeerBatch: in.PerPeerBatch}
+	if in.Rates != nil {
+		setup.LayoutLinks = layoutLinks(in.Rates)
+	}
 	layouts, err := setup.Plan([]pipeline.CodecCost{grad}, []pipeline.CodecCost{act})
 	if err != nil {
 		return StagesChoice{}, nil, err
@@ -475,7 +502,7 @@ func (t *Trainer) chooseStages(ctx context.Context, ep gossip.Epoch) (StagesChoi
 		return c, nil
 	}
 	links := t.waitLinks(ctx, ep)
-	in := stagesInput{Costs: a.costs, Peers: len(ep.Order), Batch: len(ep.Order) * a.base.BatchSize, PerPeerBatch: a.base.BatchSize, Micro: a.base.MicroBatches,
+	in := stagesInput{Rates: t.c.LinkMatrix(ep.Order), Costs: a.costs, Peers: len(ep.Order), Batch: len(ep.Order) * a.base.BatchSize, PerPeerBatch: a.base.BatchSize, Micro: a.base.MicroBatches,
 		Links: links, Grad: t.arCfg.Codec, Act: a.base.ActivationCodec, ActLinks: a.base.ActivationLinkCodecs == config.ActivationLinkCodecsAuto,
 		CPU: a.cpu, Code: a.code}
 	var err error
@@ -528,6 +555,7 @@ func (t *Trainer) logChoice(ep gossip.Epoch, in stagesInput, c StagesChoice, lay
 			zap.Float64("step_s", l.Step), zap.Float64("compute_s", l.Compute), zap.Float64("bubble", l.Bubble),
 			zap.Float64("allreduce_s", l.AllReduce), zap.Float64("tied_s", l.Tied), zap.Float64("update_s", l.Update),
 			zap.Float64("comm_cpu_s", l.CommCPU), zap.Float64("sent_mb_per_peer", l.PeerBytes/1e6),
+			zap.Float64("hop_mbit_s", l.HopRate*8/1e6), zap.Float64("ring_mbit_s", l.RingRate*8/1e6),
 			zap.Int("params_per_peer", l.PeerParams))
 	}
 }

@@ -115,6 +115,63 @@ func TestPlanStagesCountsIdleLayouts(t *testing.T) {
 		layouts[dp].Step/float64(layouts[dp].Batch))
 }
 
+// TestPlanStagesOnTheLayoutsLinks: 4 peers in two racks (1 Gbit/s
+// within, 20 Mbit/s across) whose epoch order alternates the racks: the
+// ring's slowest edge is 20 Mbit/s, but the pipeline layout the planner
+// makes puts each 2-stage pipeline's hop inside a rack, so with the
+// measured rates 2×2 is projected on 1 Gbit/s hops and 20 Mbit/s rings,
+// faster than on 20 Mbit/s everywhere.
+func TestPlanStagesOnTheLayoutsLinks(t *testing.T) {
+	cfg := config.DefaultConfig().Train
+	cfg.Model = "gpt"
+	cfg.GPT = config.GPT{Layers: 8, DModel: 512, Heads: 8, Context: 128, Vocab: 256}
+	fast, slow := 1000e6/8, 20e6/8
+	rack := []int{0, 1, 0, 1}
+	bw := make(plan.Matrix, 4)
+	for i := range bw {
+		bw[i] = make([]float64, 4)
+		for j := range bw[i] {
+			if i != j {
+				bw[i][j] = slow
+				if rack[i] == rack[j] {
+					bw[i][j] = fast
+				}
+			}
+		}
+	}
+	in := stagesInput{Costs: fakeCosts(t, cfg, 10), Peers: 4, Batch: 4 * 8, Micro: 4, Schedule: pipeline.OneFOneB,
+		Links: ringLinks([]string{"a", "b", "c", "d"}, bw, nil), Grad: "dyn8", Act: "dyn8"}
+	if in.Links.Bandwidth != slow {
+		t.Fatalf("the ring's slowest link: %v bytes/s, want %v", in.Links.Bandwidth, slow)
+	}
+	_, uniform, err := planStages(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.Rates = bw
+	_, racks, err := planStages(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	find := func(ls []pipeline.Layout, name string) pipeline.Layout {
+		for _, l := range ls {
+			if l.Name() == name {
+				return l
+			}
+		}
+		t.Fatalf("no layout %s", name)
+		return pipeline.Layout{}
+	}
+	u, r := find(uniform, "2×2"), find(racks, "2×2")
+	if r.HopRate != fast || r.RingRate != slow || !(r.Step < u.Step) {
+		t.Errorf("2×2 on the racks' links: hops %v, rings %v bytes/s, step %v; on 20 Mbit/s everywhere %v", r.HopRate, r.RingRate, r.Step, u.Step)
+	}
+	if a, b := find(uniform, "dp×4"), find(racks, "dp×4"); a.Step != b.Step {
+		t.Errorf("dp×4: %v s on the ring's links, %v with the rates", a.Step, b.Step)
+	}
+	t.Logf("2×2: %.3f s a step on the layout's links, %.3f s on the ring's slowest link everywhere", r.Step, u.Step)
+}
+
 // TestPlanStagesPricesTheProcessor: the processor's figures reach the
 // projection: every layout's update is its largest stage's parameters
 // times the optimizer's cost, and a codec's coding time, looked up by
