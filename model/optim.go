@@ -264,15 +264,7 @@ const optMagic = "P2POPT1\x00"
 
 // State returns the optimizer state (moment vectors) as bytes.
 func (o *Optimizer) State() []byte {
-	name := o.cfg.Name
-	b := make([]byte, 0, len(optMagic)+1+len(name)+8+4*(len(o.m)+len(o.v)))
-	b = append(b, optMagic...)
-	b = append(b, byte(len(name)))
-	b = append(b, name...)
-	b = binary.LittleEndian.AppendUint64(b, uint64(o.n))
-	b = append(b, FloatBytes(o.m)...)
-	b = append(b, FloatBytes(o.v)...)
-	return b
+	return optState(o.cfg.Name, int(o.n), [][]float32{o.m, o.v})
 }
 
 // SetState replaces the optimizer state with bytes from State of an optimizer

@@ -33,8 +33,11 @@ import (
 // and announces the fastest layout's number of stages and cut of the
 // layers in its heartbeat payload, stamped with the epoch. The other
 // members wait for that announcement and adopt it; later coordinators
-// keep the choice the members hold, and confirm it in each epoch. The
-// choice holds for the run: changing it would discard every stage's state.
+// keep the choice the members hold, and confirm it in each epoch, except
+// that a cluster of data parallelism is re-planned into a pipeline when
+// one is projected replanGain faster (every member holds the whole model
+// and cuts its own stage: recutLearner). A pipeline's choice holds for
+// the run: changing it would need every stage's state gathered.
 
 // StagesPlanner is a Cluster whose ring planner lays out pipelines once
 // it knows their number of stages (node.Node): told when
@@ -119,6 +122,9 @@ type autoStages struct {
 	// choice is the choice this peer trains with (nil: none yet; the
 	// learner is then the whole model, as for one stage).
 	choice *StagesChoice
+	// recutAt is the step at which this peer cut its whole model into a
+	// stage of a re-planned choice (0: never).
+	recutAt uint64
 }
 
 // The links assumed while none between neighbours of the ring is
@@ -499,6 +505,11 @@ func (t *Trainer) chooseStages(ctx context.Context, ep gossip.Epoch) (StagesChoi
 			t.log.Info("train.pipeline_stages = auto: taking the choice most members hold", zap.Uint64("epoch", ep.Number),
 				zap.String("choice", c.String()), zap.Int("holders", votes[keys[0]]), zap.Int("members", len(ep.Order)))
 		}
+		if len(votes) == 1 && c.Stages == 1 {
+			if r, ok := t.replanStages(ep); ok {
+				return r, nil
+			}
+		}
 		return c, nil
 	}
 	links := t.waitLinks(ctx, ep)
@@ -515,6 +526,80 @@ func (t *Trainer) chooseStages(ctx context.Context, ep gossip.Epoch) (StagesChoi
 	}
 	t.logChoice(ep, in, c, layouts)
 	return c, nil
+}
+
+// replanGain is how much faster per sample the projection must find a
+// pipeline than the data parallelism a cluster trains with before its
+// coordinator re-plans (every member then cuts its whole model, and the
+// layout moves members between stages).
+const replanGain = 1.25
+
+// replanStages is the coordinator's re-plan of a cluster that trains with
+// data parallelism under "auto" (every member holds that choice): with
+// the layer costs, the members of ep and their ring's links all measured,
+// it projects every layout again, as for a first choice, and returns the
+// fastest when it is a pipeline at least replanGain faster per sample
+// than data parallelism. Every member holds the whole model, so each cuts
+// its own state into its stage (recutLearner): nothing is transferred
+// but the stages a new layout moves members to. A pipeline is not
+// re-planned (its stages would have to be gathered from their holders).
+func (t *Trainer) replanStages(ep gossip.Epoch) (StagesChoice, bool) {
+	a := t.auto
+	if len(a.costs) == 0 || len(ep.Order) < 2 {
+		return StagesChoice{}, false
+	}
+	members, _ := t.c.View()
+	rtt, _ := plan.RTTMatrix(ep.Order, plan.LinkRows(members))
+	bw := t.c.LinkMatrix(ep.Order)
+	links := ringLinks(ep.Order, bw, rtt)
+	if links.Measured < links.Edges {
+		return StagesChoice{}, false // re-planned once they are
+	}
+	in := stagesInput{Rates: bw, Costs: a.costs, Peers: len(ep.Order), Batch: len(ep.Order) * a.base.BatchSize, PerPeerBatch: a.base.BatchSize,
+		Micro: a.base.MicroBatches, Links: links, Grad: t.arCfg.Codec, Act: a.base.ActivationCodec,
+		ActLinks: a.base.ActivationLinkCodecs == config.ActivationLinkCodecsAuto, CPU: a.cpu, Code: a.code}
+	var err error
+	if in.Schedule, err = pipeline.ParseSchedule(a.base.PipelineSchedule); err != nil {
+		return StagesChoice{}, false
+	}
+	c, layouts, err := planStages(in)
+	if err != nil || c.Stages == 1 || c.Stages > len(t.wholeHolders(ep)) {
+		return StagesChoice{}, false // a stage without a member holding the whole model would be lost
+	}
+	dp := slices.IndexFunc(layouts, func(l pipeline.Layout) bool { return l.Stages == 1 })
+	perSample := func(l pipeline.Layout) float64 { return l.Step / float64(l.Batch) }
+	if dp < 0 || perSample(layouts[dp]) < replanGain*perSample(layouts[0]) {
+		return StagesChoice{}, false
+	}
+	t.log.Info("train.pipeline_stages = auto: re-planning from data parallelism", zap.Uint64("epoch", ep.Number), zap.Uint64("step", t.step),
+		zap.String("choice", c.String()), zap.Float64("gain_per_sample", perSample(layouts[dp])/perSample(layouts[0])))
+	t.logChoice(ep, in, c, layouts)
+	return c, true
+}
+
+// wholeHolders returns the members of ep, in its order, that announced
+// in ep the latest step (past 0) of data parallelism any member of ep
+// announced, this peer included: the holders of the whole model's state
+// a re-plan cuts.
+func (t *Trainer) wholeHolders(ep gossip.Epoch) []string {
+	members, _ := t.c.View()
+	at := map[string]uint64{t.self: t.step}
+	for _, m := range members {
+		if r := payloadOf(m).Ready; m.PeerID != t.self && r != nil && r.In(ep) && r.Stage == 0 {
+			at[m.PeerID] = r.Step
+		}
+	}
+	latest := uint64(0)
+	for _, p := range ep.Order {
+		latest = max(latest, at[p])
+	}
+	var out []string
+	for _, p := range ep.Order {
+		if s, ok := at[p]; ok && s == latest && latest > 0 {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // boolOrder orders true before false.
@@ -572,7 +657,14 @@ func (t *Trainer) adoptStages(c StagesChoice, ep gossip.Epoch) error {
 	first := a.choice == nil
 	changed := (first && c.Stages != 1) || (!first && a.choice.key() != c.key())
 	held := t.step
-	if changed {
+	// A re-plan from data parallelism: this peer holds the whole model's
+	// state and cuts it into its stage instead of discarding it.
+	recut := changed && !first && a.choice.Stages == 1 && c.Stages > 1 && held > 0 && slices.Contains(t.wholeHolders(ep), t.self)
+	if recut {
+		if err := t.recutLearner(c, ep); err != nil {
+			return err
+		}
+	} else if changed {
 		if err := t.switchLearner(c); err != nil {
 			return err
 		}
@@ -584,9 +676,13 @@ func (t *Trainer) adoptStages(c StagesChoice, ep gossip.Epoch) error {
 		t.cfgHash = model.ConfigHash(hex.EncodeToString(base[:]), "stages", c.key())
 		t.mu.Unlock()
 		fields := []zap.Field{zap.Uint64("epoch", ep.Number), zap.String("coordinator", ep.Coordinator), zap.Int("stages", c.Stages), zap.Ints("split", c.Split)}
-		if first {
+		switch {
+		case first:
 			t.log.Info("train.pipeline_stages = auto: training with "+c.String(), fields...)
-		} else {
+		case recut:
+			t.log.Info("train.pipeline_stages = auto: cut this peer's whole model into its stage of "+c.String(),
+				append(fields, zap.Uint64("step", held), zap.Int("stage", t.heldStage()))...)
+		default:
 			t.log.Warn("train.pipeline_stages = auto: the cluster holds another choice; this peer discards its state and takes "+c.String(),
 				append(fields, zap.Uint64("own_step", held))...)
 		}
@@ -601,10 +697,61 @@ func (t *Trainer) adoptStages(c StagesChoice, ep gossip.Epoch) error {
 		t.payload.Ready.Step, t.payload.Ready.Hash, t.payload.Ready.Stage = t.step, t.hash, t.heldStage()
 	}
 	t.publish()
+	if recut {
+		return fmt.Errorf("train: this peer cut its model at step %d into %s; entering a new ring epoch", held, c)
+	}
 	if changed && held > 0 {
 		return fmt.Errorf("train: this peer held step %d of another choice of pipeline stages; entering a new ring epoch with %s", held, c)
 	}
 	return nil
+}
+
+// recutLearner replaces the whole model this peer trains with data
+// parallelism by a stage of choice c, cut from the whole model's state at
+// the step it holds (PipeLearner.SetStageFrom), keeping the step; this
+// peer must be one of ep's wholeHolders. They take stages 0, 1, …, S−1,
+// 0, … in ep's order, so that every stage has a holder at that step
+// whatever layout the next epoch makes (its members fetch the stage it
+// gives them from one). A member behind them, or one that joined, takes
+// stage 0 at step 0 (switchLearner) and fetches its stage's state later.
+// A failure stops the run.
+func (t *Trainer) recutLearner(c StagesChoice, ep gossip.Epoch) error {
+	a := t.auto
+	ml, ok := t.l.(*ModelLearner)
+	if !ok {
+		return fmt.Errorf("%w: re-cutting a %T, not a whole model", ErrLearner, t.l)
+	}
+	holders := t.wholeHolders(ep)
+	i := slices.Index(holders, t.self)
+	if i < 0 || len(holders) < c.Stages {
+		return fmt.Errorf("%w: %d members hold the whole model at step %d (this peer among them: %v); %s needs one per stage", ErrLearner, len(holders), t.step, i >= 0, c)
+	}
+	s := i % c.Stages
+	cfg := a.base
+	cfg.PipelineStages, cfg.BatchSize = config.Stages(c.Stages), c.Stages*cfg.BatchSize
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	state, err := ml.State(t.step)
+	if err != nil {
+		return fmt.Errorf("%w: the whole model's state at step %d: %w", ErrLearner, t.step, err)
+	}
+	pl, err := NewPipeLearner(cfg, t.arCfg.BucketBytes, a.train, a.test)
+	if err == nil {
+		if err = pl.useSplit(c.Split); err == nil {
+			err = pl.SetStageFrom(s, ml.Model(), state)
+		}
+		if err != nil {
+			pl.Close()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%w: cutting the whole model into stage %d of %s: %w", ErrLearner, s, c, err)
+	}
+	if err := ml.Close(); err != nil {
+		t.log.Warn("closing the learner", zap.Error(err))
+	}
+	a.recutAt = t.step
+	return t.useLearner(pl, pl, t.step, s)
 }
 
 // switchLearner replaces the learner by one of choice c at step 0: the
@@ -636,9 +783,16 @@ func (t *Trainer) switchLearner(c StagesChoice) error {
 	if err != nil {
 		return fmt.Errorf("%w: building the learner of %s: %w", ErrLearner, c, err)
 	}
+	return t.useLearner(l, pl, 0, 0)
+}
+
+// useLearner makes l (pl when it holds a pipeline stage, else nil) the
+// trainer's learner at step, wanting stage: the checks and codecs of the
+// old one go, the parameter hash is computed anew. The caller holds t.mu.
+func (t *Trainer) useLearner(l Learner, pl *PipeLearner, step uint64, stage int) error {
 	t.l, t.stages = l, pl
-	t.step, t.hash, t.prevState, t.wantStage = 0, "", nil, 0
-	t.status.Step = 0
+	t.step, t.hash, t.prevState, t.wantStage = step, "", nil, stage
+	t.status.Step = step
 	clear(t.checks)
 	t.payload.Check = nil
 	if err := t.buildCodecs(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -473,6 +474,90 @@ func TestAutoStagesWithAnIdleMember(t *testing.T) {
 	}
 }
 
+// varLinks is linkCluster whose links' rate (Mbit/s, as float64 bits)
+// the test changes while the peers run.
+type varLinks struct {
+	*node.Node
+	mbit  *atomic.Uint64
+	rttMs float64
+}
+
+func (c varLinks) now() linkCluster {
+	return linkCluster{c.Node, math.Float64frombits(c.mbit.Load()), c.rttMs}
+}
+
+func (c varLinks) LinkMatrix(order []string) plan.Matrix { return c.now().LinkMatrix(order) }
+
+func (c varLinks) View() ([]gossip.Member, gossip.Epoch) { return c.now().View() }
+
+// TestAutoStagesReplanFromDataParallelism: 2 peers of "auto" on fast
+// links train with data parallelism; then their links read 0.5 Mbit/s and
+// a third peer joins. The coordinator of the new epoch projects a
+// pipeline at least 1.25× faster per sample and announces it; the two
+// cut their whole models into their stages at the step they hold (no
+// state is lost: the loss goes on from where data parallelism left it),
+// the joiner fetches its stage, and all three end at the last step with
+// each stage's holders identical.
+func TestAutoStagesReplanFromDataParallelism(t *testing.T) {
+	const steps, batch, switchAfter = 300, 4, 8
+	cfg := func(boot ...string) config.Config {
+		c := gptConfig(steps, 2, batch, boot...)
+		c.Train.MicroBatches = 2
+		c.Train.ActivationCodec = "none"
+		c.Train.PipelineStages, c.Train.MinPeers = config.StagesAuto, 2
+		return c
+	}
+	costs := fakeCosts(t, cfg().Train, 2)
+	want, _, err := planStages(stagesInput{Costs: costs, Peers: 3, Batch: 3 * batch, PerPeerBatch: batch, Micro: 2, Schedule: pipeline.OneFOneB,
+		Links: linkSummary{Bandwidth: 0.5e6 / 8, RTT: 20e-3}, Grad: "none", Act: "none"})
+	if err != nil || want.Stages < 2 {
+		t.Fatalf("3 peers at 0.5 Mbit/s choose %v, %v: the test needs a pipeline", want, err)
+	}
+	var mbit atomic.Uint64
+	mbit.Store(math.Float64bits(10e3))
+	start := func(boot ...string) *trainPeer {
+		return startTrainerOptions(t, cfg(boot...), nil, nil, func(n *node.Node) Cluster { return varLinks{n, &mbit, 20} },
+			func(o *Options) { o.LayerCosts = costs })
+	}
+	var ps []*trainPeer
+	for range 2 {
+		ps = append(ps, start(bootstrapTo(ps)...))
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for ps[0].step() < switchAfter {
+		if time.Now().After(deadline) {
+			t.Fatalf("data parallelism did not reach step %d", switchAfter)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	mbit.Store(math.Float64bits(0.5))
+	ps = append(ps, start(bootstrapTo(ps)...))
+	byStage := map[int][]*trainPeer{}
+	for i, p := range ps {
+		p.wait(t, 3*time.Minute)
+		if p.err != nil || p.res.Step != steps {
+			t.Fatalf("peer %d: step %d, %v", i, p.res.Step, p.err)
+		}
+		if c := p.tr.auto.choice; c == nil || c.key() != want.key() {
+			t.Fatalf("peer %d trained with %v at the end; want %v", i, c, want)
+		}
+		byStage[stagePeer(t, p).Stage()] = append(byStage[stagePeer(t, p).Stage()], p)
+	}
+	for _, sp := range byStage {
+		sameResult(t, sp, steps)
+	}
+	cut := ps[0].tr.auto.recutAt
+	if cut < switchAfter || ps[1].tr.auto.recutAt != cut {
+		t.Fatalf("the first two peers cut their models at steps %d and %d; want the same step, at least %d", cut, ps[1].tr.auto.recutAt, switchAfter)
+	}
+	losses := stepLosses(ps, steps)
+	first, before, after := losses[0], losses[cut-1], losses[cut]
+	t.Logf("loss %.3f at step 1, %.3f at step %d (data parallelism), %.3f at step %d (%v), %.3f at step %d", first, before, cut, after, cut+1, want, losses[steps-1], steps)
+	if !(after < first-0.5*(first-before)) {
+		t.Errorf("the first pipelined step's loss %.3f is nearer step 1's %.3f than the last data-parallel step's %.3f: the state was not carried over", after, first, before)
+	}
+}
+
 // TestPipelineIdleMember: 5 peers with train.pipeline_stages = 2 form 2
 // pipelines of 2 and leave the fifth idle: it says so, keeps its state,
 // and when the pipelines reach the last step it takes its stage's final
@@ -521,4 +606,14 @@ func TestPipelineIdleMember(t *testing.T) {
 	}
 	t.Logf("%d peer(s) sat idle in an epoch, %d trained steps; stage 0 held by %d peers, stage 1 by %d at the end",
 		idle, trained, len(byStage[0]), len(byStage[1]))
+}
+
+// step returns the last step p reported progress for (0: none yet).
+func (p *trainPeer) step() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.progress) == 0 {
+		return 0
+	}
+	return p.progress[len(p.progress)-1].Step
 }

@@ -138,6 +138,31 @@ func (l *PipeLearner) Split() pipeline.Split { return l.split }
 // initial parameters every peer derives from train.seed). It must not be
 // called during an epoch (between Begin and End).
 func (l *PipeLearner) SetStage(s int, c *model.Checkpoint) error {
+	return l.setStage(s, func(m *model.Model, opt *model.Optimizer) error {
+		if c == nil {
+			return nil
+		}
+		return m.Restore(c, opt)
+	})
+}
+
+// SetStageFrom makes the learner hold stage s with its cut of c, a state
+// of whole, the whole model of the same configuration (model.CutState):
+// the whole model's run continues as a pipeline. It must not be called
+// during an epoch.
+func (l *PipeLearner) SetStageFrom(s int, whole *model.Model, c *model.Checkpoint) error {
+	return l.setStage(s, func(m *model.Model, opt *model.Optimizer) error {
+		cut, err := model.CutState(whole, m, c)
+		if err != nil {
+			return err
+		}
+		return m.Restore(cut, opt)
+	})
+}
+
+// setStage makes the learner hold stage s, its model and optimizer then
+// set by restore.
+func (l *PipeLearner) setStage(s int, restore func(*model.Model, *model.Optimizer) error) error {
 	if s < 0 || s >= l.split.Stages() {
 		return fmt.Errorf("train: stage %d of %d", s, l.split.Stages())
 	}
@@ -150,8 +175,8 @@ func (l *PipeLearner) SetStage(s int, c *model.Checkpoint) error {
 	}
 	opt, err := model.NewOptimizer(model.OptimConfig{Name: l.cfg.Optimizer, LR: l.cfg.LR, Momentum: l.cfg.Momentum, WeightDecay: l.cfg.WeightDecay,
 		WarmupSteps: int64(l.cfg.WarmupSteps), TotalSteps: int64(l.cfg.Steps)}, m)
-	if err == nil && c != nil {
-		err = m.Restore(c, opt)
+	if err == nil {
+		err = restore(m, opt)
 	}
 	if err != nil {
 		m.Close()

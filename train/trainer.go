@@ -650,6 +650,7 @@ func chooseState(order []string, steps map[string]uint64, hashes map[string]stri
 // parameters.
 func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64, want string) error {
 	t.log.Info("fetching training state", zap.String("from", src), zap.Uint64("step", step))
+	before := t.heldStage()
 	b, err := t.c.FetchState(ctx, src, step, t.l.MaxStateBytes())
 	if err != nil {
 		if ctx.Err() == nil {
@@ -685,7 +686,11 @@ func (t *Trainer) syncFrom(ctx context.Context, src string, step uint64, want st
 	if t.cfg.CheckEvery > 0 && step%uint64(t.cfg.CheckEvery) == 0 {
 		t.payload.Check = &ParamCheck{Step: step, Hash: hash, Stage: t.heldStage()}
 	}
-	if t.payload.Ready != nil {
+	// A member that moved to another pipeline stage keeps announcing the
+	// one it left, which it still serves (servePipeState): members that
+	// enter this epoch later must find a holder of it; its next Ready
+	// announces the new stage.
+	if t.payload.Ready != nil && t.heldStage() == before {
 		t.payload.Ready.Step, t.payload.Ready.Hash, t.payload.Ready.Stage = step, hash, t.heldStage()
 	}
 	t.publish()
@@ -715,10 +720,12 @@ func (t *Trainer) checkState(src string, step uint64, want string, b []byte) (*m
 		return nil, "", fmt.Errorf("train: state from %s holds a non-finite parameter (index %d): refused", src, i)
 	}
 	// The source gossips its parameter hash every check_every steps: when it
-	// announced one for this step, the parameters received must match it.
+	// announced one for this step and stage, the parameters received must
+	// match it. (A member that moved to another stage gossips its new
+	// stage's hash and serves the stage it left, of the same step.)
 	members, _ := t.c.View()
 	for _, m := range members {
-		if ck := payloadOf(m).Check; m.PeerID == src && ck != nil && ck.Step == step && ck.Hash != got {
+		if ck := payloadOf(m).Check; m.PeerID == src && ck != nil && ck.Step == step && ck.Stage == t.wantStage && ck.Hash != got {
 			return nil, "", fmt.Errorf("train: state from %s has parameter hash %s, but it announced %s for step %d", src, got, ck.Hash, step)
 		}
 	}
