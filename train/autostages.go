@@ -59,11 +59,21 @@ type StagesChoice struct {
 	// it (gossip.Epoch.Digest).
 	Epoch  uint64 `json:"epoch"`
 	Digest string `json:"digest"`
+	// Holders and Step, for a re-plan from data parallelism, are the
+	// members that held the whole model at step Step when the coordinator
+	// re-planned, in the order that gives them their stages (holder i cuts
+	// stage i mod S), whichever epoch each adopts the choice in.
+	Holders []string `json:"holders,omitempty"`
+	Step    uint64   `json:"step,omitempty"`
 }
 
 // maxChoiceStages bounds a StagesChoice, as config bounds
-// train.pipeline_stages.
-const maxChoiceStages = 256
+// train.pipeline_stages; maxHolders its holders of a re-plan (the first
+// ones of the epoch's order: the others fetch their stage).
+const (
+	maxChoiceStages = 256
+	maxHolders      = 2 * maxChoiceStages
+)
 
 // check reports a choice no peer can have made (nil is none).
 func (c *StagesChoice) check() error {
@@ -77,6 +87,13 @@ func (c *StagesChoice) check() error {
 		return fmt.Errorf("%d pipeline stages cut at %v", c.Stages, c.Split)
 	case len(c.Digest) > 64:
 		return fmt.Errorf("an epoch digest of %d characters", len(c.Digest))
+	case len(c.Holders) > maxHolders || (len(c.Holders) > 0 && (c.Stages < 2 || c.Step == 0)):
+		return fmt.Errorf("%d pipeline stages re-planned at step %d with %d holders (at most %d)", c.Stages, c.Step, len(c.Holders), maxHolders)
+	}
+	for _, h := range c.Holders {
+		if len(h) > 128 {
+			return fmt.Errorf("a holder ID of %d characters", len(h))
+		}
 	}
 	for i, b := range c.Split {
 		if (i == 0 && b != 0) || (i > 0 && b <= c.Split[i-1]) {
@@ -475,11 +492,13 @@ func (t *Trainer) settleStages(ctx context.Context, ep gossip.Epoch) error {
 func (t *Trainer) chooseStages(ctx context.Context, ep gossip.Epoch) (StagesChoice, error) {
 	a := t.auto
 	members, _ := t.c.View()
-	votes, byKey := map[string]int{}, map[string]StagesChoice{}
+	votes, byKey, newest := map[string]int{}, map[string]StagesChoice{}, map[string]uint64{}
 	vote := func(c *StagesChoice) {
 		if c != nil {
 			votes[c.key()]++
-			byKey[c.key()] = *c
+			if c.Epoch >= newest[c.key()] {
+				byKey[c.key()], newest[c.key()] = *c, c.Epoch
+			}
 		}
 	}
 	vote(a.choice)
@@ -497,8 +516,10 @@ func (t *Trainer) chooseStages(ctx context.Context, ep gossip.Epoch) (StagesChoi
 		if a.choice != nil {
 			own = a.choice.key()
 		}
+		// Ties go to the newest announcement (a re-plan that not every
+		// member adopted before its epoch ended), then to this peer's own.
 		slices.SortFunc(keys, func(x, y string) int {
-			return cmp.Or(votes[y]-votes[x], boolOrder(y == own, x == own), byKey[x].Stages-byKey[y].Stages, strings.Compare(x, y))
+			return cmp.Or(votes[y]-votes[x], cmp.Compare(newest[y], newest[x]), boolOrder(y == own, x == own), byKey[x].Stages-byKey[y].Stages, strings.Compare(x, y))
 		})
 		c := byKey[keys[0]]
 		if keys[0] != own {
@@ -571,8 +592,12 @@ func (t *Trainer) replanStages(ep gossip.Epoch) (StagesChoice, bool) {
 	if dp < 0 || perSample(layouts[dp]) < replanGain*perSample(layouts[0]) {
 		return StagesChoice{}, false
 	}
-	t.log.Info("train.pipeline_stages = auto: re-planning from data parallelism", zap.Uint64("epoch", ep.Number), zap.Uint64("step", t.step),
-		zap.String("choice", c.String()), zap.Float64("gain_per_sample", perSample(layouts[dp])/perSample(layouts[0])))
+	holders := t.wholeHolders(ep)
+	c.Holders = holders[:min(len(holders), maxHolders)]
+	c.Step = t.holdersStep(ep)
+	t.log.Info("train.pipeline_stages = auto: re-planning from data parallelism", zap.Uint64("epoch", ep.Number), zap.Uint64("step", c.Step),
+		zap.String("choice", c.String()), zap.Float64("gain_per_sample", perSample(layouts[dp])/perSample(layouts[0])),
+		zap.Strings("holders", c.Holders))
 	t.logChoice(ep, in, c, layouts)
 	return c, true
 }
@@ -582,6 +607,26 @@ func (t *Trainer) replanStages(ep gossip.Epoch) (StagesChoice, bool) {
 // announced, this peer included: the holders of the whole model's state
 // a re-plan cuts.
 func (t *Trainer) wholeHolders(ep gossip.Epoch) []string {
+	at, latest := t.readySteps(ep)
+	var out []string
+	for _, p := range ep.Order {
+		if s, ok := at[p]; ok && s == latest && latest > 0 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// holdersStep returns the latest step of data parallelism the members of
+// ep announced in it (wholeHolders hold it).
+func (t *Trainer) holdersStep(ep gossip.Epoch) uint64 {
+	_, latest := t.readySteps(ep)
+	return latest
+}
+
+// readySteps returns the steps of data parallelism (stage 0) the members
+// of ep announced in it, this peer's own included, and the latest.
+func (t *Trainer) readySteps(ep gossip.Epoch) (map[string]uint64, uint64) {
 	members, _ := t.c.View()
 	at := map[string]uint64{t.self: t.step}
 	for _, m := range members {
@@ -593,13 +638,7 @@ func (t *Trainer) wholeHolders(ep gossip.Epoch) []string {
 	for _, p := range ep.Order {
 		latest = max(latest, at[p])
 	}
-	var out []string
-	for _, p := range ep.Order {
-		if s, ok := at[p]; ok && s == latest && latest > 0 {
-			out = append(out, p)
-		}
-	}
-	return out
+	return at, latest
 }
 
 // boolOrder orders true before false.
@@ -659,7 +698,7 @@ func (t *Trainer) adoptStages(c StagesChoice, ep gossip.Epoch) error {
 	held := t.step
 	// A re-plan from data parallelism: this peer holds the whole model's
 	// state and cuts it into its stage instead of discarding it.
-	recut := changed && !first && a.choice.Stages == 1 && c.Stages > 1 && held > 0 && slices.Contains(t.wholeHolders(ep), t.self)
+	recut := changed && !first && a.choice.Stages == 1 && c.Stages > 1 && held > 0 && held == c.Step && slices.Contains(c.Holders, t.self)
 	if recut {
 		if err := t.recutLearner(c, ep); err != nil {
 			return err
@@ -709,22 +748,21 @@ func (t *Trainer) adoptStages(c StagesChoice, ep gossip.Epoch) error {
 // recutLearner replaces the whole model this peer trains with data
 // parallelism by a stage of choice c, cut from the whole model's state at
 // the step it holds (PipeLearner.SetStageFrom), keeping the step; this
-// peer must be one of ep's wholeHolders. They take stages 0, 1, …, S−1,
-// 0, … in ep's order, so that every stage has a holder at that step
-// whatever layout the next epoch makes (its members fetch the stage it
-// gives them from one). A member behind them, or one that joined, takes
-// stage 0 at step 0 (switchLearner) and fetches its stage's state later.
-// A failure stops the run.
+// peer must be one of c.Holders, at c.Step. They take stages 0, 1, …,
+// S−1, 0, … in that order, in whichever epoch each adopts c, so that every
+// stage has a holder at that step whatever layout the next epoch makes
+// (its members fetch the stage it gives them from one). A member behind
+// them, or one that joined, takes stage 0 at step 0 (switchLearner) and
+// fetches its stage's state later. A failure stops the run.
 func (t *Trainer) recutLearner(c StagesChoice, ep gossip.Epoch) error {
 	a := t.auto
 	ml, ok := t.l.(*ModelLearner)
 	if !ok {
 		return fmt.Errorf("%w: re-cutting a %T, not a whole model", ErrLearner, t.l)
 	}
-	holders := t.wholeHolders(ep)
-	i := slices.Index(holders, t.self)
-	if i < 0 || len(holders) < c.Stages {
-		return fmt.Errorf("%w: %d members hold the whole model at step %d (this peer among them: %v); %s needs one per stage", ErrLearner, len(holders), t.step, i >= 0, c)
+	i := slices.Index(c.Holders, t.self)
+	if i < 0 || len(c.Holders) < c.Stages {
+		return fmt.Errorf("%w: %d members held the whole model at step %d (this peer among them: %v); %s needs one per stage", ErrLearner, len(c.Holders), c.Step, i >= 0, c)
 	}
 	s := i % c.Stages
 	cfg := a.base

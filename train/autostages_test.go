@@ -263,14 +263,18 @@ func TestAutoSettingsRefuseFixedStages(t *testing.T) {
 // TestStagesChoiceInPayload: a choice survives a heartbeat, and a choice
 // no peer can have made is refused with the payload.
 func TestStagesChoiceInPayload(t *testing.T) {
-	c := &StagesChoice{Stages: 2, Split: []int{0, 3, 7}, Epoch: 4, Digest: "0123456789abcdef"}
+	c := &StagesChoice{Stages: 2, Split: []int{0, 3, 7}, Epoch: 4, Digest: "0123456789abcdef", Holders: []string{"a", "b"}, Step: 9}
 	p, err := DecodePayload(Payload{Stages: c}.Encode())
-	if err != nil || p.Stages == nil || p.Stages.key() != c.key() || p.Stages.Epoch != 4 {
+	if err != nil || p.Stages == nil || p.Stages.key() != c.key() || p.Stages.Epoch != 4 || !slices.Equal(p.Stages.Holders, c.Holders) || p.Stages.Step != 9 {
 		t.Fatalf("round trip: %+v, %v", p.Stages, err)
 	}
 	for _, bad := range []StagesChoice{
 		{Stages: 0}, {Stages: 300}, {Stages: 1, Split: []int{0, 7}}, {Stages: 2, Split: []int{0, 7}},
 		{Stages: 2, Split: []int{0, 5, 5}}, {Stages: 2, Split: []int{1, 3, 7}},
+		{Stages: 1, Holders: []string{"a"}, Step: 3},                    // a re-plan into data parallelism
+		{Stages: 2, Split: []int{0, 3, 7}, Holders: []string{"a", "b"}}, // holders of no step
+		{Stages: 2, Split: []int{0, 3, 7}, Holders: make([]string, 513), Step: 3},
+		{Stages: 2, Split: []int{0, 3, 7}, Holders: []string{strings.Repeat("x", 129)}, Step: 3},
 	} {
 		if _, err := DecodePayload(Payload{Stages: &bad}.Encode()); err == nil {
 			t.Errorf("choice %+v accepted", bad)
