@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -142,6 +143,10 @@ type autoStages struct {
 	// recutAt is the step at which this peer cut its whole model into a
 	// stage of a re-planned choice (0: never).
 	recutAt uint64
+	// retryReplan asks for a new epoch once this one is entered, for a
+	// re-plan deferred at step retryAt (replanStages).
+	retryReplan bool
+	retryAt     uint64
 }
 
 // The links assumed while none between neighbours of the ring is
@@ -584,17 +589,27 @@ func (t *Trainer) replanStages(ep gossip.Epoch) (StagesChoice, bool) {
 		return StagesChoice{}, false
 	}
 	c, layouts, err := planStages(in)
-	if err != nil || c.Stages == 1 || c.Stages > len(t.wholeHolders(ep)) {
-		return StagesChoice{}, false // a stage without a member holding the whole model would be lost
+	if err != nil || c.Stages == 1 {
+		return StagesChoice{}, false
 	}
 	dp := slices.IndexFunc(layouts, func(l pipeline.Layout) bool { return l.Stages == 1 })
 	perSample := func(l pipeline.Layout) float64 { return l.Step / float64(l.Batch) }
 	if dp < 0 || perSample(layouts[dp]) < replanGain*perSample(layouts[0]) {
 		return StagesChoice{}, false
 	}
-	holders := t.wholeHolders(ep)
-	c.Holders = holders[:min(len(holders), maxHolders)]
-	c.Step = t.holdersStep(ep)
+	holders, step := t.wholeHolders(ep)
+	if len(holders) < c.Stages {
+		// A stage without a member holding the whole model would be lost:
+		// once this epoch's sync has brought every member to the state,
+		// a new epoch re-plans (once per step).
+		if a.retryAt != step {
+			a.retryAt, a.retryReplan = step, true
+			t.log.Info("train.pipeline_stages = auto: re-planning in a new epoch, once every member holds step "+strconv.FormatUint(step, 10),
+				zap.Uint64("epoch", ep.Number), zap.Int("holders", len(holders)), zap.String("choice", c.String()))
+		}
+		return StagesChoice{}, false
+	}
+	c.Holders, c.Step = holders[:min(len(holders), maxHolders)], step
 	t.log.Info("train.pipeline_stages = auto: re-planning from data parallelism", zap.Uint64("epoch", ep.Number), zap.Uint64("step", c.Step),
 		zap.String("choice", c.String()), zap.Float64("gain_per_sample", perSample(layouts[dp])/perSample(layouts[0])),
 		zap.Strings("holders", c.Holders))
@@ -603,42 +618,46 @@ func (t *Trainer) replanStages(ep gossip.Epoch) (StagesChoice, bool) {
 }
 
 // wholeHolders returns the members of ep, in its order, that announced
-// in ep the latest step (past 0) of data parallelism any member of ep
-// announced, this peer included: the holders of the whole model's state
-// a re-plan cuts.
-func (t *Trainer) wholeHolders(ep gossip.Epoch) []string {
-	at, latest := t.readySteps(ep)
+// in ep the state of data parallelism the epoch continues from
+// (chooseState over the members' Ready: the step most members past 0
+// hold), and that step: the holders of the whole model's state a re-plan
+// cuts. A member behind, or a joiner, syncs to that state in the epoch
+// and holds it in the next.
+func (t *Trainer) wholeHolders(ep gossip.Epoch) ([]string, uint64) {
+	members, _ := t.c.View()
+	steps, hashes := map[string]uint64{}, map[string]string{}
+	for _, m := range members {
+		if r := payloadOf(m).Ready; m.PeerID != t.self && r.In(ep) && r.Stage == 0 {
+			steps[m.PeerID], hashes[m.PeerID] = r.Step, r.Hash
+		}
+	}
+	steps[t.self] = t.step
+	if r := t.payload.Ready; r != nil {
+		hashes[t.self] = r.Hash
+	}
+	target, want := chooseState(ep.Order, steps, hashes, uint64(t.cfg.Steps))
+	if target == 0 {
+		return nil, 0
+	}
 	var out []string
 	for _, p := range ep.Order {
-		if s, ok := at[p]; ok && s == latest && latest > 0 {
+		if steps[p] == target && hashes[p] == want {
 			out = append(out, p)
 		}
 	}
-	return out
+	return out, target
 }
 
-// holdersStep returns the latest step of data parallelism the members of
-// ep announced in it (wholeHolders hold it).
-func (t *Trainer) holdersStep(ep gossip.Epoch) uint64 {
-	_, latest := t.readySteps(ep)
-	return latest
-}
-
-// readySteps returns the steps of data parallelism (stage 0) the members
-// of ep announced in it, this peer's own included, and the latest.
-func (t *Trainer) readySteps(ep gossip.Epoch) (map[string]uint64, uint64) {
-	members, _ := t.c.View()
-	at := map[string]uint64{t.self: t.step}
-	for _, m := range members {
-		if r := payloadOf(m).Ready; m.PeerID != t.self && r != nil && r.In(ep) && r.Stage == 0 {
-			at[m.PeerID] = r.Step
-		}
+// afterEnter ends this peer's entry into a ring epoch of data
+// parallelism: when it coordinates the epoch and deferred a re-plan
+// because too few members held its state (replanStages), every member
+// holds it now, and it asks for a new epoch to re-plan in.
+func (t *Trainer) afterEnter(ep gossip.Epoch) error {
+	if a := t.auto; a != nil && a.retryReplan {
+		a.retryReplan = false
+		return fmt.Errorf("train: every member of ring epoch %d holds step %d now; entering a new ring epoch to re-plan the layout", ep.Number, t.step)
 	}
-	latest := uint64(0)
-	for _, p := range ep.Order {
-		latest = max(latest, at[p])
-	}
-	return at, latest
+	return nil
 }
 
 // boolOrder orders true before false.

@@ -599,7 +599,7 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 		t.mu.Lock()
 		t.forceSync = false
 		t.mu.Unlock()
-		return nil
+		return t.afterEnter(ep)
 	}
 	// Fetch it from the coordinator if it holds it, else from the lowest
 	// peer ID that does.
@@ -613,7 +613,10 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 	if src == "" {
 		return fmt.Errorf("train: no member holds step %d", target)
 	}
-	return t.syncFrom(ctx, src, target, want)
+	if err := t.syncFrom(ctx, src, target, want); err != nil {
+		return err
+	}
+	return t.afterEnter(ep)
 }
 
 // chooseState picks the training state the members of an epoch continue
