@@ -79,11 +79,15 @@ func planMatrix(order []string, members []gossip.Member) (m Matrix, complete, an
 	return Planning(m), known == len(order)*(len(order)-1), known > 0
 }
 
-// Planning prepares a matrix of measured rates for planning, in place:
-// unknown pairs take the median known figure (all equal when nothing is
-// known, which gives the peer-ID order) and every figure is quantised to
-// a power of planStep. It returns m.
-func Planning(m Matrix) Matrix {
+// Planning returns a matrix of measured rates prepared for planning (m is
+// left as it is): unknown pairs take the median known figure (all equal
+// when nothing is known, which gives the peer-ID order) and every figure
+// is quantised to a power of planStep.
+func Planning(measured Matrix) Matrix {
+	m := make(Matrix, len(measured))
+	for i := range measured {
+		m[i] = slices.Clone(measured[i])
+	}
 	var vals []float64
 	for i := range m {
 		for j := range m {

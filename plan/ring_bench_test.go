@@ -56,3 +56,20 @@ func BenchmarkChoose(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPipelineOrder is the pipeline layout of 4 stages at 16 to 256
+// peers: rotations and swaps up to pipeSearchMax peers, rotations only
+// above (go test -run '^$' -bench PipelineOrder ./plan).
+func BenchmarkPipelineOrder(b *testing.B) {
+	for _, n := range []int{16, 64, 128, 256} {
+		m := siteMatrix(n, 1)
+		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
+			var o []int
+			for b.Loop() {
+				o = PipelineOrder(m, 4)
+			}
+			hop, _ := LayoutRates(m, o, 4)
+			b.ReportMetric(hop*8/1e6, "slowest_hop_Mbit/s")
+		})
+	}
+}

@@ -405,19 +405,10 @@ type stagesInput struct {
 // stage-ring edge of the layout plan.PipelineOrder makes of them (as the
 // ring planner does once it knows S), 0 where none is measured.
 func layoutLinks(bw plan.Matrix) func(stages int) (hop, ring float64) {
-	planning := plan.Planning(clone2(bw))
+	planning := plan.Planning(bw)
 	return func(stages int) (float64, float64) {
 		return plan.LayoutRates(bw, plan.PipelineOrder(planning, stages), stages)
 	}
-}
-
-// clone2 returns a deep copy of m.
-func clone2(m plan.Matrix) plan.Matrix {
-	out := make(plan.Matrix, len(m))
-	for i := range m {
-		out[i] = slices.Clone(m[i])
-	}
-	return out
 }
 
 // planStages chooses the number of stages and the cut of the layers: the
