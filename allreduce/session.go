@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -69,6 +70,8 @@ type Session struct {
 	frames framePool
 	// hier is the group structure of a hierarchical schedule (nil otherwise).
 	hier *hierGroups
+	// queued counts the bytes of the frames the rounds queued for sending.
+	queued atomic.Uint64
 }
 
 type boxKey struct {
@@ -176,6 +179,13 @@ func NewSession(ep Ring, t Transport, cfg Config) (*Session, error) {
 	}
 	return s, nil
 }
+
+// Queued returns the bytes of the frames this session's rounds queued for
+// their neighbours so far. A round's frames are counted when queued, so the
+// difference across a step is that step's traffic even though Round.Wait
+// may return before the writers handed its last frames to the Transport
+// (whose byte count would then name them in the next step).
+func (s *Session) Queued() uint64 { return s.queued.Load() }
 
 // Ring returns the session's ring epoch.
 func (s *Session) Ring() Ring { return s.ep }
@@ -511,6 +521,7 @@ func (s *Session) send(to int, frame []byte) { s.enqueue(to, outFrame{b: frame})
 func (s *Session) handOff(to int, frame []byte) { s.enqueue(to, outFrame{b: frame, recycle: true}) }
 
 func (s *Session) enqueue(to int, f outFrame) {
+	s.queued.Add(uint64(len(f.b)))
 	q := s.out[to]
 	q.mu.Lock()
 	q.q = append(q.q, f)

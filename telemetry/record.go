@@ -59,7 +59,9 @@ type Record struct {
 	Steps       uint64  `json:"steps,omitempty"`
 	Loss        float64 `json:"loss,omitempty"`
 	SamplesPerS float64 `json:"samples_per_s,omitempty"`
-	// BytesSent is what this peer put on the wire for the step's all-reduce.
+	// BytesSent is what this peer sent for the step: the all-reduce frames it
+	// queued for its neighbours (and, on a pipeline stage, the activations,
+	// their gradients and the tied table it wrote).
 	BytesSent float64 `json:"bytes_sent,omitempty"`
 	// StepS is the step's wall time: ComputeS + AllreduceS.
 	StepS float64 `json:"step_s,omitempty"`

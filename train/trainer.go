@@ -826,7 +826,7 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 		if _, cur := t.c.View(); !sameEpoch(cur, ep) {
 			break
 		}
-		if err := t.runStep(stepCtx, sess, tr, links, len(ep.Order), ep.Number); err != nil {
+		if err := t.runStep(stepCtx, sess, links, len(ep.Order), ep.Number); err != nil {
 			if ctx.Err() != nil {
 				break
 			}
@@ -910,12 +910,12 @@ func (t *Trainer) runEpoch(ctx context.Context, ep gossip.Epoch) error {
 
 // runStep computes, all-reduces and applies one step.
 // links, when not nil, are each bucket's per-link codecs.
-func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allreduce.EpochTransport, links []*allreduce.LinkCodecs, world int, epoch uint64) error {
+func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, links []*allreduce.LinkCodecs, world int, epoch uint64) error {
 	start := time.Now()
 	step := t.step
 	sh := t.shard
 	t.unsettled = nil // Compute replaces the gradient
-	sentBefore := tr.Sent()
+	sentBefore := sess.Queued()
 	var pipeBefore uint64
 	if t.pipe != nil {
 		pipeBefore = t.pipe.tr.Sent()
@@ -992,7 +992,7 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, tr allre
 	end := time.Now()
 	t.noteStepTime(end.Sub(start))
 	elapsed := end.Sub(start).Seconds()
-	sent := float64(tr.Sent() - sentBefore)
+	sent := float64(sess.Queued() - sentBefore) // counted when queued: Wait may return before the last frames are written
 	if t.pipe != nil {
 		sent += float64(t.pipe.tr.Sent() - pipeBefore) // activations, their gradients, the tied table
 		t.noteLinkCodecs(t.pipe, step)
