@@ -90,6 +90,11 @@ type Heartbeat struct {
 	// judgement (View.Exclude), so that a majority's exclusion is everyone's
 	// (View.Excluded).
 	Excluded []string `json:"excluded,omitempty"`
+	// ComputeUS is the sender's measured compute: microseconds per sample
+	// of the model's forward and backward passes on its devices (0: not
+	// measured). The planner leaves members far slower than the others
+	// idle where a pipeline layout leaves some idle.
+	ComputeUS float64 `json:"compute_us,omitempty"`
 }
 
 // LinkFigure is one measured link, from the heartbeat's sender to Peer.
@@ -120,6 +125,14 @@ func checkLinks(links []LinkFigure) error {
 				return fmt.Errorf("%w: link to %s has figure %v", ErrMalformed, l.Peer, v)
 			}
 		}
+	}
+	return nil
+}
+
+// checkCompute validates a heartbeat's compute figure.
+func checkCompute(us float64) error {
+	if !finiteNonNegative(us) {
+		return fmt.Errorf("%w: compute figure %v µs per sample (want finite, ≥ 0)", ErrMalformed, us)
 	}
 	return nil
 }
@@ -363,6 +376,7 @@ func (e *Envelope) validate(author string) error {
 			h.Epoch.validate(),
 			checkLinks(h.Links),
 			checkStrings("excluded members", h.Excluded, maxMembers),
+			checkCompute(h.ComputeUS),
 		} {
 			if err != nil {
 				return err

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -102,6 +103,17 @@ func (n *Node) probeTargets() []peer.ID {
 // known links with it).
 func (n *Node) InjectLink(st probe.LinkStatus) {
 	n.probe.Set(st)
+	n.gsp.Beat()
+}
+
+// SetCompute announces the compute this peer measured: the model's
+// forward and backward passes take perSample per sample on its devices
+// (gossip.Heartbeat.ComputeUS). The ring planner leaves members far
+// slower than the others idle where a pipeline layout leaves some idle.
+func (n *Node) SetCompute(perSample time.Duration) {
+	n.mu.Lock()
+	n.computeUS = max(float64(perSample)/float64(time.Microsecond), 0)
+	n.mu.Unlock()
 	n.gsp.Beat()
 }
 

@@ -75,6 +75,8 @@ type Node struct {
 	// app and wantEpoch are what the trainer announces (train.Cluster).
 	app       []byte
 	wantEpoch uint64
+	// computeUS is the compute per sample the trainer measured (SetCompute).
+	computeUS float64
 	training  Training
 	// history keeps the run's timeline for /history; sinks get it too.
 	history *telemetry.History
@@ -279,6 +281,7 @@ func (n *Node) selfHeartbeat() gossip.Heartbeat {
 		WantEpoch: n.wantEpoch,
 		Observer:  n.cfg.Node.Observer || (n.cfg.Node.AwaitApp && n.app == nil),
 		Links:     plan.MarkRelayed(n.probe.Figures(), relayedPeers(n.host)),
+		ComputeUS: n.computeUS,
 	}
 }
 

@@ -135,6 +135,26 @@ type Setup struct {
 	// Bandwidth stays the rate of pure data parallelism's ring and of the
 	// tied exchange.
 	LayoutLinks func(stages int) (hop, ring float64)
+	// Slowdown, when not nil, returns how many times Layers' figures the
+	// slowest member a layout of stages stages trains with takes to
+	// compute (members with other devices; the members the layout leaves
+	// idle do not count): every pipeline waits for its slowest stage and
+	// every ring for its slowest replica. Nil, or a factor that is not
+	// finite and positive: 1.
+	Slowdown func(stages int) float64
+}
+
+// slowed returns layers with their compute times f times longer.
+func slowed(layers []LayerCost, f float64) []LayerCost {
+	if f == 1 || !(f > 0) || math.IsInf(f, 0) {
+		return layers
+	}
+	out := slices.Clone(layers)
+	for i := range out {
+		out[i].Forward *= f
+		out[i].Backward *= f
+	}
+	return out
 }
 
 // hopBandwidth returns the rate of the hops between stages: hop when
@@ -315,6 +335,9 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 		if !(c.Code >= 0) || math.IsInf(c.Code, 0) {
 			return Layout{}, fmt.Errorf("pipeline: codec %s's coding time %v s per value is out of range (want finite, ≥ 0)", c.Spec, c.Code)
 		}
+	}
+	if s.Slowdown != nil {
+		s.Layers = slowed(s.Layers, s.Slowdown(stages))
 	}
 	R := s.Peers / stages
 	lay := Layout{Stages: stages, Replicas: R, Idle: idle, Batch: s.Batch, Micro: s.Micro, Grad: grad.Spec, RingRate: s.Bandwidth}

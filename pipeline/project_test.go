@@ -528,3 +528,45 @@ func TestProjectLayoutLinks(t *testing.T) {
 		t.Errorf("data parallelism moved from %v to %v s with the layout's links", dpBefore.Step, dp.Step)
 	}
 }
+
+// TestProjectSlowdown: with Setup.Slowdown each layout computes at the
+// speed of the slowest member it trains with. Five members, one 3× slower
+// than the others: data parallelism trains with it and computes 3× longer,
+// 2×2+1 leaves it idle and computes as measured, so on free links the
+// idle layout ranks first per sample where it would not without.
+func TestProjectSlowdown(t *testing.T) {
+	s := Setup{Layers: equalLayers(4, 1e-3, 2e-3, 1000, 16), Peers: 5, Batch: 40, Micro: 4, Bandwidth: 1e12, RTT: 1e-6,
+		Idle: true, PerPeerBatch: 8}
+	plain, err := s.Project(1, none, none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := s.Plan([]CodecCost{none}, []CodecCost{none})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Slowdown = func(stages int) float64 {
+		if stages == 1 {
+			return 3 // the slow member trains
+		}
+		return 1 // it sits idle
+	}
+	slowDP, err := s.Project(1, none, none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(slowDP.Compute, 3*plain.Compute) {
+		t.Errorf("data parallelism with a 3× slower member: compute %v, want 3 × %v", slowDP.Compute, plain.Compute)
+	}
+	after, err := s.Plan([]CodecCost{none}, []CodecCost{none})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before[0].Stages != 1 || after[0].Idle == 0 {
+		t.Errorf("fastest without Slowdown %s (want dp×5), with it %s (want a layout that idles the slow member)", before[0].Name(), after[0].Name())
+	}
+	s.Slowdown = func(int) float64 { return math.NaN() }
+	if l, _ := s.Project(1, none, none); l.Compute != plain.Compute {
+		t.Errorf("a NaN slowdown changed the compute from %v to %v", plain.Compute, l.Compute)
+	}
+}

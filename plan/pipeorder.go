@@ -64,7 +64,7 @@ const (
 	pipeSearchMax    = 64
 )
 
-// PipelineOrder returns an order of the len(m) members (indices into m)
+// linkPipelineOrder returns an order of the len(m) members (indices into m)
 // for pipelines of stages consecutive members (pipeline.Assign), so that
 // the links between consecutive stages are fast: the rotation of
 // RingOrder's ring whose pipelines' slowest hop is fastest (a ring
@@ -75,7 +75,7 @@ const (
 // pipeSearchPasses passes and up to pipeSearchMax members. It is
 // deterministic. With fewer members than
 // stages, or stages < 2, it returns RingOrder(m).
-func PipelineOrder(m Matrix, stages int) []int {
+func linkPipelineOrder(m Matrix, stages int) []int {
 	o := RingOrder(m)
 	n := len(o)
 	if stages < 2 || n < stages {
@@ -110,6 +110,115 @@ func PipelineOrder(m Matrix, stages int) []int {
 	return best
 }
 
+// SlowCompute is how much slower than the training members' slowest a
+// member's compute must be for a pipeline layout that leaves members idle
+// to leave it idle whatever its links (SlowMembers).
+const SlowCompute = 1.25
+
+// SlowMembers returns the members (indices into compute, ascending) that a
+// layout of stages stages leaves idle for their compute: of the len(compute)
+// mod stages members it leaves idle, those whose compute (seconds per
+// sample; 0: not measured, taken as the median of those measured) exceeds
+// SlowCompute times that of the slowest member a layout must train with
+// (the len(compute) − len(compute) mod stages-th fastest). Every pipeline
+// waits for its slowest stage and every stage's ring for its slowest
+// replica, so one slow device slows the whole step; idle, it costs
+// nothing. Nil with stages < 2, no idle place or no measurement.
+func SlowMembers(compute []float64, stages int) []int {
+	n := len(compute)
+	if stages < 2 || n < stages || n%stages == 0 {
+		return nil
+	}
+	c := filledCompute(compute)
+	if c == nil {
+		return nil
+	}
+	byCompute := make([]int, n)
+	for i := range byCompute {
+		byCompute[i] = i
+	}
+	slices.SortStableFunc(byCompute, func(a, b int) int { return cmp.Compare(c[a], c[b]) })
+	train := n - n%stages
+	var slow []int
+	for _, i := range byCompute[train:] {
+		if c[i] > SlowCompute*c[byCompute[train-1]] {
+			slow = append(slow, i)
+		}
+	}
+	slices.Sort(slow)
+	return slow
+}
+
+// filledCompute returns compute with unmeasured figures (0, or not a
+// finite positive number) replaced by the median of the measured ones,
+// or nil when none is measured.
+func filledCompute(compute []float64) []float64 {
+	var known []float64
+	for _, v := range compute {
+		if v > 0 && !math.IsInf(v, 0) {
+			known = append(known, v)
+		}
+	}
+	if len(known) == 0 {
+		return nil
+	}
+	slices.Sort(known)
+	med := known[len(known)/2]
+	c := make([]float64, len(compute))
+	for i, v := range compute {
+		c[i] = v
+		if !(v > 0) || math.IsInf(v, 0) {
+			c[i] = med
+		}
+	}
+	return c
+}
+
+// TrainingCompute returns the slowest compute (seconds per sample) among
+// the members a layout of stages stages trains with when SlowMembers are
+// idle: what bounds its step. 0 when nothing is measured.
+func TrainingCompute(compute []float64, stages int) float64 {
+	c := filledCompute(compute)
+	slow := SlowMembers(compute, stages)
+	var worst float64
+	for i, v := range c {
+		if !slices.Contains(slow, i) {
+			worst = max(worst, v)
+		}
+	}
+	return worst
+}
+
+// PipelineOrder returns an order of the len(m) members (indices into m)
+// for pipelines of stages consecutive members (pipeline.Assign): the
+// members SlowMembers leaves idle for their compute (nil compute: none)
+// take the last, idle places, and the others are laid out on their links
+// (linkPipelineOrder). It is deterministic.
+func PipelineOrder(m Matrix, stages int, compute []float64) []int {
+	slow := SlowMembers(compute, stages)
+	if len(slow) == 0 {
+		return linkPipelineOrder(m, stages)
+	}
+	rest := make([]int, 0, len(m)-len(slow))
+	for i := range m {
+		if !slices.Contains(slow, i) {
+			rest = append(rest, i)
+		}
+	}
+	sub := make(Matrix, len(rest))
+	for a, i := range rest {
+		sub[a] = make([]float64, len(rest))
+		for b, j := range rest {
+			sub[a][b] = m.at(i, j)
+		}
+	}
+	out := make([]int, 0, len(m))
+	for _, a := range linkPipelineOrder(sub, stages) {
+		out = append(out, rest[a])
+	}
+	return append(out, slow...)
+}
+
 // replanPipelines reports whether the pipeline layout of order next is
 // worth a new epoch over that of cur (both orders of ids, whose links m
 // holds): its slowest hop replanGain times faster, or as fast with its
@@ -131,6 +240,24 @@ func replanPipelines(m Matrix, ids, cur, next []string, stages int) bool {
 	}
 	was, now := scorePipelines(m, a, stages), scorePipelines(m, b, stages)
 	return now.hop > replanGain*was.hop || (now.hop >= was.hop && now.ring > replanGain*was.ring)
+}
+
+// idlesSlowMembers reports whether the pipeline layout of order next
+// leaves idle a member that SlowMembers would (compute is indexed like
+// ids) and that the layout of cur trains with: a slow device then stops
+// holding back every step.
+func idlesSlowMembers(cur, next []string, compute []float64, ids []string, stages int) bool {
+	slow := SlowMembers(compute, stages)
+	trains := func(order []string, id string) bool {
+		k := slices.Index(order, id)
+		return k >= 0 && k < len(order)-len(order)%stages
+	}
+	for _, i := range slow {
+		if trains(cur, ids[i]) && !trains(next, ids[i]) {
+			return true
+		}
+	}
+	return false
 }
 
 // LayoutRates returns the slowest hop between consecutive stages and the

@@ -57,14 +57,14 @@ func TestPipelineOrderKeepsPipelinesInRacks(t *testing.T) {
 	if ring := RingOrder(m); !slow(ring) {
 		t.Fatalf("the ring %v cut into pairs keeps every pipeline in a rack: the case does not test PipelineOrder", ring)
 	}
-	o := PipelineOrder(m, 2)
+	o := PipelineOrder(m, 2, nil)
 	if sorted := slices.Sorted(slices.Values(o)); !slices.Equal(sorted, []int{0, 1, 2, 3, 4, 5, 6, 7, 8}) {
 		t.Fatalf("order %v is not a permutation", o)
 	}
 	if slow(o) {
 		t.Errorf("order %v puts a hop on a 100 Mbit/s link: %v", o, hopRates(m, o, 2))
 	}
-	if got := PipelineOrder(m, 1); !slices.Equal(got, RingOrder(m)) {
+	if got := PipelineOrder(m, 1, nil); !slices.Equal(got, RingOrder(m)) {
 		t.Errorf("one stage: %v, want RingOrder's %v", got, RingOrder(m))
 	}
 }
@@ -80,7 +80,7 @@ func TestPipelineOrderIdleMembers(t *testing.T) {
 		}
 	}
 	m := mbitMatrix(mbit)
-	o := PipelineOrder(m, 2)
+	o := PipelineOrder(m, 2, nil)
 	if o[4] != 2 {
 		t.Errorf("order %v: member 2, on 10 Mbit/s links, should sit idle (last)", o)
 	}
@@ -95,7 +95,7 @@ func TestPipelineOrderIdleMembers(t *testing.T) {
 		mbit[e[0]][e[1]], mbit[e[1]][e[0]] = 500, 500
 	}
 	m = mbitMatrix(mbit)
-	o = PipelineOrder(m, 2)
+	o = PipelineOrder(m, 2, nil)
 	sc := scorePipelines(m, o, 2)
 	if sc.hop != 1000*1e6/8 || sc.ring != 500*1e6/8 {
 		t.Errorf("order %v: slowest hop %.0f Mbit/s and ring edge %.0f, want 1000 and 500", o, sc.hop*8/1e6, sc.ring*8/1e6)
@@ -124,18 +124,26 @@ func TestPlannerLaysOutPipelines(t *testing.T) {
 	if plan.Schedule != "auto" {
 		t.Errorf("schedule %q, want the configured auto", plan.Schedule)
 	}
-	straddling := gossip.Epoch{Number: 2, Order: ids, Coordinator: "a", Schedule: "auto"}
-	if !p.Replan(straddling, plan, members) {
-		t.Error("no replan from pipelines across the racks to pipelines within them")
-	}
-	own := gossip.Epoch{Number: 3, Order: plan.Order, Coordinator: plan.Order[0], Schedule: "auto"}
-	if p.Replan(own, p.Plan(ids, members), members) {
-		t.Error("replan of a layout already within the racks")
-	}
+	checkReplans(t, p, ids, members, plan, "pipelines across the racks")
 	// Told of no pipelines (auto before its choice), it plans the ring.
 	stages = 1
 	if got := p.Plan(ids, members); !slices.Equal(got.Order, NewPlanner(defaultSettings()).Plan(ids, members).Order) {
 		t.Errorf("one stage: order %v, want the ring planner's", got.Order)
+	}
+}
+
+// checkReplans checks that p re-plans an epoch ordered as ids (what
+// describes) into plan, and not an epoch ordered as plan into its own
+// plan again.
+func checkReplans(t *testing.T, p Planner, ids []string, members []gossip.Member, plan gossip.EpochPlan, what string) {
+	t.Helper()
+	cur := gossip.Epoch{Number: 2, Order: ids, Coordinator: ids[0], Schedule: "auto"}
+	if !p.Replan(cur, plan, members) {
+		t.Errorf("no replan from %s to %v", what, plan.Order)
+	}
+	own := gossip.Epoch{Number: 3, Order: plan.Order, Coordinator: plan.Order[0], Schedule: "auto"}
+	if p.Replan(own, p.Plan(ids, members), members) {
+		t.Errorf("replan of the planned layout %v", plan.Order)
 	}
 }
 
@@ -155,7 +163,7 @@ func TestPipelineOrderNeverWorseThanTheRing(t *testing.T) {
 		m := mbitMatrix(rackMatrix(rackOf))
 		for stages := 2; stages <= 4; stages++ {
 			total++
-			ring, pipe := scorePipelines(m, RingOrder(m), stages), scorePipelines(m, PipelineOrder(m, stages), stages)
+			ring, pipe := scorePipelines(m, RingOrder(m), stages), scorePipelines(m, PipelineOrder(m, stages, nil), stages)
 			if ring.better(pipe) {
 				t.Fatalf("racks %v, %d stages: the pipeline order ranks %+v, the ring's %+v", rackOf, stages, pipe, ring)
 			}

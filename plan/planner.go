@@ -211,17 +211,26 @@ func scheduleName(s allreduce.Schedule) string {
 func (p Planner) Plan(live []string, members []gossip.Member) gossip.EpochPlan {
 	out := gossip.EpochPlan{Order: live, Schedule: scheduleName(p.schedule)}
 	m, _, any := planMatrix(live, members)
-	if !any || len(live) < 2 {
+	if len(live) < 2 {
 		return out
 	}
 	if p.stages != nil {
 		if s := p.stages(); s >= 2 {
+			// Members far slower than the others are left idle even before
+			// any link is measured.
+			compute := MemberCompute(live, members)
+			if !any && SlowMembers(compute, s) == nil {
+				return out
+			}
 			out.Order = make([]string, len(live))
-			for k, i := range PipelineOrder(m, s) {
+			for k, i := range PipelineOrder(m, s, compute) {
 				out.Order[k] = live[i]
 			}
 			return out
 		}
+	}
+	if !any {
+		return out
 	}
 	plan := Choose(m, p.bucketBytes)
 	var edges []string
@@ -320,19 +329,44 @@ func (p Planner) linkCodecs(m Matrix, o []int) ([]string, string) {
 	return nil, ""
 }
 
+// MemberCompute returns each member's compute of order (seconds per
+// sample, gossip.Heartbeat.ComputeUS; 0 where unknown), or nil when no
+// member announced one.
+func MemberCompute(order []string, members []gossip.Member) []float64 {
+	byID := make(map[string]float64, len(members))
+	for _, m := range members {
+		byID[m.PeerID] = m.ComputeUS * 1e-6
+	}
+	var c []float64
+	for i, id := range order {
+		if v := byID[id]; v > 0 {
+			if c == nil {
+				c = make([]float64, len(order))
+			}
+			c[i] = v
+		}
+	}
+	return c
+}
+
 // Replan reports whether plan is predicted at least replanGain faster than
-// cur, judged only once every pair of cur's members has been measured.
+// cur, judged only once every pair of cur's members has been measured, or,
+// for pipelines, whether plan idles a slow member that cur trains with
+// (plan.SlowMembers).
 func (p Planner) Replan(cur gossip.Epoch, plan gossip.EpochPlan, members []gossip.Member) bool {
 	ids := slices.Clone(cur.Order)
 	slices.Sort(ids)
 	m, complete, _ := planMatrix(ids, members)
-	if !complete {
-		return false
-	}
 	if p.stages != nil {
 		if s := p.stages(); s >= 2 {
-			return replanPipelines(m, ids, cur.Order, plan.Order, s)
+			if idlesSlowMembers(cur.Order, plan.Order, MemberCompute(ids, members), ids, s) {
+				return true // whatever is known of the links
+			}
+			return complete && replanPipelines(m, ids, cur.Order, plan.Order, s)
 		}
+	}
+	if !complete {
+		return false
 	}
 	rtt, _ := planRTT(ids, members)
 	before := p.predictSeconds(m, rtt, ids, cur.Plan())

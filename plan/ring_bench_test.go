@@ -66,7 +66,7 @@ func BenchmarkPipelineOrder(b *testing.B) {
 		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
 			var o []int
 			for b.Loop() {
-				o = PipelineOrder(m, 4)
+				o = PipelineOrder(m, 4, nil)
 			}
 			hop, _ := LayoutRates(m, o, 4)
 			b.ReportMetric(hop*8/1e6, "slowest_hop_Mbit/s")

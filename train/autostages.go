@@ -47,6 +47,15 @@ type StagesPlanner interface {
 	SetPipelineStages(stages int)
 }
 
+// ComputeAnnouncer is a Cluster that tells the members this peer's
+// measured compute per sample (node.Node): the ring planner leaves members
+// far slower than the others idle where a pipeline layout leaves some idle
+// (plan.SlowMembers), and "auto" projects each layout with the slowest
+// member it trains with.
+type ComputeAnnouncer interface {
+	SetCompute(perSample time.Duration)
+}
+
 // StagesChoice is the number of pipeline stages a cluster trains with
 // under train.pipeline_stages = "auto", and the cut of the model's layers
 // into them, as the coordinator of a ring epoch chose or confirmed it.
@@ -193,12 +202,36 @@ func autoSettings(s Settings, cfg config.Train) {
 
 // measureLayers times the whole model's layers on this peer, and what a
 // step costs its processor besides them (profileCPU), unless
-// Options.LayerCosts gave the layers' costs.
+// Options.LayerCosts gave the layers' costs, and announces the compute per
+// sample (ComputeAnnouncer).
 func (t *Trainer) measureLayers(ctx context.Context) error {
 	a := t.auto
-	if a == nil || a.costs != nil {
+	if a == nil {
 		return nil
 	}
+	if a.costs == nil {
+		if err := t.timeLayers(ctx); err != nil {
+			return err
+		}
+	}
+	if ca, ok := t.c.(ComputeAnnouncer); ok {
+		ca.SetCompute(time.Duration(perSample(a.costs) * float64(time.Second)))
+	}
+	return nil
+}
+
+// perSample returns the seconds per sample of costs' forward and backward passes.
+func perSample(costs []pipeline.LayerCost) float64 {
+	var sum float64
+	for _, c := range costs {
+		sum += c.Forward + c.Backward
+	}
+	return sum
+}
+
+// timeLayers is measureLayers' timing of the layers and the processor.
+func (t *Trainer) timeLayers(ctx context.Context) error {
+	a := t.auto
 	ml, ok := t.l.(*ModelLearner)
 	if !ok {
 		return fmt.Errorf("train: timing the layers needs the whole model, the learner is a %T", t.l)
@@ -232,10 +265,7 @@ func (t *Trainer) measureLayers(ctx context.Context) error {
 		}
 	}
 	a.costs, a.cpu, a.code = costs, cpu, code
-	var sum float64
-	for _, c := range costs {
-		sum += c.Forward + c.Backward
-	}
+	sum := perSample(costs)
 	t.log.Info("timed the layers for train.pipeline_stages = auto", zap.Int("layers", len(costs)),
 		zap.Float64("ms_per_sample", sum*1e3), zap.Float64("update_ns_per_param", cpu.Update*1e9),
 		zap.Float64("message_us", cpu.Message*1e6), zap.Float64("byte_ns", cpu.Byte*1e9), zap.Any("code_ns_per_value", scaled(code, 1e9)),
@@ -386,6 +416,11 @@ type stagesInput struct {
 	// epoch's order (nil: every layout runs on Links): a pipeline layout
 	// is then projected on the links plan.PipelineOrder lays it out on.
 	Rates plan.Matrix
+	// Compute is the members' announced compute in seconds per sample, in
+	// the epoch's order (plan.MemberCompute; nil: all compute as Costs
+	// say): each layout is projected with the slowest member it trains
+	// with (plan.TrainingCompute), and laid out as plan.PipelineOrder does.
+	Compute []float64
 	// Links are the links assumed.
 	Links linkSummary
 	// Schedule is train.pipeline_schedule; Grad and Act allreduce.codec
@@ -401,14 +436,26 @@ type stagesInput struct {
 }
 
 // layoutLinks returns pipeline.Setup.LayoutLinks over the measured rates
-// bw between the members: for S stages, the slowest measured hop and
-// stage-ring edge of the layout plan.PipelineOrder makes of them (as the
-// ring planner does once it knows S), 0 where none is measured.
-func layoutLinks(bw plan.Matrix) func(stages int) (hop, ring float64) {
+// bw between the members (and their compute, as plan.MemberCompute): for
+// S stages, the slowest measured hop and stage-ring edge of the layout
+// plan.PipelineOrder makes of them (as the ring planner does once it
+// knows S), 0 where none is measured.
+func layoutLinks(bw plan.Matrix, compute []float64) func(stages int) (hop, ring float64) {
 	planning := plan.Planning(bw)
 	return func(stages int) (float64, float64) {
-		return plan.LayoutRates(bw, plan.PipelineOrder(planning, stages), stages)
+		return plan.LayoutRates(bw, plan.PipelineOrder(planning, stages, compute), stages)
 	}
+}
+
+// slowdown returns pipeline.Setup.Slowdown for members of compute (seconds
+// per sample) against own, this peer's figure for the layer costs: the
+// slowest member each layout trains with (plan.TrainingCompute), relative
+// to own; nil when no member announced its compute.
+func slowdown(compute []float64, own float64) func(stages int) float64 {
+	if compute == nil || !(own > 0) {
+		return nil
+	}
+	return func(stages int) float64 { return plan.TrainingCompute(compute, stages) / own }
 }
 
 // planStages chooses the number of stages and the cut of the layers: the
@@ -433,8 +480,9 @@ func planStages(in stagesInput) (StagesChoice, []pipeline.Layout, error) {
 		Bandwidth: in.Links.Bandwidth, RTT: in.Links.RTT, Schedule: in.Schedule, CPU: in.CPU,
 		Idle: in.PerPeerBatch > 0, PerPeerBatch: in.PerPeerBatch}
 	if in.Rates != nil {
-		setup.LayoutLinks = layoutLinks(in.Rates)
+		setup.LayoutLinks = layoutLinks(in.Rates, in.Compute)
 	}
+	setup.Slowdown = slowdown(in.Compute, perSample(in.Costs))
 	layouts, err := setup.Plan([]pipeline.CodecCost{grad}, []pipeline.CodecCost{act})
 	if err != nil {
 		return StagesChoice{}, nil, err
@@ -530,7 +578,8 @@ func (t *Trainer) chooseStages(ctx context.Context, ep gossip.Epoch) (StagesChoi
 		return c, nil
 	}
 	links := t.waitLinks(ctx, ep)
-	in := stagesInput{Rates: t.c.LinkMatrix(ep.Order), Costs: a.costs, Peers: len(ep.Order), Batch: len(ep.Order) * a.base.BatchSize, PerPeerBatch: a.base.BatchSize, Micro: a.base.MicroBatches,
+	members, _ = t.c.View() // fresher: its links were awaited
+	in := stagesInput{Rates: t.c.LinkMatrix(ep.Order), Compute: plan.MemberCompute(ep.Order, members), Costs: a.costs, Peers: len(ep.Order), Batch: len(ep.Order) * a.base.BatchSize, PerPeerBatch: a.base.BatchSize, Micro: a.base.MicroBatches,
 		Links: links, Grad: t.arCfg.Codec, Act: a.base.ActivationCodec, ActLinks: a.base.ActivationLinkCodecs == config.ActivationLinkCodecsAuto,
 		CPU: a.cpu, Code: a.code}
 	var err error
@@ -572,7 +621,7 @@ func (t *Trainer) replanStages(ep gossip.Epoch) (StagesChoice, bool) {
 	if links.Measured < links.Edges {
 		return StagesChoice{}, false // re-planned once they are
 	}
-	in := stagesInput{Rates: bw, Costs: a.costs, Peers: len(ep.Order), Batch: len(ep.Order) * a.base.BatchSize, PerPeerBatch: a.base.BatchSize,
+	in := stagesInput{Rates: bw, Compute: plan.MemberCompute(ep.Order, members), Costs: a.costs, Peers: len(ep.Order), Batch: len(ep.Order) * a.base.BatchSize, PerPeerBatch: a.base.BatchSize,
 		Micro: a.base.MicroBatches, Links: links, Grad: t.arCfg.Codec, Act: a.base.ActivationCodec,
 		ActLinks: a.base.ActivationLinkCodecs == config.ActivationLinkCodecsAuto, CPU: a.cpu, Code: a.code}
 	var err error

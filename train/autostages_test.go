@@ -315,6 +315,18 @@ func (c linkCluster) View() ([]gossip.Member, gossip.Epoch) {
 	return members, ep
 }
 
+// autoGPT returns the configuration of a gpt run of steps steps over
+// peers peers of batch samples each, with 2 micro-batches and exact
+// activations, for startAuto (which sets train.pipeline_stages).
+func autoGPT(steps, peers, batch int) func(boot ...string) config.Config {
+	return func(boot ...string) config.Config {
+		c := gptConfig(steps, peers, batch, boot...)
+		c.Train.MicroBatches = 2
+		c.Train.ActivationCodec = "none"
+		return c
+	}
+}
+
 // startAuto starts peers trainers of cfg (its train.pipeline_stages set to
 // "auto", train.min_peers to peers) on links of mbit Mbit/s and rttMs ms,
 // with the layer costs costs (nil: timed on this machine).
@@ -353,12 +365,7 @@ func startAuto(t *testing.T, peers int, cfg func(boot ...string) config.Config, 
 // bit-identical.
 func TestAutoStagesChooseHybridOnSlowLinks(t *testing.T) {
 	const steps, batch = 8, 4
-	cfg := func(boot ...string) config.Config {
-		c := gptConfig(steps, 4, batch, boot...)
-		c.Train.MicroBatches = 2
-		c.Train.ActivationCodec = "none"
-		return c
-	}
+	cfg := autoGPT(steps, 4, batch)
 	costs := fakeCosts(t, cfg().Train, 5)
 	want, _, err := planStages(stagesInput{Costs: costs, Peers: 4, Batch: 4 * batch, Micro: 2, Schedule: pipeline.OneFOneB,
 		Links: linkSummary{Bandwidth: 2e6 / 8, RTT: 20e-3}, Grad: "none", Act: "none"})
@@ -442,12 +449,7 @@ func TestAutoStagesOneStageIsDataParallelism(t *testing.T) {
 // holds.
 func TestAutoStagesWithAnIdleMember(t *testing.T) {
 	const steps, batch = 8, 4
-	cfg := func(boot ...string) config.Config {
-		c := gptConfig(steps, 3, batch, boot...)
-		c.Train.MicroBatches = 2
-		c.Train.ActivationCodec = "none"
-		return c
-	}
+	cfg := autoGPT(steps, 3, batch)
 	costs := fakeCosts(t, cfg().Train, 5)
 	want, _, err := planStages(stagesInput{Costs: costs, Peers: 3, Batch: 3 * batch, PerPeerBatch: batch, Micro: 2, Schedule: pipeline.OneFOneB,
 		Links: linkSummary{Bandwidth: 2e6 / 8, RTT: 20e-3}, Grad: "none", Act: "none"})
@@ -505,9 +507,7 @@ func (c varLinks) View() ([]gossip.Member, gossip.Epoch) { return c.now().View()
 func TestAutoStagesReplanFromDataParallelism(t *testing.T) {
 	const steps, batch, switchAfter = 300, 4, 8
 	cfg := func(boot ...string) config.Config {
-		c := gptConfig(steps, 2, batch, boot...)
-		c.Train.MicroBatches = 2
-		c.Train.ActivationCodec = "none"
+		c := autoGPT(steps, 2, batch)(boot...)
 		c.Train.PipelineStages, c.Train.MinPeers = config.StagesAuto, 2
 		return c
 	}
@@ -620,4 +620,59 @@ func (p *trainPeer) step() uint64 {
 		return 0
 	}
 	return p.progress[len(p.progress)-1].Step
+}
+
+// TestAutoStagesIdlesTheSlowMember: 3 peers of "auto" on fast links, the
+// third computing 3× slower than the others (its injected layer costs,
+// which it announces). Without compute figures the projection picks data
+// parallelism; with them data parallelism computes at the slow member's
+// pace, and the choice is a pipeline of the two fast peers that leaves
+// the slow one idle. The epoch the choice is made in was ordered before
+// the planner knew of stages, so the slow peer may train in it; the ring
+// planner then re-plans (plan.SlowMembers), and the slow peer sits idle
+// until the end while the others train every remaining step.
+func TestAutoStagesIdlesTheSlowMember(t *testing.T) {
+	const steps, batch = 60, 4
+	cfg := autoGPT(steps, 3, batch)
+	costs, slow := fakeCosts(t, cfg().Train, 5), fakeCosts(t, cfg().Train, 15)
+	in := stagesInput{Costs: costs, Peers: 3, Batch: 3 * batch, PerPeerBatch: batch, Micro: 2, Schedule: pipeline.OneFOneB,
+		Links: linkSummary{Bandwidth: 10e9 / 8, RTT: 0.2e-3}, Grad: "none", Act: "none"}
+	if c, _, err := planStages(in); err != nil || c.Stages != 1 {
+		t.Fatalf("3 equal peers on fast links choose %v, %v: the test needs data parallelism", c, err)
+	}
+	in.Compute = []float64{perSample(costs), perSample(costs), perSample(slow)}
+	want, layouts, err := planStages(in)
+	if err != nil || want.Stages != 2 || layouts[0].Idle != 1 {
+		t.Fatalf("with a 3× slower peer the inputs choose %v, %v: the test needs 2 stages and the slow peer idle", want, err)
+	}
+	ps := startAuto(t, 3, cfg, 10e3, 0.2, costs, func(peer int, o *Options) {
+		if peer == 2 {
+			o.LayerCosts = slow
+		}
+	})
+	lastTrained := func(p *trainPeer) uint64 {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		var last uint64
+		for _, pr := range p.progress {
+			last = max(last, pr.Step)
+		}
+		return last
+	}
+	for i, p := range ps {
+		if c := p.tr.auto.choice; c == nil || c.key() != want.key() {
+			t.Fatalf("peer %d trained with %v; want %v", i, c, want)
+		}
+		if p.res.Step != steps {
+			t.Fatalf("peer %d ended at step %d", i, p.res.Step)
+		}
+		last := lastTrained(p)
+		t.Logf("peer %d: last step trained %d", i, last)
+		if i == 2 && (last >= steps/2 || p.tr.idleLogged.Load() == 0) {
+			t.Errorf("the slow peer trained up to step %d of %d and said it was idle in epoch %d: want it idle from early on", last, steps, p.tr.idleLogged.Load())
+		}
+		if i < 2 && last != steps {
+			t.Errorf("fast peer %d trained up to step %d, want %d", i, last, steps)
+		}
+	}
 }

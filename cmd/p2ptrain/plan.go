@@ -16,6 +16,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/gpu"
 	"github.com/p2ptrain/p2ptrain/model"
 	"github.com/p2ptrain/p2ptrain/pipeline"
+	"github.com/p2ptrain/p2ptrain/plan"
 )
 
 // gptPresets are the model sizes `p2ptrain plan --preset` knows.
@@ -28,20 +29,23 @@ var gptPresets = map[string]model.GPTConfig{
 
 // planReport is what `p2ptrain plan --json` prints.
 type planReport struct {
-	Model      string       `json:"model"`
-	Params     int          `json:"params"`
-	Device     string       `json:"device"`
-	TimedBatch int          `json:"timed_batch"`
-	Peers      int          `json:"peers"`
-	LinkBps    float64      `json:"link_bytes_per_s"`
-	RTTS       float64      `json:"rtt_s"`
-	Batch      int          `json:"batch"`
-	Micro      int          `json:"micro_batches"`
-	Schedule   string       `json:"schedule"`
-	Layers     []planLayer  `json:"layers"`
-	CPU        *planCPU     `json:"cpu,omitempty"`
-	Layouts    []planLayout `json:"layouts"`
-	Fastest    string       `json:"fastest"`
+	Model      string  `json:"model"`
+	Params     int     `json:"params"`
+	Device     string  `json:"device"`
+	TimedBatch int     `json:"timed_batch"`
+	Peers      int     `json:"peers"`
+	LinkBps    float64 `json:"link_bytes_per_s"`
+	RTTS       float64 `json:"rtt_s"`
+	Batch      int     `json:"batch"`
+	Micro      int     `json:"micro_batches"`
+	Schedule   string  `json:"schedule"`
+	// SlowPeers compute Slowdown times slower than the timed device.
+	SlowPeers int          `json:"slow_peers,omitempty"`
+	Slowdown  float64      `json:"slowdown,omitempty"`
+	Layers    []planLayer  `json:"layers"`
+	CPU       *planCPU     `json:"cpu,omitempty"`
+	Layouts   []planLayout `json:"layouts"`
+	Fastest   string       `json:"fastest"`
 }
 
 type planLayer struct {
@@ -107,6 +111,8 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	acts := fs.String("act-codecs", "none,dyn8", "activation codec `SPECS` to compare (comma-separated)")
 	actLinks := fs.String("act-link-codecs", "off", "`MODE` of the activation codecs per link (train.activation_link_codecs): off, auto (each link the most exact of none, bf16 and the codec whose transfer hides under the sending stage's compute), or both (each --act-codecs codec both ways)")
 	idle := fs.Bool("idle", false, "also project S stages that do not divide --peers, the last peers idle (as train.pipeline_stages = auto does), with a global batch of --batch / peers per peer that trains, ranked by time per sample")
+	slowPeers := fs.Int("slow-peers", 0, "of --peers, `N` compute --slowdown times slower than the timed device: each layout computes at its slowest member's pace, and a layout that leaves members idle (--idle) leaves the slow ones idle where they are more than 1.25× slower (as the ring planner does)")
+	slowdown := fs.Float64("slowdown", 3, "how many times slower the --slow-peers compute (`F`, at least 1)")
 	sched := fs.String("schedule", "1f1b", "pipeline `SCHEDULE`: 1f1b or gpipe")
 	device := fs.String("device", "cpu", "device `SPEC` to time the layers on, e.g. cpu or cuda:0")
 	timeBatch := fs.Int("time-batch", 0, "samples to time the layers on (`N`; default the per-peer batch, at most 4)")
@@ -141,6 +147,10 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 		return usagef("plan: --link must be a rate, not unlimited")
 	case *rtt < 0:
 		return usagef("plan: --rtt must not be negative")
+	case *slowPeers < 0 || *slowPeers >= *peers:
+		return usagef("plan: --slow-peers %d: want 0 up to --peers − 1 (%d)", *slowPeers, *peers-1)
+	case !(*slowdown >= 1) || math.IsInf(*slowdown, 0):
+		return usagef("plan: --slowdown %v: want a finite factor of at least 1", *slowdown)
 	case *idle && *batch%*peers != 0:
 		return usagef("plan: --idle takes a --batch that --peers divides (%d samples, %d peers): each peer that trains adds --batch / --peers", *batch, *peers)
 	}
@@ -213,6 +223,16 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	if *idle {
 		setup.PerPeerBatch = *batch / *peers
 	}
+	if *slowPeers > 0 {
+		compute := make([]float64, *peers)
+		for i := range compute {
+			compute[i] = 1
+			if i >= *peers-*slowPeers {
+				compute[i] = *slowdown
+			}
+		}
+		setup.Slowdown = func(stages int) float64 { return plan.TrainingCompute(compute, stages) }
+	}
 	if measure == nil {
 		cpu = nil
 	} else {
@@ -228,6 +248,9 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	}
 	rep := planReport{Model: describeModel(*name, *preset, cfg), Device: devName, TimedBatch: n, Peers: *peers, LinkBps: link.rate,
 		RTTS: rtt.Seconds(), Batch: *batch, Micro: *micro, Schedule: sc.String(), CPU: cpu}
+	if *slowPeers > 0 {
+		rep.SlowPeers, rep.Slowdown = *slowPeers, *slowdown
+	}
 	for i, in := range infos {
 		rep.Params += in.Params
 		rep.Layers = append(rep.Layers, planLayer{Layer: in.Describe, ForwardS: costs[i].Forward, BackwardS: costs[i].Backward, Params: in.Params, OutElems: in.OutElems})
@@ -405,8 +428,12 @@ func printPlan(w io.Writer, rep planReport, showLayers bool, all []pipeline.Layo
 	} else {
 		fmt.Fprintln(w, "processor: not priced (--cpu-costs=false): the layers' compute and the wire only")
 	}
-	fmt.Fprintf(w, "%d peers, links %s RTT %v, batch %d, %d micro-batches per pipeline, %s\n\n",
-		rep.Peers, formatRate(rep.LinkBps), time.Duration(rep.RTTS*float64(time.Second)), rep.Batch, rep.Micro, rep.Schedule)
+	slow := ""
+	if rep.SlowPeers > 0 {
+		slow = fmt.Sprintf(" (%d of them %.3g× slower)", rep.SlowPeers, rep.Slowdown)
+	}
+	fmt.Fprintf(w, "%d peers%s, links %s RTT %v, batch %d, %d micro-batches per pipeline, %s\n\n",
+		rep.Peers, slow, formatRate(rep.LinkBps), time.Duration(rep.RTTS*float64(time.Second)), rep.Batch, rep.Micro, rep.Schedule)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if showLayers {
 		fmt.Fprintln(tw, "#\tLAYER\tFWD/SAMPLE\tBWD/SAMPLE\tPARAMS\tOUT/SAMPLE")

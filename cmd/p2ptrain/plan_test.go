@@ -69,6 +69,53 @@ func TestPlanTable(t *testing.T) {
 	}
 }
 
+// writePlanTimes times the tiny plan's layers once and returns the file
+// of its report, for --layer-times.
+func writePlanTimes(t *testing.T) string {
+	t.Helper()
+	code, out, errOut := runCLI(t, append(slices.Clone(tinyPlan), "--json")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	f := filepath.Join(t.TempDir(), "times.json")
+	if err := os.WriteFile(f, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestPlanSlowPeers: with one of 4 peers 3× slower, data parallelism
+// computes 3× longer (it trains with the slow peer), and with --idle the
+// layout of 3 stages leaves the slow peer idle and computes as timed.
+func TestPlanSlowPeers(t *testing.T) {
+	times := writePlanTimes(t)
+	layouts := func(extra ...string) map[string]planLayout {
+		t.Helper()
+		code, out, errOut := runCLI(t, append(append(slices.Clone(tinyPlan), "--json", "--idle", "--cpu-costs=false", "--layer-times", times), extra...)...)
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errOut)
+		}
+		var rep planReport
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]planLayout{}
+		for _, l := range rep.Layouts {
+			if _, ok := m[l.Layout]; !ok {
+				m[l.Layout] = l
+			}
+		}
+		return m
+	}
+	even, slow := layouts(), layouts("--slow-peers", "1", "--slowdown", "3")
+	if d, s := even["dp×4"].PipelineS, slow["dp×4"].PipelineS; math.Abs(s-3*d) > 1e-9*s {
+		t.Errorf("dp×4 computes %v s with a 3× slower peer, want 3 × %v", s, d)
+	}
+	if d, s := even["3×1+1"].PipelineS, slow["3×1+1"].PipelineS; d == 0 || s != d {
+		t.Errorf("3×1+1 computes %v s with the slow peer idle, want %v as with even peers", s, d)
+	}
+}
+
 // TestPlanErrors checks that bad flags are usage errors naming the flag.
 func TestPlanErrors(t *testing.T) {
 	for _, tc := range []struct {
@@ -84,6 +131,9 @@ func TestPlanErrors(t *testing.T) {
 		{[]string{"--act-codecs", "onebit"}, "--act-codecs"},
 		{[]string{"--grad-codecs", "powersgd"}, "low-rank"},
 		{[]string{"--act-link-codecs", "on"}, "--act-link-codecs"},
+		{[]string{"--peers", "4", "--slow-peers", "4"}, "--slow-peers"},
+		{[]string{"--slow-peers", "1", "--slowdown", "0.5"}, "--slowdown"},
+		{[]string{"--slowdown", "NaN"}, "--slowdown"},
 	} {
 		code, _, errOut := runCLI(t, append([]string{"plan"}, tc.args...)...)
 		if code != 2 || !strings.Contains(errOut, tc.want) {
