@@ -129,12 +129,13 @@ type Setup struct {
 	Idle         bool
 	PerPeerBatch int
 	// LayoutLinks, when not nil, gives the rates (bytes/s each way) a
-	// layout of stages ≥ 2 stages runs on: its slowest hop between
-	// consecutive stages and its stages' rings' slowest edge, where the
-	// cluster lays its pipelines out from measured links (0: Bandwidth).
+	// layout of stages ≥ 2 stages runs on: each hop's between consecutive
+	// stages (stages−1 of them: hop h joins stages h and h+1) and its
+	// stages' rings' slowest edge, where the cluster lays its pipelines out
+	// from measured links (0, or a list of another length: Bandwidth).
 	// Bandwidth stays the rate of pure data parallelism's ring and of the
 	// tied exchange.
-	LayoutLinks func(stages int) (hop, ring float64)
+	LayoutLinks func(stages int) (hops []float64, ring float64)
 	// Slowdown, when not nil, returns how many times Layers' figures the
 	// slowest member a layout of stages stages trains with takes to
 	// compute (members with other devices; the members the layout leaves
@@ -157,13 +158,17 @@ func slowed(layers []LayerCost, f float64) []LayerCost {
 	return out
 }
 
-// hopBandwidth returns the rate of the hops between stages: hop when
-// LayoutLinks gave one, else Bandwidth.
-func (s Setup) hopBandwidth(hop float64) float64 {
-	if hop > 0 && !math.IsInf(hop, 0) {
-		return hop
+// hopRates returns the rate of each of the stages−1 hops between stages:
+// hops' where LayoutLinks gave one, else Bandwidth.
+func (s Setup) hopRates(hops []float64, stages int) []float64 {
+	out := make([]float64, stages-1)
+	for h := range out {
+		out[h] = s.Bandwidth
+		if len(hops) == len(out) && hops[h] > 0 && !math.IsInf(hops[h], 0) {
+			out[h] = hops[h]
+		}
 	}
-	return s.Bandwidth
+	return out
 }
 
 // batchFor returns the global batch of a layout in which working of the
@@ -205,9 +210,10 @@ type Layout struct {
 	// Idle is the members that sit idle (Setup.Idle), Batch the samples
 	// the layout trains per step.
 	Idle, Batch int
-	// HopRate and RingRate are the link rates (bytes/s) the projection
-	// gave the hops between stages and the rings (Setup.LayoutLinks, else
-	// Bandwidth; HopRate 0 for S = 1).
+	// HopRates are the link rates (bytes/s) the projection gave each hop
+	// between stages (Setup.LayoutLinks, else Bandwidth; nil for S = 1),
+	// HopRate the slowest of them (0 for S = 1), and RingRate the rings'.
+	HopRates          []float64
 	HopRate, RingRate float64
 	// Split is the cut of the layers into stages (Balance on each layer's
 	// forward pass twice, for the recomputation, plus its backward pass).
@@ -363,15 +369,15 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 		return Layout{}, fmt.Errorf("pipeline: %d replicas × %d micro-batches need a batch of at least %d samples, not %d", R, s.Micro, R*s.Micro, s.Batch)
 	}
 	lay.Act = act.Spec
-	hopBW := s.Bandwidth
+	hopBW := s.hopRates(nil, stages)
 	if s.LayoutLinks != nil {
-		hop, ring := s.LayoutLinks(stages)
-		hopBW = s.hopBandwidth(hop)
+		hops, ring := s.LayoutLinks(stages)
+		hopBW = s.hopRates(hops, stages)
 		if ring > 0 && !math.IsInf(ring, 0) {
 			s.Bandwidth = ring // the stages' rings; the tied exchange too
 		}
 	}
-	lay.HopRate, lay.RingRate = hopBW, s.Bandwidth
+	lay.HopRates, lay.HopRate, lay.RingRate = hopBW, slices.Min(hopBW), s.Bandwidth
 	mb := float64(s.Batch) / float64(R*s.Micro) // samples per micro-batch
 	weights := make([]float64, len(s.Layers))
 	for i, l := range s.Layers {
@@ -437,13 +443,13 @@ func (s Setup) Project(stages int, grad, act CodecCost) (Layout, error) {
 		// Each direction carries the codec its sending stage picks.
 		fwd, back := act, act
 		if links {
-			fwd = s.pickCost(act.Ladder, values, busy[h], hopBW)
-			back = s.pickCost(act.Ladder, values, busy[h+1], hopBW)
+			fwd = s.pickCost(act.Ladder, values, busy[h], hopBW[h])
+			back = s.pickCost(act.Ladder, values, busy[h+1], hopBW[h])
 			lay.ActLinks = append(lay.ActLinks, fwd.Spec+"/"+back.Spec)
 		}
 		for dir, c := range []CodecCost{fwd, back} {
 			bytes := values * 4 * c.Ratio
-			transfer := bytes / hopBW
+			transfer := bytes / hopBW[h]
 			// Both ends of the hop handle a message of this direction per
 			// micro-batch: its processor time, half of it at either end.
 			msg := s.CPU.message(bytes, values, c)

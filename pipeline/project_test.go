@@ -512,7 +512,7 @@ func TestProjectLayoutLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	dpBefore, _ := s.Project(1, dyn8, dyn8)
-	s.LayoutLinks = func(stages int) (float64, float64) { return fast, slow }
+	s.LayoutLinks = func(stages int) ([]float64, float64) { return []float64{fast}, slow }
 	racks, err := s.Project(2, dyn8, dyn8)
 	if err != nil {
 		t.Fatal(err)
@@ -568,5 +568,35 @@ func TestProjectSlowdown(t *testing.T) {
 	s.Slowdown = func(int) float64 { return math.NaN() }
 	if l, _ := s.Project(1, none, none); l.Compute != plain.Compute {
 		t.Errorf("a NaN slowdown changed the compute from %v to %v", plain.Compute, l.Compute)
+	}
+}
+
+// TestProjectHopRates: LayoutLinks gives each hop its own rate. Three
+// stages whose first hop is fast and second slow project a step between
+// the layouts with both hops fast and both slow, and the slowest hop's
+// transfer as Hop.
+func TestProjectHopRates(t *testing.T) {
+	dyn8, _ := CodecCostOf("dyn8")
+	slow, fast := 2.5e6, 125e6
+	s := Setup{Layers: equalLayers(6, 1e-3, 2e-3, 100_000, 4096), Peers: 3, Batch: 24, Micro: 4, Bandwidth: 1e9, RTT: 1e-3}
+	project := func(hops ...float64) Layout {
+		t.Helper()
+		s.LayoutLinks = func(int) ([]float64, float64) { return hops, 0 }
+		l, err := s.Project(3, dyn8, dyn8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	both, mixed, none := project(fast, fast), project(fast, slow), project(slow, slow)
+	if !slices.Equal(mixed.HopRates, []float64{fast, slow}) || mixed.HopRate != slow || mixed.Hop != none.Hop {
+		t.Errorf("fast then slow hop: rates %v (slowest %v), hop %v s; want [%v %v], %v and the slow hop's %v s",
+			mixed.HopRates, mixed.HopRate, mixed.Hop, fast, slow, slow, none.Hop)
+	}
+	if !(both.Step < mixed.Step && mixed.Step < none.Step) {
+		t.Errorf("steps: both hops fast %v, fast then slow %v, both slow %v; want them increasing", both.Step, mixed.Step, none.Step)
+	}
+	if l := project(fast); !slices.Equal(l.HopRates, []float64{1e9, 1e9}) {
+		t.Errorf("a list of one rate for two hops: rates %v, want Bandwidth's for both", l.HopRates)
 	}
 }

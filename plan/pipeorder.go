@@ -260,11 +260,13 @@ func idlesSlowMembers(cur, next []string, compute []float64, ids []string, stage
 	return false
 }
 
-// LayoutRates returns the slowest hop between consecutive stages and the
-// slowest edge of the stages' rings (each link at the slower of its
-// directions) of the layout pipeline.Assign makes of order o with stages
+// LayoutRates returns the rate of each hop between consecutive stages
+// (hops[h] between stages h and h+1: the slowest of the R pipelines' links
+// there, as every pipeline waits for the slowest at the step's end) and
+// the slowest edge of the stages' rings, each link at the slower of its
+// directions, of the layout pipeline.Assign makes of order o with stages
 // stages, over the measured rates m: 0 where none of them is measured.
-func LayoutRates(m Matrix, o []int, stages int) (hop, ring float64) {
+func LayoutRates(m Matrix, o []int, stages int) (hops []float64, ring float64) {
 	rate := func(a, b int) float64 {
 		x, y := m.at(a, b), m.at(b, a)
 		switch {
@@ -282,9 +284,10 @@ func LayoutRates(m Matrix, o []int, stages int) (hop, ring float64) {
 		return cur
 	}
 	R := len(o) / max(stages, 1)
+	hops = make([]float64, max(stages-1, 0))
 	for r := range R {
 		for s := range stages - 1 {
-			hop = slowest(hop, rate(o[r*stages+s], o[r*stages+s+1]))
+			hops[s] = slowest(hops[s], rate(o[r*stages+s], o[r*stages+s+1]))
 		}
 	}
 	for s := range stages {
@@ -294,5 +297,5 @@ func LayoutRates(m Matrix, o []int, stages int) (hop, ring float64) {
 			}
 		}
 	}
-	return hop, ring
+	return hops, ring
 }

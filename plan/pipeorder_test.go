@@ -174,3 +174,17 @@ func TestPipelineOrderNeverWorseThanTheRing(t *testing.T) {
 	}
 	t.Logf("the pipeline order's slowest hop is faster than the ring's in %d of %d layouts", better, total)
 }
+
+// TestLayoutRatesPerHop: two pipelines of three stages (order 0 1 2 | 3 4
+// 5); the second pipeline's first hop is slow. Hop 0 takes the slowest of
+// the pipelines' links there, hop 1 stays fast, and the stages' rings'
+// slowest edge is reported apart.
+func TestLayoutRatesPerHop(t *testing.T) {
+	mbit := fastRing(6, nil, 1000, 1000)
+	mbit[3][4], mbit[4][3] = 20, 20
+	mbit[1][4], mbit[4][1] = 100, 100
+	hops, ring := LayoutRates(mbitMatrix(mbit), []int{0, 1, 2, 3, 4, 5}, 3)
+	if want := []float64{20e6 / 8, 1000e6 / 8}; !slices.Equal(hops, want) || ring != 100e6/8 {
+		t.Errorf("hops %v, ring %v bytes/s; want %v and %v", hops, ring, want, 100e6/8)
+	}
+}

@@ -437,12 +437,12 @@ type stagesInput struct {
 
 // layoutLinks returns pipeline.Setup.LayoutLinks over the measured rates
 // bw between the members (and their compute, as plan.MemberCompute): for
-// S stages, the slowest measured hop and stage-ring edge of the layout
-// plan.PipelineOrder makes of them (as the ring planner does once it
-// knows S), 0 where none is measured.
-func layoutLinks(bw plan.Matrix, compute []float64) func(stages int) (hop, ring float64) {
+// S stages, each hop's slowest measured link and the stages' rings'
+// slowest measured edge in the layout plan.PipelineOrder makes of them (as
+// the ring planner does once it knows S), 0 where none is measured.
+func layoutLinks(bw plan.Matrix, compute []float64) func(stages int) ([]float64, float64) {
 	planning := plan.Planning(bw)
-	return func(stages int) (float64, float64) {
+	return func(stages int) ([]float64, float64) {
 		return plan.LayoutRates(bw, plan.PipelineOrder(planning, stages, compute), stages)
 	}
 }
@@ -738,9 +738,18 @@ func (t *Trainer) logChoice(ep gossip.Epoch, in stagesInput, c StagesChoice, lay
 			zap.Float64("step_s", l.Step), zap.Float64("compute_s", l.Compute), zap.Float64("bubble", l.Bubble),
 			zap.Float64("allreduce_s", l.AllReduce), zap.Float64("tied_s", l.Tied), zap.Float64("update_s", l.Update),
 			zap.Float64("comm_cpu_s", l.CommCPU), zap.Float64("sent_mb_per_peer", l.PeerBytes/1e6),
-			zap.Float64("hop_mbit_s", l.HopRate*8/1e6), zap.Float64("ring_mbit_s", l.RingRate*8/1e6),
+			zap.Float64("hop_mbit_s", l.HopRate*8/1e6), zap.Float64s("hops_mbit_s", mbits(l.HopRates)), zap.Float64("ring_mbit_s", l.RingRate*8/1e6),
 			zap.Int("params_per_peer", l.PeerParams))
 	}
+}
+
+// mbits returns rates in bytes/s as Mbit/s, for logs.
+func mbits(rates []float64) []float64 {
+	out := make([]float64, len(rates))
+	for i, r := range rates {
+		out[i] = r * 8 / 1e6
+	}
+	return out
 }
 
 // adoptStages makes this peer train with choice c, announced in ep: it
