@@ -28,11 +28,11 @@ func sumAbsAVX2(src, r *float32, n int, acc *[4]float64)
 func packReconAVX2(out *byte, a, r *float32, n int, neg, pos float32)
 
 // oneBitStatsAVX2 runs oneBitHeader's loop over n values (a positive multiple
-// of 8): x = g (+ r, stored into r); acc = [all0, all1, pos0, pos1] summed by
-// index parity; it returns the number of x >= 0.
+// of 8): x = g (+ r, stored into r); acc[i%8] += x and acc[8+i%8] += x when
+// x >= 0 (as +0 for −0), in index order; it returns the number of x >= 0.
 //
 //go:noescape
-func oneBitStatsAVX2(grad, r *float32, n int, acc *[4]float64) int
+func oneBitStatsAVX2(grad, r *float32, n int, acc *[16]float64) int
 
 // quantStochAVX2 runs quantStochastic's groups of four over n values (a
 // positive multiple of 8), c being the stream counter of the first group.
@@ -46,3 +46,9 @@ func quantStochAVX2(out *byte, v *float32, n int, c uint64, scale float32, level
 //
 //go:noescape
 func prepMul4x2AVX2(acc *[8]float32, mp0, mp1, g0, g1, e0, e1, q *float32, m int)
+
+// unpackBitsAVX2 runs unpackBits' loop over n values (a positive multiple of
+// 8): d[8j+k] = (or +=) pos when bits[j] bit k is set, else neg.
+//
+//go:noescape
+func unpackBitsAVX2(d *float32, bits *byte, n int, neg, pos float32, add bool)

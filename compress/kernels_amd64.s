@@ -101,14 +101,16 @@ prloop:
 	VZEROUPPER
 	RET
 
-// func oneBitStatsAVX2(grad, r *float32, n int, acc *[4]float64) int
+// func oneBitStatsAVX2(grad, r *float32, n int, acc *[16]float64) int
 TEXT ·oneBitStatsAVX2(SB), NOSPLIT, $0-40
 	MOVQ grad+0(FP), SI
 	MOVQ r+8(FP), DI
 	MOVQ n+16(FP), CX
 	MOVQ acc+24(FP), DX
-	VMOVUPD (DX), X0
-	VMOVUPD 16(DX), X1
+	VMOVUPD (DX), Y0
+	VMOVUPD 32(DX), Y1
+	VMOVUPD 64(DX), Y10
+	VMOVUPD 96(DX), Y11
 	VXORPS Y2, Y2, Y2
 	XORQ BX, BX
 obloop:
@@ -132,23 +134,17 @@ obnor:
 	VCVTPS2PD X5, Y8
 	VEXTRACTF128 $1, Y5, X9
 	VCVTPS2PD X9, Y9
-	VADDPD X6, X0, X0
-	VEXTRACTF128 $1, Y6, X6
-	VADDPD X6, X0, X0
-	VADDPD X7, X0, X0
-	VEXTRACTF128 $1, Y7, X7
-	VADDPD X7, X0, X0
-	VADDPD X8, X1, X1
-	VEXTRACTF128 $1, Y8, X8
-	VADDPD X8, X1, X1
-	VADDPD X9, X1, X1
-	VEXTRACTF128 $1, Y9, X9
-	VADDPD X9, X1, X1
+	VADDPD Y6, Y0, Y0
+	VADDPD Y7, Y1, Y1
+	VADDPD Y8, Y10, Y10
+	VADDPD Y9, Y11, Y11
 	ADDQ $32, SI
 	SUBQ $8, CX
 	JNZ obloop
-	VMOVUPD X0, (DX)
-	VMOVUPD X1, 16(DX)
+	VMOVUPD Y0, (DX)
+	VMOVUPD Y1, 32(DX)
+	VMOVUPD Y10, 64(DX)
+	VMOVUPD Y11, 96(DX)
 	MOVQ BX, ret+32(FP)
 	VZEROUPPER
 	RET
@@ -289,5 +285,56 @@ pmnoe:
 	SUBQ $8, CX
 	JNZ pmloop
 	VMOVUPS Y0, (AX)
+	VZEROUPPER
+	RET
+
+DATA bitMask<>+0(SB)/4, $1
+DATA bitMask<>+4(SB)/4, $2
+DATA bitMask<>+8(SB)/4, $4
+DATA bitMask<>+12(SB)/4, $8
+DATA bitMask<>+16(SB)/4, $16
+DATA bitMask<>+20(SB)/4, $32
+DATA bitMask<>+24(SB)/4, $64
+DATA bitMask<>+28(SB)/4, $128
+GLOBL bitMask<>(SB), RODATA|NOPTR, $32
+
+// func unpackBitsAVX2(d *float32, bits *byte, n int, neg, pos float32, add bool)
+TEXT ·unpackBitsAVX2(SB), NOSPLIT, $0-33
+	MOVQ d+0(FP), DI
+	MOVQ bits+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS neg+24(FP), Y0
+	VBROADCASTSS pos+28(FP), Y1
+	VMOVDQU bitMask<>(SB), Y2
+	MOVBLZX add+32(FP), DX
+	TESTL DX, DX
+	JNZ ubadd
+ubset:
+	MOVBLZX (SI), AX
+	VMOVD AX, X3
+	VPBROADCASTD X3, Y3
+	VPAND Y2, Y3, Y3
+	VPCMPEQD Y2, Y3, Y3
+	VBLENDVPS Y3, Y1, Y0, Y4
+	VMOVUPS Y4, (DI)
+	INCQ SI
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JNZ ubset
+	VZEROUPPER
+	RET
+ubadd:
+	MOVBLZX (SI), AX
+	VMOVD AX, X3
+	VPBROADCASTD X3, Y3
+	VPAND Y2, Y3, Y3
+	VPCMPEQD Y2, Y3, Y3
+	VBLENDVPS Y3, Y1, Y0, Y4
+	VADDPS (DI), Y4, Y4
+	VMOVUPS Y4, (DI)
+	INCQ SI
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JNZ ubadd
 	VZEROUPPER
 	RET

@@ -10,7 +10,7 @@ func sumAbsAVX2(src, r *float32, n int, acc *[4]float64) { panic("compress: no A
 func packReconAVX2(out *byte, a, r *float32, n int, neg, pos float32) {
 	panic("compress: no AVX2 kernels")
 }
-func oneBitStatsAVX2(grad, r *float32, n int, acc *[4]float64) int {
+func oneBitStatsAVX2(grad, r *float32, n int, acc *[16]float64) int {
 	panic("compress: no AVX2 kernels")
 }
 func quantStochAVX2(out *byte, v *float32, n int, c uint64, scale float32, levels int32) {
@@ -18,5 +18,9 @@ func quantStochAVX2(out *byte, v *float32, n int, c uint64, scale float32, level
 }
 
 func prepMul4x2AVX2(acc *[8]float32, mp0, mp1, g0, g1, e0, e1, q *float32, m int) {
+	panic("compress: no AVX2 kernels")
+}
+
+func unpackBitsAVX2(d *float32, bits *byte, n int, neg, pos float32, add bool) {
 	panic("compress: no AVX2 kernels")
 }

@@ -146,7 +146,13 @@ func unpackBits(d []float32, bits []byte, vals [2]float32, add bool) bool {
 		return false
 	}
 	full := len(d) / 8
-	for j, x := range bits[:full] {
+	j0 := 0
+	if useAVX2 && full > 0 {
+		unpackBitsAVX2(&d[0], &bits[0], 8*full, vals[0], vals[1], add)
+		j0 = full
+	}
+	for j := j0; j < full; j++ {
+		x := bits[j]
 		e := d[8*j : 8*j+8]
 		if add {
 			for k := range e {
@@ -206,35 +212,21 @@ func oneBitHeader(out []byte, a, r []float32) [2]float32 {
 	if r != nil {
 		r = r[:len(a)]
 	}
-	// Two interleaved accumulators per sum, combined in a fixed order.
-	var pos0, pos1, all0, all1 float64
+	// Eight interleaved accumulators per sum (value i into i mod 8), so
+	// that the AVX2 kernel's four add chains run side by side; combined in
+	// a fixed order.
+	var acc [16]float64 // all[0:8], pos[8:16]
 	var cnt uint32
 	i := 0
 	if n := len(a) &^ 7; useAVX2 && n > 0 {
-		var acc [4]float64
 		var rp *float32
 		if r != nil {
 			rp = &r[0]
 		}
 		cnt = uint32(oneBitStatsAVX2(&a[0], rp, n, &acc))
-		all0, all1, pos0, pos1 = acc[0], acc[1], acc[2], acc[3]
 		i = n
 	}
-	for ; i+2 <= len(a); i += 2 {
-		x, y := a[i], a[i+1]
-		if r != nil {
-			x += r[i]
-			y += r[i+1]
-			r[i], r[i+1] = x, y
-		}
-		sx, sy := signBit(x), signBit(y)
-		cnt += sx + sy
-		all0 += float64(x)
-		all1 += float64(y)
-		pos0 += float64(math.Float32frombits(math.Float32bits(x+0) & -sx))
-		pos1 += float64(math.Float32frombits(math.Float32bits(y+0) & -sy))
-	}
-	if i < len(a) {
+	for ; i < len(a); i++ {
 		x := a[i]
 		if r != nil {
 			x += r[i]
@@ -242,10 +234,14 @@ func oneBitHeader(out []byte, a, r []float32) [2]float32 {
 		}
 		sx := signBit(x)
 		cnt += sx
-		all0 += float64(x)
-		pos0 += float64(math.Float32frombits(math.Float32bits(x+0) & -sx))
+		acc[i%8] += float64(x)
+		acc[8+i%8] += float64(math.Float32frombits(math.Float32bits(x+0) & -sx))
 	}
-	sumPos, sumAll := pos0+pos1, all0+all1
+	var sumAll, sumPos float64
+	for k := range 8 {
+		sumAll += acc[k]
+		sumPos += acc[8+k]
+	}
 	var pos, neg float32
 	if cnt > 0 {
 		pos = float32(sumPos / float64(cnt))
