@@ -52,3 +52,10 @@ func prepMul4x2AVX2(acc *[8]float32, mp0, mp1, g0, g1, e0, e1, q *float32, m int
 //
 //go:noescape
 func unpackBitsAVX2(d *float32, bits *byte, n int, neg, pos float32, add bool)
+
+// qsgdPack4AVX2 runs qsgdPack's loop for 4-bit codes over n values (a
+// positive multiple of 8): out[j] = code(v[2j]) | code(v[2j+1])<<4, with
+// qsgdCode's arithmetic (no fused multiply-add).
+//
+//go:noescape
+func qsgdPack4AVX2(out *byte, v, u *float32, n int, scale float32, s int32)

@@ -24,3 +24,7 @@ func prepMul4x2AVX2(acc *[8]float32, mp0, mp1, g0, g1, e0, e1, q *float32, m int
 func unpackBitsAVX2(d *float32, bits *byte, n int, neg, pos float32, add bool) {
 	panic("compress: no AVX2 kernels")
 }
+
+func qsgdPack4AVX2(out *byte, v, u *float32, n int, scale float32, s int32) {
+	panic("compress: no AVX2 kernels")
+}

@@ -123,6 +123,10 @@ func qsgdPack(out []byte, v, u []float32, scale float32, s int32, bits int) {
 		}
 		return
 	case 4:
+		if n := len(v) &^ 7; useAVX2 && n > 0 {
+			qsgdPack4AVX2(&out[0], &v[0], &u[0], n, scale, s)
+			i = n
+		}
 		for ; i+2 <= len(v); i += 2 {
 			out[i/2] = byte(qsgdCode(v[i], u[i], scale, s, sh) | qsgdCode(v[i+1], u[i+1], scale, s, sh)<<4)
 		}
