@@ -104,3 +104,89 @@ func optState(name string, n int, moments [][]float32) []byte {
 	}
 	return b
 }
+
+// JoinStates returns the state of whole joined from cps, the states of
+// stages, the stages of whole's network (NewStage of the same model and
+// configuration) in order, covering its layers: each of whole's tensors
+// takes the parameters and optimizer moments of the first stage tensor
+// with the same initialisation key (the token table's, not the tied
+// head's copy of it, which the summed gradients keep equal). It is
+// CutState's inverse: a pipeline's stages, all at one step, continue as
+// the whole model. The joined state carries no ConfigHash.
+func JoinStates(whole *Model, stages []*Model, cps []*Checkpoint) (*Checkpoint, error) {
+	if whole.lo != 0 || whole.hi != whole.total {
+		return nil, fmt.Errorf("model: joining stages into %s [%d, %d) of %d layers: not a whole model", whole.name, whole.lo, whole.hi, whole.total)
+	}
+	if len(stages) == 0 || len(stages) != len(cps) {
+		return nil, fmt.Errorf("model: joining %d stages with %d states", len(stages), len(cps))
+	}
+	to := map[int][2]int{} // key → offset, length in whole's flat vectors
+	for _, b := range whole.buckets {
+		for _, t := range b.Tensors {
+			if _, dup := to[t.key]; !dup {
+				to[t.key] = [2]int{b.Offset + t.Offset, t.Len}
+			}
+		}
+	}
+	out := &Checkpoint{Step: cps[0].Step, Params: make([]byte, 4*len(whole.params))}
+	filled := map[int]bool{}
+	var joined [][]float32
+	optName, hasOpt := "", cps[0].Optimizer != nil
+	next := 0
+	for k, st := range stages {
+		c := cps[k]
+		switch {
+		case st.name != whole.name || st.total != whole.total || st.lo != next:
+			return nil, fmt.Errorf("model: joining %s stage %d [%d, %d) of %d layers into %s of %d: the stages must cover its layers in order",
+				st.name, k, st.lo, st.hi, st.total, whole.name, whole.total)
+		case c.Step != out.Step:
+			return nil, fmt.Errorf("model: joining stage %d's state of step %d with one of step %d: %w", k, c.Step, out.Step, ErrBadState)
+		case len(c.Params) != 4*len(st.params):
+			return nil, fmt.Errorf("model: joining stage %d: a state of %d parameter bytes: %w: the stage has %d", k, len(c.Params), ErrBadState, 4*len(st.params))
+		case (c.Optimizer != nil) != hasOpt:
+			return nil, fmt.Errorf("model: joining stage %d: %w: an optimizer state in some stages' states only", k, ErrBadState)
+		}
+		next = st.hi
+		name, n, moments, err := parseOptState(c.Optimizer)
+		if err != nil {
+			return nil, fmt.Errorf("model: joining stage %d: %w", k, err)
+		}
+		if hasOpt {
+			switch {
+			case n != len(st.params):
+				return nil, fmt.Errorf("model: joining stage %d: %w: the optimizer state covers %d parameters, the stage has %d", k, ErrBadState, n, len(st.params))
+			case k == 0:
+				optName = name
+				for range moments {
+					joined = append(joined, make([]float32, len(whole.params)))
+				}
+			case name != optName || len(moments) != len(joined):
+				return nil, fmt.Errorf("model: joining stage %d: %w: optimizer %s with %d moments after %s with %d", k, ErrBadState, name, len(moments), optName, len(joined))
+			}
+		}
+		for _, b := range st.buckets {
+			for _, t := range b.Tensors {
+				dst, ok := to[t.key]
+				if !ok || dst[1] != t.Len {
+					return nil, fmt.Errorf("model: joining %s stage [%d, %d): tensor %s (%d values) has no counterpart in the whole model", st.name, st.lo, st.hi, t.Name, t.Len)
+				}
+				if filled[t.key] {
+					continue // the head's copy of the token table
+				}
+				filled[t.key] = true
+				src := b.Offset + t.Offset
+				copy(out.Params[4*dst[0]:4*(dst[0]+t.Len)], c.Params[4*src:4*(src+t.Len)])
+				for m, v := range moments {
+					copy(joined[m][dst[0]:dst[0]+t.Len], v[src:src+t.Len])
+				}
+			}
+		}
+	}
+	if next != whole.total || len(filled) != len(to) {
+		return nil, fmt.Errorf("model: joining stages into %s: they cover %d of its %d layers and %d of its %d tensors", whole.name, next, whole.total, len(filled), len(to))
+	}
+	if hasOpt {
+		out.Optimizer = optState(optName, len(whole.params), joined)
+	}
+	return out, nil
+}

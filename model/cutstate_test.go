@@ -74,3 +74,50 @@ func TestCutStateMatchesWholeModel(t *testing.T) {
 		t.Errorf("a truncated optimizer state: %v, want ErrBadState", err)
 	}
 }
+
+// TestJoinStatesInvertsCutState: the whole tiny gpt's state after 2 AdamW
+// steps, cut into the stages of two splits and joined again, is the
+// whole state byte for byte (parameters and both moments); stages that
+// leave a gap, or states of different steps, are refused.
+func TestJoinStatesInvertsCutState(t *testing.T) {
+	whole := newGPT(t, tinyGPT, 2, 1, 7)
+	opt, err := NewOptimizer(OptimConfig{Name: "adamw", LR: 0.01, WeightDecay: 0.1}, whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for step := range int64(2) {
+		if _, err := whole.ComputeGradients([]Batch{randomTokens(rng, tinyGPT, 2)}, 0, nil); err != nil {
+			t.Fatal(err)
+		}
+		whole.ApplyGradients(opt, step)
+	}
+	c := whole.Checkpoint(opt, 2, ConfigHash("join"))
+	for _, split := range [][]int{{0, 2, 5}, {0, 1, 3, 4, 5}} {
+		var stages []*Model
+		var cps []*Checkpoint
+		for s := range len(split) - 1 {
+			st := newStage(t, "gpt", Config{GPT: tinyGPT, MaxBatch: 2}, split[s], split[s+1])
+			cut, err := CutState(whole, st, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stages, cps = append(stages, st), append(cps, cut)
+		}
+		got, err := JoinStates(whole, stages, cps)
+		if err != nil {
+			t.Fatalf("split %v: %v", split, err)
+		}
+		if got.Step != 2 || !slices.Equal(got.Params, c.Params) || !slices.Equal(got.Optimizer, c.Optimizer) {
+			t.Errorf("split %v: the joined state (step %d) differs from the whole model's", split, got.Step)
+		}
+		if _, err := JoinStates(whole, stages[1:], cps[1:]); err == nil {
+			t.Errorf("split %v without its first stage: no error", split)
+		}
+		other := *cps[1]
+		other.Step = 3
+		if _, err := JoinStates(whole, stages, append([]*Checkpoint{cps[0], &other}, cps[2:]...)); !errors.Is(err, ErrBadState) {
+			t.Errorf("split %v with a state of another step: %v, want ErrBadState", split, err)
+		}
+	}
+}

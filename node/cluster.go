@@ -50,17 +50,43 @@ func (n *Node) Commit(number uint64) { n.gsp.Commit(number) }
 // FetchState downloads peer's training state after step completed steps
 // (statesync.Fetch), refusing more than max bytes.
 func (n *Node) FetchState(ctx context.Context, p string, step, max uint64) ([]byte, error) {
+	id, err := n.stateSource(p)
+	if err != nil {
+		return nil, err
+	}
+	return statesync.Fetch(ctx, n.host, id, step, max)
+}
+
+// FetchStageState downloads pipeline stage stage's state after step
+// completed steps from peer p (statesync.FetchStage), refusing more than
+// max bytes.
+func (n *Node) FetchStageState(ctx context.Context, p string, step uint64, stage int, max uint64) ([]byte, error) {
+	id, err := n.stateSource(p)
+	if err != nil {
+		return nil, err
+	}
+	return statesync.FetchStage(ctx, n.host, id, step, stage, max)
+}
+
+// stateSource decodes the ID of a peer to fetch a state from and learns
+// its gossiped addresses.
+func (n *Node) stateSource(p string) (peer.ID, error) {
 	id, err := peer.Decode(p)
 	if err != nil {
-		return nil, fmt.Errorf("node: state source %q: %w", p, err)
+		return "", fmt.Errorf("node: state source %q: %w", p, err)
 	}
 	n.learnAddrs(id)
-	return statesync.Fetch(ctx, n.host, id, step, max)
+	return id, nil
 }
 
 // ServeState serves the training state from src (nil stops serving).
 func (n *Node) ServeState(src func(from string, step uint64) ([]byte, error)) {
 	n.state.SetSource(src)
+}
+
+// ServeStageState serves pipeline stages' states from src (nil stops serving).
+func (n *Node) ServeStageState(src func(from string, step uint64, stage int) ([]byte, error)) {
+	n.state.SetStageSource(src)
 }
 
 // Links returns this peer's latest measurements of its links to the other

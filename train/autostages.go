@@ -69,12 +69,21 @@ type StagesChoice struct {
 	// it (gossip.Epoch.Digest).
 	Epoch  uint64 `json:"epoch"`
 	Digest string `json:"digest"`
-	// Holders and Step, for a re-plan from data parallelism, are the
-	// members that held the whole model at step Step when the coordinator
-	// re-planned, in the order that gives them their stages (holder i cuts
-	// stage i mod S), whichever epoch each adopts the choice in.
+	// Holders and Step, for a re-plan, are the members that held the
+	// state of step Step when the coordinator re-planned, in the order
+	// that gives them their stages (holder i cuts stage i mod S),
+	// whichever epoch each adopts the choice in: from data parallelism,
+	// the whole model's state; from a pipeline, a stage's, which each
+	// holder joins with the other stages' (fetched from their holders)
+	// into the whole model's first.
 	Holders []string `json:"holders,omitempty"`
 	Step    uint64   `json:"step,omitempty"`
+	// From, HolderStages and StageHashes describe a re-plan from a
+	// pipeline: its cut of the layers, the stage each holder held, and
+	// each stage's parameter hash at Step (nil from data parallelism).
+	From         []int    `json:"from,omitempty"`
+	HolderStages []int    `json:"holder_stages,omitempty"`
+	StageHashes  []string `json:"stage_hashes,omitempty"`
 }
 
 // maxChoiceStages bounds a StagesChoice, as config bounds
@@ -97,7 +106,7 @@ func (c *StagesChoice) check() error {
 		return fmt.Errorf("%d pipeline stages cut at %v", c.Stages, c.Split)
 	case len(c.Digest) > 64:
 		return fmt.Errorf("an epoch digest of %d characters", len(c.Digest))
-	case len(c.Holders) > maxHolders || (len(c.Holders) > 0 && (c.Stages < 2 || c.Step == 0)):
+	case len(c.Holders) > maxHolders || (len(c.Holders) > 0 && ((c.Stages < 2 && len(c.From) == 0) || c.Step == 0)):
 		return fmt.Errorf("%d pipeline stages re-planned at step %d with %d holders (at most %d)", c.Stages, c.Step, len(c.Holders), maxHolders)
 	}
 	for _, h := range c.Holders {
@@ -105,9 +114,38 @@ func (c *StagesChoice) check() error {
 			return fmt.Errorf("a holder ID of %d characters", len(h))
 		}
 	}
-	for i, b := range c.Split {
-		if (i == 0 && b != 0) || (i > 0 && b <= c.Split[i-1]) {
-			return fmt.Errorf("pipeline stages cut at %v: the cut must start at 0 and increase", c.Split)
+	if err := checkCut(c.Split); err != nil {
+		return err
+	}
+	if c.From == nil && c.HolderStages == nil && c.StageHashes == nil {
+		return nil
+	}
+	from := len(c.From) - 1
+	switch {
+	case from < 2 || from > maxChoiceStages || len(c.Holders) == 0:
+		return fmt.Errorf("a re-plan from %d pipeline stages (cut at %v) with %d holders", from, c.From, len(c.Holders))
+	case len(c.HolderStages) != len(c.Holders) || len(c.StageHashes) != from:
+		return fmt.Errorf("a re-plan from %d pipeline stages with %d holders: %d holders' stages and %d stage hashes", from, len(c.Holders), len(c.HolderStages), len(c.StageHashes))
+	}
+	for _, s := range c.HolderStages {
+		if s < 0 || s >= from {
+			return fmt.Errorf("a holder of stage %d in a re-plan from %d stages", s, from)
+		}
+	}
+	for _, h := range c.StageHashes {
+		if len(h) > 64 {
+			return fmt.Errorf("a stage hash of %d characters", len(h))
+		}
+	}
+	return checkCut(c.From)
+}
+
+// checkCut reports a cut of layers into stages that does not start at 0
+// and increase.
+func checkCut(cut []int) error {
+	for i, b := range cut {
+		if (i == 0 && b != 0) || (i > 0 && b <= cut[i-1]) {
+			return fmt.Errorf("pipeline stages cut at %v: the cut must start at 0 and increase", cut)
 		}
 	}
 	return nil
@@ -156,6 +194,9 @@ type autoStages struct {
 	// re-plan deferred at step retryAt (replanStages).
 	retryReplan bool
 	retryAt     uint64
+	// gathered is the stage this peer held when it joined a re-planned
+	// pipeline's stages (gatherLearner; nil: none), under the trainer's mu.
+	gathered *gatheredState
 }
 
 // The links assumed while none between neighbours of the ring is
@@ -506,7 +547,7 @@ func (t *Trainer) settleStages(ctx context.Context, ep gossip.Epoch) error {
 		if err != nil {
 			return err
 		}
-		return t.adoptStages(c, ep)
+		return t.adoptStages(ctx, c, ep)
 	}
 	deadline := time.Now().Add(t.cfg.ReadyTimeout.D())
 	for {
@@ -516,12 +557,47 @@ func (t *Trainer) settleStages(ctx context.Context, ep gossip.Epoch) error {
 		}
 		for _, m := range members {
 			if c := payloadOf(m).Stages; m.PeerID == ep.Coordinator && c != nil && c.Epoch == ep.Number && c.Digest == ep.Digest() {
-				return t.adoptStages(*c, ep)
+				return t.adoptStages(ctx, *c, ep)
 			}
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("train: the coordinator %s of ring epoch %d announced no choice of train.pipeline_stages = auto within train.ready_timeout (%s)",
 				ep.Coordinator, ep.Number, t.cfg.ReadyTimeout.D())
+		}
+		if !ctxutil.Sleep(ctx, pollInterval) {
+			return ctx.Err()
+		}
+	}
+}
+
+// awaitChoice waits (at most train.ready_timeout) until every member of
+// ep announces the choice of stages this peer settled on in ep. A member
+// that changes its choice in ep, such as a holder of a re-plan, leaves ep
+// for a new epoch, and its Ready, which names a state of its old choice,
+// must not be taken for a state of the new one (a member holding the
+// whole model would otherwise fetch a stage's state from it, or the
+// reverse); a member that keeps its choice announces it before it
+// enters ep's training.
+func (t *Trainer) awaitChoice(ctx context.Context, ep gossip.Epoch) error {
+	want := t.auto.choice.key()
+	deadline := time.Now().Add(t.cfg.ReadyTimeout.D())
+	for {
+		members, cur := t.c.View()
+		if !sameEpoch(cur, ep) {
+			return errEpochChanged
+		}
+		var other []string
+		for _, m := range members {
+			if c := payloadOf(m).Stages; m.PeerID != t.self && slices.Contains(ep.Order, m.PeerID) && (c == nil || c.key() != want) {
+				other = append(other, m.PeerID)
+			}
+		}
+		if len(other) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("train: members %s did not take %s, the choice of train.pipeline_stages = auto in ring epoch %d, within train.ready_timeout (%s)",
+				strings.Join(other, ", "), t.auto.choice, ep.Number, t.cfg.ReadyTimeout.D())
 		}
 		if !ctxutil.Sleep(ctx, pollInterval) {
 			return ctx.Err()
@@ -570,8 +646,8 @@ func (t *Trainer) chooseStages(ctx context.Context, ep gossip.Epoch) (StagesChoi
 			t.log.Info("train.pipeline_stages = auto: taking the choice most members hold", zap.Uint64("epoch", ep.Number),
 				zap.String("choice", c.String()), zap.Int("holders", votes[keys[0]]), zap.Int("members", len(ep.Order)))
 		}
-		if len(votes) == 1 && c.Stages == 1 {
-			if r, ok := t.replanStages(ep); ok {
+		if len(votes) == 1 {
+			if r, ok := t.replanStages(ep, c); ok {
 				return r, nil
 			}
 		}
@@ -600,19 +676,23 @@ func (t *Trainer) chooseStages(ctx context.Context, ep gossip.Epoch) (StagesChoi
 // layout moves members between stages).
 const replanGain = 1.25
 
-// replanStages is the coordinator's re-plan of a cluster that trains with
-// data parallelism under "auto" (every member holds that choice): with
-// the layer costs, the members of ep and their ring's links all measured,
-// it projects every layout again, as for a first choice, and returns the
-// fastest when it is a pipeline at least replanGain faster per sample
-// than data parallelism. Every member holds the whole model, so each cuts
-// its own state into its stage (recutLearner): nothing is transferred
-// but the stages a new layout moves members to. A pipeline is not
-// re-planned (its stages would have to be gathered from their holders).
-func (t *Trainer) replanStages(ep gossip.Epoch) (StagesChoice, bool) {
+// replanStages is the coordinator's re-plan of a cluster whose members
+// all hold the choice cur under "auto": with the layer costs, the members
+// of ep and their ring's links all measured, it projects every layout
+// again, as for a first choice, and returns the fastest when it differs
+// from cur and is at least replanGain faster per sample than cur's layout
+// projected on the same inputs. From data parallelism every member holds
+// the whole model and cuts its own state into its stage (recutLearner);
+// from a pipeline each holder of a stage joins the stages' states, fetched
+// from their holders, into the whole model's first (gatherLearner).
+// Nothing else is transferred but the stages a new layout moves members to.
+func (t *Trainer) replanStages(ep gossip.Epoch, cur StagesChoice) (StagesChoice, bool) {
 	a := t.auto
 	if len(a.costs) == 0 || len(ep.Order) < 2 {
 		return StagesChoice{}, false
+	}
+	if _, ok := t.c.(StageStates); cur.Stages > 1 && !ok {
+		return StagesChoice{}, false // the stages' states cannot be gathered
 	}
 	members, _ := t.c.View()
 	rtt, _ := plan.RTTMatrix(ep.Order, plan.LinkRows(members))
@@ -629,19 +709,32 @@ func (t *Trainer) replanStages(ep gossip.Epoch) (StagesChoice, bool) {
 		return StagesChoice{}, false
 	}
 	c, layouts, err := planStages(in)
-	if err != nil || c.Stages == 1 {
+	if err != nil || c.key() == cur.key() {
 		return StagesChoice{}, false
 	}
-	dp := slices.IndexFunc(layouts, func(l pipeline.Layout) bool { return l.Stages == 1 })
+	// cur's layout as projected: its cut, else the fastest of its S.
+	now := slices.IndexFunc(layouts, func(l pipeline.Layout) bool { return l.Stages == cur.Stages && slices.Equal(l.Split, cur.Split) })
+	if now < 0 {
+		now = slices.IndexFunc(layouts, func(l pipeline.Layout) bool { return l.Stages == cur.Stages })
+	}
 	perSample := func(l pipeline.Layout) float64 { return l.Step / float64(l.Batch) }
-	if dp < 0 || perSample(layouts[dp]) < replanGain*perSample(layouts[0]) {
+	if now < 0 || perSample(layouts[now]) < replanGain*perSample(layouts[0]) {
 		return StagesChoice{}, false
 	}
-	holders, step := t.wholeHolders(ep)
-	if len(holders) < c.Stages {
-		// A stage without a member holding the whole model would be lost:
-		// once this epoch's sync has brought every member to the state,
-		// a new epoch re-plans (once per step).
+	var holders []string
+	var step uint64
+	if cur.Stages == 1 {
+		holders, step = t.wholeHolders(ep)
+	} else {
+		holders, step = t.stageHolders(ep, cur, &c)
+	}
+	if step >= uint64(t.cfg.Steps) {
+		return StagesChoice{}, false // the run is over: its last epochs only share the final state
+	}
+	if len(holders) < c.Stages || len(holders) == 0 {
+		// A stage without a member holding its state would be lost: once
+		// this epoch's sync has brought every member to the state, a new
+		// epoch re-plans (once per step).
 		if a.retryAt != step {
 			a.retryAt, a.retryReplan = step, true
 			t.log.Info("train.pipeline_stages = auto: re-planning in a new epoch, once every member holds step "+strconv.FormatUint(step, 10),
@@ -649,12 +742,39 @@ func (t *Trainer) replanStages(ep gossip.Epoch) (StagesChoice, bool) {
 		}
 		return StagesChoice{}, false
 	}
-	c.Holders, c.Step = holders[:min(len(holders), maxHolders)], step
-	t.log.Info("train.pipeline_stages = auto: re-planning from data parallelism", zap.Uint64("epoch", ep.Number), zap.Uint64("step", c.Step),
-		zap.String("choice", c.String()), zap.Float64("gain_per_sample", perSample(layouts[dp])/perSample(layouts[0])),
+	n := min(len(holders), maxHolders)
+	c.Holders, c.Step = holders[:n], step
+	if c.HolderStages != nil {
+		c.HolderStages = c.HolderStages[:n]
+	}
+	t.log.Info("train.pipeline_stages = auto: re-planning from "+cur.String(), zap.Uint64("epoch", ep.Number), zap.Uint64("step", c.Step),
+		zap.String("choice", c.String()), zap.Float64("gain_per_sample", perSample(layouts[now])/perSample(layouts[0])),
 		zap.Strings("holders", c.Holders))
 	t.logChoice(ep, in, c, layouts)
 	return c, true
+}
+
+// stageHolders returns the members of ep, in its order, that announced
+// in ep a stage of cur's pipeline at the state the epoch continues from
+// (choosePipeState over the members' Ready), and that step; it sets c's
+// From (cur's cut), HolderStages and StageHashes for them. None when a
+// stage has no holder there.
+func (t *Trainer) stageHolders(ep gossip.Epoch, cur StagesChoice, c *StagesChoice) ([]string, uint64) {
+	members, _ := t.c.View()
+	steps, hashes, held := t.readyIn(ep, members)
+	target, want, err := choosePipeState(ep.Order, steps, hashes, held, cur.Stages, uint64(t.cfg.Steps))
+	if err != nil || target == 0 {
+		return nil, target
+	}
+	var out []string
+	var stages []int
+	for _, p := range ep.Order {
+		if steps[p] == target && held[p] < cur.Stages && hashes[p] == want[held[p]] {
+			out, stages = append(out, p), append(stages, held[p])
+		}
+	}
+	c.From, c.HolderStages, c.StageHashes = slices.Clone(cur.Split), stages, want
+	return out, target
 }
 
 // wholeHolders returns the members of ep, in its order, that announced
@@ -688,10 +808,10 @@ func (t *Trainer) wholeHolders(ep gossip.Epoch) ([]string, uint64) {
 	return out, target
 }
 
-// afterEnter ends this peer's entry into a ring epoch of data
-// parallelism: when it coordinates the epoch and deferred a re-plan
-// because too few members held its state (replanStages), every member
-// holds it now, and it asks for a new epoch to re-plan in.
+// afterEnter ends this peer's entry into a ring epoch: when it
+// coordinates the epoch and deferred a re-plan because too few members
+// held its state (replanStages), every member holds it now, and it asks
+// for a new epoch to re-plan in.
 func (t *Trainer) afterEnter(ep gossip.Epoch) error {
 	if a := t.auto; a != nil && a.retryReplan {
 		a.retryReplan = false
@@ -757,7 +877,7 @@ func mbits(rates []float64) []float64 {
 // model for one stage, else stage 0 of c's cut, at step 0), and
 // announces c. A peer that discards the state of a step past 0 returns an
 // error: its Ready in ep announced that state, so it enters a new epoch.
-func (t *Trainer) adoptStages(c StagesChoice, ep gossip.Epoch) error {
+func (t *Trainer) adoptStages(ctx context.Context, c StagesChoice, ep gossip.Epoch) error {
 	a := t.auto
 	c.Split = slices.Clone(c.Split)
 	c.Epoch, c.Digest = ep.Number, ep.Digest()
@@ -767,11 +887,21 @@ func (t *Trainer) adoptStages(c StagesChoice, ep gossip.Epoch) error {
 	// A re-plan from data parallelism: this peer holds the whole model's
 	// state and cuts it into its stage instead of discarding it.
 	recut := changed && !first && a.choice.Stages == 1 && c.Stages > 1 && held > 0 && held == c.Step && slices.Contains(c.Holders, t.self)
-	if recut {
+	// A re-plan from a pipeline: this peer holds a stage's state, joins it
+	// with the others' into the whole model's and trains the new choice
+	// from that.
+	gather := changed && !first && a.choice.Stages > 1 && len(c.From) > 0 && held > 0 && held == c.Step &&
+		slices.Contains(c.Holders, t.self) && slices.Equal(c.From, a.choice.Split)
+	switch {
+	case recut:
 		if err := t.recutLearner(c, ep); err != nil {
 			return err
 		}
-	} else if changed {
+	case gather:
+		if err := t.gatherLearner(ctx, c); err != nil {
+			return err
+		}
+	case changed:
 		if err := t.switchLearner(c); err != nil {
 			return err
 		}
@@ -789,6 +919,9 @@ func (t *Trainer) adoptStages(c StagesChoice, ep gossip.Epoch) error {
 		case recut:
 			t.log.Info("train.pipeline_stages = auto: cut this peer's whole model into its stage of "+c.String(),
 				append(fields, zap.Uint64("step", held), zap.Int("stage", t.heldStage()))...)
+		case gather:
+			t.log.Info("train.pipeline_stages = auto: joined the pipeline's stages into the whole model and took "+c.String(),
+				append(fields, zap.Uint64("step", held), zap.Ints("from", c.From), zap.Int("stage", t.heldStage()))...)
 		default:
 			t.log.Warn("train.pipeline_stages = auto: the cluster holds another choice; this peer discards its state and takes "+c.String(),
 				append(fields, zap.Uint64("own_step", held))...)
@@ -804,7 +937,7 @@ func (t *Trainer) adoptStages(c StagesChoice, ep gossip.Epoch) error {
 		t.payload.Ready.Step, t.payload.Ready.Hash, t.payload.Ready.Stage = t.step, t.hash, t.heldStage()
 	}
 	t.publish()
-	if recut {
+	if recut || gather {
 		return fmt.Errorf("train: this peer cut its model at step %d into %s; entering a new ring epoch", held, c)
 	}
 	if changed && held > 0 {

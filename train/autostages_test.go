@@ -268,10 +268,29 @@ func TestStagesChoiceInPayload(t *testing.T) {
 	if err != nil || p.Stages == nil || p.Stages.key() != c.key() || p.Stages.Epoch != 4 || !slices.Equal(p.Stages.Holders, c.Holders) || p.Stages.Step != 9 {
 		t.Fatalf("round trip: %+v, %v", p.Stages, err)
 	}
+	// A re-plan from a pipeline into data parallelism.
+	dp := &StagesChoice{Stages: 1, Holders: []string{"a", "b"}, Step: 9, From: []int{0, 3, 7}, HolderStages: []int{1, 0}, StageHashes: []string{"h0", "h1"}}
+	if p, err := DecodePayload(Payload{Stages: dp}.Encode()); err != nil || !slices.Equal(p.Stages.From, dp.From) ||
+		!slices.Equal(p.Stages.HolderStages, dp.HolderStages) || !slices.Equal(p.Stages.StageHashes, dp.StageHashes) {
+		t.Fatalf("a re-plan from a pipeline, round trip: %+v, %v", p.Stages, err)
+	}
+	from := func(f func(c *StagesChoice)) StagesChoice {
+		c := *dp
+		f(&c)
+		return c
+	}
 	for _, bad := range []StagesChoice{
 		{Stages: 0}, {Stages: 300}, {Stages: 1, Split: []int{0, 7}}, {Stages: 2, Split: []int{0, 7}},
 		{Stages: 2, Split: []int{0, 5, 5}}, {Stages: 2, Split: []int{1, 3, 7}},
-		{Stages: 1, Holders: []string{"a"}, Step: 3},                    // a re-plan into data parallelism
+		{Stages: 1, Holders: []string{"a"}, Step: 3}, // a re-plan into data parallelism, from none
+		from(func(c *StagesChoice) { c.From = []int{0, 7} }),
+		from(func(c *StagesChoice) { c.From = []int{0, 3, 3} }),
+		from(func(c *StagesChoice) { c.HolderStages = []int{1} }),
+		from(func(c *StagesChoice) { c.HolderStages = []int{2, 0} }),
+		from(func(c *StagesChoice) { c.StageHashes = []string{"h0"} }),
+		from(func(c *StagesChoice) { c.StageHashes = []string{"h0", strings.Repeat("x", 65)} }),
+		from(func(c *StagesChoice) { c.Holders, c.HolderStages = nil, nil }),
+		from(func(c *StagesChoice) { c.Step = 0 }),
 		{Stages: 2, Split: []int{0, 3, 7}, Holders: []string{"a", "b"}}, // holders of no step
 		{Stages: 2, Split: []int{0, 3, 7}, Holders: make([]string, 513), Step: 3},
 		{Stages: 2, Split: []int{0, 3, 7}, Holders: []string{strings.Repeat("x", 129)}, Step: 3},
@@ -517,10 +536,29 @@ func TestAutoStagesReplanFromDataParallelism(t *testing.T) {
 	if err != nil || want.Stages < 2 {
 		t.Fatalf("3 peers at 0.5 Mbit/s choose %v, %v: the test needs a pipeline", want, err)
 	}
-	var mbit atomic.Uint64
-	mbit.Store(math.Float64bits(10e3))
+	ps := replanScenario(t, cfg, costs, 10e3, 0.5, switchAfter, steps, want)
+	byStage := map[int][]*trainPeer{}
+	for _, p := range ps {
+		byStage[stagePeer(t, p).Stage()] = append(byStage[stagePeer(t, p).Stage()], p)
+	}
+	for _, sp := range byStage {
+		sameResult(t, sp, steps)
+	}
+	checkCarriedOver(t, ps, steps, switchAfter, "data parallelism", want)
+}
+
+// replanScenario starts 2 peers of cfg (train.pipeline_stages = "auto")
+// with the layer costs costs on links of mbit Mbit/s; once the first
+// reaches step switchAfter, the links read then Mbit/s and a third peer
+// joins. It returns the three after they ended at step steps with the
+// choice want.
+func replanScenario(t *testing.T, cfg func(boot ...string) config.Config, costs []pipeline.LayerCost, mbit, then float64, switchAfter, steps int,
+	want StagesChoice) []*trainPeer {
+	t.Helper()
+	var rate atomic.Uint64
+	rate.Store(math.Float64bits(mbit))
 	start := func(boot ...string) *trainPeer {
-		return startTrainerOptions(t, cfg(boot...), nil, nil, func(n *node.Node) Cluster { return varLinks{n, &mbit, 20} },
+		return startTrainerOptions(t, cfg(boot...), nil, nil, func(n *node.Node) Cluster { return varLinks{n, &rate, 20} },
 			func(o *Options) { o.LayerCosts = costs })
 	}
 	var ps []*trainPeer
@@ -528,37 +566,41 @@ func TestAutoStagesReplanFromDataParallelism(t *testing.T) {
 		ps = append(ps, start(bootstrapTo(ps)...))
 	}
 	deadline := time.Now().Add(2 * time.Minute)
-	for ps[0].step() < switchAfter {
+	for ps[0].step() < uint64(switchAfter) {
 		if time.Now().After(deadline) {
-			t.Fatalf("data parallelism did not reach step %d", switchAfter)
+			t.Fatalf("the first choice did not reach step %d", switchAfter)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	mbit.Store(math.Float64bits(0.5))
+	rate.Store(math.Float64bits(then))
 	ps = append(ps, start(bootstrapTo(ps)...))
-	byStage := map[int][]*trainPeer{}
 	for i, p := range ps {
 		p.wait(t, 3*time.Minute)
-		if p.err != nil || p.res.Step != steps {
+		if p.err != nil || p.res.Step != uint64(steps) {
 			t.Fatalf("peer %d: step %d, %v", i, p.res.Step, p.err)
 		}
 		if c := p.tr.auto.choice; c == nil || c.key() != want.key() {
 			t.Fatalf("peer %d trained with %v at the end; want %v", i, c, want)
 		}
-		byStage[stagePeer(t, p).Stage()] = append(byStage[stagePeer(t, p).Stage()], p)
 	}
-	for _, sp := range byStage {
-		sameResult(t, sp, steps)
-	}
+	return ps
+}
+
+// checkCarriedOver checks that the first two of ps re-planned from was
+// into want at one step, at least switchAfter, and that the loss of the
+// first step of want continues from the last of was rather than starting
+// over.
+func checkCarriedOver(t *testing.T, ps []*trainPeer, steps, switchAfter int, was string, want StagesChoice) {
+	t.Helper()
 	cut := ps[0].tr.auto.recutAt
-	if cut < switchAfter || ps[1].tr.auto.recutAt != cut {
-		t.Fatalf("the first two peers cut their models at steps %d and %d; want the same step, at least %d", cut, ps[1].tr.auto.recutAt, switchAfter)
+	if cut < uint64(switchAfter) || ps[1].tr.auto.recutAt != cut {
+		t.Fatalf("the first two peers re-planned at steps %d and %d; want the same step, at least %d", cut, ps[1].tr.auto.recutAt, switchAfter)
 	}
 	losses := stepLosses(ps, steps)
 	first, before, after := losses[0], losses[cut-1], losses[cut]
-	t.Logf("loss %.3f at step 1, %.3f at step %d (data parallelism), %.3f at step %d (%v), %.3f at step %d", first, before, cut, after, cut+1, want, losses[steps-1], steps)
+	t.Logf("loss %.3f at step 1, %.3f at step %d (%s), %.3f at step %d (%v), %.3f at step %d", first, before, cut, was, after, cut+1, want, losses[steps-1], steps)
 	if !(after < first-0.5*(first-before)) {
-		t.Errorf("the first pipelined step's loss %.3f is nearer step 1's %.3f than the last data-parallel step's %.3f: the state was not carried over", after, first, before)
+		t.Errorf("the first step's loss after the re-plan, %.3f, is nearer step 1's %.3f than the last one's before it, %.3f: the state was not carried over", after, first, before)
 	}
 }
 
@@ -675,4 +717,36 @@ func TestAutoStagesIdlesTheSlowMember(t *testing.T) {
 			t.Errorf("fast peer %d trained up to step %d, want %d", i, last, steps)
 		}
 	}
+}
+
+// TestAutoStagesReplanFromPipeline: 2 peers of "auto" on slow links train
+// a pipeline of 2 stages; then their links read 10 Gbit/s and a third
+// peer joins. The coordinator of the new epoch projects data parallelism
+// at least 1.25× faster per sample and announces it; the two join their
+// stages' states (each fetching the other's over the stage-state
+// protocol) into the whole model at the step they hold (no state is lost:
+// the loss goes on from where the pipeline left it), the joiner fetches
+// the whole model, and all three end at the last step identical.
+func TestAutoStagesReplanFromPipeline(t *testing.T) {
+	const steps, batch, switchAfter = 200, 4, 8
+	cfg := func(boot ...string) config.Config {
+		c := autoGPT(steps, 2, batch)(boot...)
+		c.Train.PipelineStages, c.Train.MinPeers = config.StagesAuto, 2
+		return c
+	}
+	costs := fakeCosts(t, cfg().Train, 2)
+	in := stagesInput{Costs: costs, Peers: 2, Batch: 2 * batch, PerPeerBatch: batch, Micro: 2, Schedule: pipeline.OneFOneB,
+		Links: linkSummary{Bandwidth: 0.5e6 / 8, RTT: 20e-3}, Grad: "none", Act: "none"}
+	first, _, err := planStages(in)
+	if err != nil || first.Stages != 2 {
+		t.Fatalf("2 peers at 0.5 Mbit/s choose %v, %v: the test needs a pipeline of 2", first, err)
+	}
+	in.Peers, in.Batch, in.Links = 3, 3*batch, linkSummary{Bandwidth: 10e9 / 8, RTT: 20e-3}
+	want, _, err := planStages(in)
+	if err != nil || want.Stages != 1 {
+		t.Fatalf("3 peers at 10 Gbit/s choose %v, %v: the test needs data parallelism", want, err)
+	}
+	ps := replanScenario(t, cfg, costs, 0.5, 10e3, switchAfter, steps, want)
+	sameResult(t, ps, steps)
+	checkCarriedOver(t, ps, steps, switchAfter, first.String(), want)
 }

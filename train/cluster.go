@@ -42,6 +42,19 @@ type Cluster interface {
 	ServeState(src func(from string, step uint64) ([]byte, error))
 }
 
+// StageStates is a Cluster that carries single pipeline stages' states
+// (node.Node): under train.pipeline_stages = "auto", the holders of a
+// pipeline's stages that the coordinator re-plans into another layout
+// join the stages' states, fetched from each other, into the whole
+// model's.
+type StageStates interface {
+	// FetchStageState downloads stage's state after step completed steps
+	// from peer, refusing more than max bytes.
+	FetchStageState(ctx context.Context, peer string, step uint64, stage int, max uint64) ([]byte, error)
+	// ServeStageState serves stages' states from src (nil stops).
+	ServeStageState(src func(from string, step uint64, stage int) ([]byte, error))
+}
+
 // Status is what the trainer reports after every change, for /status and
 // /metrics.
 type Status struct {

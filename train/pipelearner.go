@@ -365,3 +365,26 @@ func (l *PipeLearner) Close() error {
 	l.dev = nil
 	return err
 }
+
+// joinStates joins cps, the states of every stage of the learner's cut at
+// one step, into the state of whole, the whole model of the same
+// configuration (model.JoinStates).
+func (l *PipeLearner) joinStates(whole *model.Model, cps []*model.Checkpoint) (*model.Checkpoint, error) {
+	if len(cps) != l.split.Stages() {
+		return nil, fmt.Errorf("train: joining %d states into %d stages", len(cps), l.split.Stages())
+	}
+	stages := make([]*model.Model, 0, len(cps))
+	defer func() {
+		for _, m := range stages {
+			m.Close()
+		}
+	}()
+	for s := range cps {
+		m, err := model.NewStage(l.cfg.Model, l.mcfg, l.dev, l.cfg.Seed, l.split[s], l.split[s+1])
+		if err != nil {
+			return nil, err
+		}
+		stages = append(stages, m)
+	}
+	return model.JoinStates(whole, stages, cps)
+}

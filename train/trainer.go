@@ -366,6 +366,9 @@ func (t *Trainer) publish() {
 // Close stops serving state and closes the learner.
 func (t *Trainer) Close() {
 	t.c.ServeState(nil)
+	if ss, ok := t.c.(StageStates); ok && t.auto != nil {
+		ss.ServeStageState(nil)
+	}
 	if err := t.l.Close(); err != nil {
 		t.log.Warn("closing the learner", zap.Error(err))
 	}
@@ -417,6 +420,9 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	}
 	t.publish()
 	t.c.ServeState(t.serveState)
+	if ss, ok := t.c.(StageStates); ok && t.auto != nil {
+		ss.ServeStageState(t.serveStageState)
+	}
 	t.idleSince = time.Now()
 	// rejoin is an epoch whose majority lacks the last step this peer
 	// finished: it enters that epoch again (finish).
@@ -495,6 +501,19 @@ func (t *Trainer) waitEpoch(ctx context.Context) (gossip.Epoch, error) {
 	}
 }
 
+// readyIn returns the step, parameter hash and stage that each member
+// announced itself ready with in ep (this peer's own included).
+func (t *Trainer) readyIn(ep gossip.Epoch, members []gossip.Member) (steps map[string]uint64, hashes map[string]string, held map[string]int) {
+	steps, hashes, held = map[string]uint64{}, map[string]string{}, map[string]int{}
+	for _, m := range members {
+		if r := payloadOf(m).Ready; r.In(ep) {
+			steps[m.PeerID], hashes[m.PeerID], held[m.PeerID] = r.Step, r.Hash, r.Stage
+		}
+	}
+	steps[t.self], hashes[t.self], held[t.self] = t.step, t.payload.Ready.Hash, t.heldStage()
+	return steps, hashes, held
+}
+
 // enter announces this peer ready in ep, waits for every member, and brings
 // this peer's state up to the most advanced member's.
 func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
@@ -514,13 +533,7 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 		if !sameEpoch(cur, ep) {
 			return errEpochChanged
 		}
-		ready, hashes, held = map[string]uint64{}, map[string]string{}, map[string]int{}
-		for _, m := range members {
-			if r := payloadOf(m).Ready; r.In(ep) {
-				ready[m.PeerID], hashes[m.PeerID], held[m.PeerID] = r.Step, r.Hash, r.Stage
-			}
-		}
-		ready[t.self], hashes[t.self], held[t.self] = t.step, t.payload.Ready.Hash, t.heldStage()
+		ready, hashes, held = t.readyIn(ep, members)
 		all := true
 		for _, p := range ep.Order {
 			_, ok := ready[p]
@@ -541,6 +554,13 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 				if err := t.settleStages(ctx, ep); err != nil {
 					return err
 				}
+				if err := t.awaitChoice(ctx, ep); err != nil {
+					return err
+				}
+				// A member may have announced another state with the choice
+				// (a re-plan's holder joins or cuts its model).
+				members, _ = t.c.View()
+				ready, hashes, held = t.readyIn(ep, members)
 			}
 			if t.stages != nil {
 				break // enterStage lays out the pipelines
@@ -574,7 +594,10 @@ func (t *Trainer) enter(ctx context.Context, ep gossip.Epoch) error {
 		}
 	}
 	if t.stages != nil {
-		return t.enterStage(ctx, ep, ready, hashes, held)
+		if err := t.enterStage(ctx, ep, ready, hashes, held); err != nil {
+			return err
+		}
+		return t.afterEnter(ep)
 	}
 	target, want := chooseState(ep.Order, ready, hashes, uint64(t.cfg.Steps))
 	if target == 0 && hashes[ep.Coordinator] != "" {

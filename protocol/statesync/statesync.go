@@ -1,6 +1,8 @@
 // Package statesync implements the state protocol (/p2ptrain/state/1.0.0),
 // which hands a peer's training state to a joiner or to a peer that fell
-// behind.
+// behind, and the stage-state protocol (/p2ptrain/stage-state/1.0.0),
+// which hands one pipeline stage's state, named by the client, to a peer
+// that joins a pipeline's stages into another layout.
 package statesync
 
 import (
@@ -20,9 +22,10 @@ import (
 	"go.uber.org/zap"
 )
 
-// The client writes the 8-byte
-// little-endian step it wants; the server answers a status byte, then on
-// success an 8-byte length, the state bytes and their SHA-256.
+// The client writes the 8-byte little-endian step it wants (the stage-state
+// protocol: then the 4-byte little-endian stage); the server answers a
+// status byte, then on success an 8-byte length, the state bytes and their
+// SHA-256.
 
 const (
 	stateOK       byte = 0
@@ -37,8 +40,15 @@ const (
 	stateIOTimeout = 5 * time.Minute
 )
 
-// ID is the state protocol's libp2p protocol ID.
-const ID protocol.ID = "/p2ptrain/state/1.0.0"
+// ID is the state protocol's libp2p protocol ID, StageID the stage-state
+// protocol's.
+const (
+	ID      protocol.ID = "/p2ptrain/state/1.0.0"
+	StageID protocol.ID = "/p2ptrain/stage-state/1.0.0"
+)
+
+// MaxStage bounds the stage a stage-state request names.
+const MaxStage = 1 << 16
 
 // ErrUnavailable: the peer asked holds no state at the wanted step.
 var ErrUnavailable = errors.New("statesync: state unavailable at the requested step")
@@ -47,6 +57,10 @@ var ErrUnavailable = errors.New("statesync: state unavailable at the requested s
 // steps for the peer from (a peer ID string), or ErrUnavailable if this
 // peer is not at that step, or ErrRefused if it does not serve from.
 type Source func(from string, step uint64) ([]byte, error)
+
+// StageSource returns the serialized state of pipeline stage stage after
+// step completed steps for the peer from, with Source's errors.
+type StageSource func(from string, step uint64, stage int) ([]byte, error)
 
 // ErrRefused: the server does not serve its state to the requesting peer
 // (for example, one that is not a member of its ring epoch).
@@ -57,8 +71,9 @@ type Server struct {
 	h   host.Host
 	log *zap.Logger
 
-	mu  sync.Mutex
-	src Source
+	mu       sync.Mutex
+	src      Source
+	stageSrc StageSource
 }
 
 // NewServer returns a server on h that serves nothing until SetSource.
@@ -76,23 +91,63 @@ func (srv *Server) SetSource(src Source) {
 	srv.h.SetStreamHandler(ID, srv.serve)
 }
 
+// SetStageSource serves pipeline stages' states from src (nil stops).
+func (srv *Server) SetStageSource(src StageSource) {
+	srv.mu.Lock()
+	srv.stageSrc = src
+	srv.mu.Unlock()
+	if src == nil {
+		srv.h.RemoveStreamHandler(StageID)
+		return
+	}
+	srv.h.SetStreamHandler(StageID, srv.serveStage)
+}
+
 func (srv *Server) serve(s network.Stream) {
+	srv.answer(s, 8, func(from string, req []byte) ([]byte, uint64, error) {
+		step := binary.LittleEndian.Uint64(req)
+		srv.mu.Lock()
+		src := srv.src
+		srv.mu.Unlock()
+		if src == nil {
+			return nil, step, errNoSource
+		}
+		b, err := src(from, step)
+		return b, step, err
+	})
+}
+
+func (srv *Server) serveStage(s network.Stream) {
+	srv.answer(s, 12, func(from string, req []byte) ([]byte, uint64, error) {
+		step, stage := binary.LittleEndian.Uint64(req), binary.LittleEndian.Uint32(req[8:])
+		srv.mu.Lock()
+		src := srv.stageSrc
+		srv.mu.Unlock()
+		switch {
+		case src == nil:
+			return nil, step, errNoSource
+		case stage >= MaxStage:
+			return nil, step, fmt.Errorf("%w: stage %d (at most %d)", ErrRefused, stage, MaxStage-1)
+		}
+		b, err := src(from, step, int(stage))
+		return b, step, err
+	})
+}
+
+// errNoSource: the server serves no state of that kind.
+var errNoSource = errors.New("statesync: no state served")
+
+// answer reads a request of reqLen bytes on s and writes what get returns
+// for it: the state, or the status of its error.
+func (srv *Server) answer(s network.Stream, reqLen int, get func(from string, req []byte) ([]byte, uint64, error)) {
 	defer s.Close()
 	_ = s.SetDeadline(time.Now().Add(stateIOTimeout))
-	var req [8]byte
-	if _, err := io.ReadFull(s, req[:]); err != nil {
+	req := make([]byte, reqLen)
+	if _, err := io.ReadFull(s, req); err != nil {
 		s.Reset()
 		return
 	}
-	step := binary.LittleEndian.Uint64(req[:])
-	srv.mu.Lock()
-	src := srv.src
-	srv.mu.Unlock()
-	if src == nil {
-		_, _ = s.Write([]byte{stateNone})
-		return
-	}
-	b, err := src(s.Conn().RemotePeer().String(), step)
+	b, step, err := get(s.Conn().RemotePeer().String(), req)
 	if err != nil {
 		code := stateNone
 		switch {
@@ -116,28 +171,43 @@ func (srv *Server) serve(s network.Stream) {
 			return
 		}
 	}
-	srv.log.Info("sent training state", zap.Stringer("peer", s.Conn().RemotePeer()), zap.Uint64("step", step), zap.Int("bytes", len(b)))
+	srv.log.Info("sent training state", zap.Stringer("peer", s.Conn().RemotePeer()), zap.Uint64("step", step), zap.Int("bytes", len(b)),
+		zap.String("protocol", string(s.Protocol())))
 }
 
 // Fetch downloads the training state after step completed steps from peer
 // p over h and verifies its checksum. A state larger than max bytes (or
 // MaxBytes when max is 0) is refused before it is read.
 func Fetch(ctx context.Context, h host.Host, p peer.ID, step uint64, max uint64) ([]byte, error) {
+	return fetch(ctx, h, p, ID, binary.LittleEndian.AppendUint64(nil, step), step, max)
+}
+
+// FetchStage downloads pipeline stage stage's state after step completed
+// steps from peer p over h (the stage-state protocol), as Fetch does.
+func FetchStage(ctx context.Context, h host.Host, p peer.ID, step uint64, stage int, max uint64) ([]byte, error) {
+	if stage < 0 || stage >= MaxStage {
+		return nil, fmt.Errorf("statesync: stage %d (want 0 to %d)", stage, MaxStage-1)
+	}
+	req := binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint64(nil, step), uint32(stage))
+	return fetch(ctx, h, p, StageID, req, step, max)
+}
+
+// fetch sends req on a stream of protocol proto to p and reads the state
+// it answers.
+func fetch(ctx context.Context, h host.Host, p peer.ID, proto protocol.ID, req []byte, step, max uint64) ([]byte, error) {
 	if max == 0 || max > MaxBytes {
 		max = MaxBytes
 	}
 	ctx, cancel := context.WithTimeout(ctx, stateIOTimeout)
 	defer cancel()
-	s, err := h.NewStream(ctx, p, ID)
+	s, err := h.NewStream(ctx, p, proto)
 	if err != nil {
 		return nil, fmt.Errorf("statesync: open state stream to %s: %w", p, err)
 	}
 	stop := context.AfterFunc(ctx, func() { s.Reset() })
 	defer stop()
 	defer s.Close()
-	var req [8]byte
-	binary.LittleEndian.PutUint64(req[:], step)
-	if _, err := s.Write(req[:]); err != nil {
+	if _, err := s.Write(req); err != nil {
 		return nil, fmt.Errorf("statesync: request state from %s: %w", p, err)
 	}
 	var hdr [9]byte

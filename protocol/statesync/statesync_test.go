@@ -49,3 +49,42 @@ func TestFetch(t *testing.T) {
 		t.Error("fetched from a server that serves nothing")
 	}
 }
+
+// TestFetchStage: a stage-state request names the stage, which the source
+// receives; the state arrives whole, and a stage out of range, a wrong
+// step and a server without a stage source are each an error. The plain
+// state protocol is served apart.
+func TestFetchStage(t *testing.T) {
+	srv, cli := p2ptest.Host(t), p2ptest.Host(t)
+	p2ptest.Connect(t, srv, cli)
+	s := NewServer(srv, zaptest.NewLogger(t))
+	s.SetStageSource(func(from string, step uint64, stage int) ([]byte, error) {
+		if step != 7 {
+			return nil, fmt.Errorf("%w: at step 7", ErrUnavailable)
+		}
+		return bytes.Repeat([]byte{byte(stage)}, 100+stage), nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, stage := range []int{0, 3, MaxStage - 1} {
+		got, err := FetchStage(ctx, cli, srv.ID(), 7, stage, 0)
+		if err != nil || !bytes.Equal(got, bytes.Repeat([]byte{byte(stage)}, 100+stage)) {
+			t.Fatalf("stage %d: %d bytes, %v", stage, len(got), err)
+		}
+	}
+	if _, err := FetchStage(ctx, cli, srv.ID(), 8, 1, 0); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("wrong step: %v, want ErrUnavailable", err)
+	}
+	for _, stage := range []int{-1, MaxStage} {
+		if _, err := FetchStage(ctx, cli, srv.ID(), 7, stage, 0); err == nil {
+			t.Errorf("stage %d: no error", stage)
+		}
+	}
+	if _, err := Fetch(ctx, cli, srv.ID(), 7, 0); err == nil {
+		t.Error("the plain state protocol answered without a source")
+	}
+	s.SetStageSource(nil)
+	if _, err := FetchStage(ctx, cli, srv.ID(), 7, 1, 0); err == nil {
+		t.Error("fetched a stage from a server that serves none")
+	}
+}
