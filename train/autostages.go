@@ -747,11 +747,55 @@ func (t *Trainer) replanStages(ep gossip.Epoch, cur StagesChoice) (StagesChoice,
 	if c.HolderStages != nil {
 		c.HolderStages = c.HolderStages[:n]
 	}
+	if !fitHolders(&c, t.payload) {
+		t.log.Warn("train.pipeline_stages = auto: not re-planning: the announcement of "+c.String()+" does not fit a heartbeat", zap.Uint64("epoch", ep.Number),
+			zap.Int("holders", len(c.Holders)), zap.Int("max_app_bytes", gossip.MaxAppBytes))
+		return StagesChoice{}, false
+	}
 	t.log.Info("train.pipeline_stages = auto: re-planning from "+cur.String(), zap.Uint64("epoch", ep.Number), zap.Uint64("step", c.Step),
 		zap.String("choice", c.String()), zap.Float64("gain_per_sample", perSample(layouts[now])/perSample(layouts[0])),
 		zap.Strings("holders", c.Holders))
 	t.logChoice(ep, in, c, layouts)
 	return c, true
+}
+
+// fitHolders trims c's holders from the end of the list until base's
+// payload with c fits a heartbeat (gossip.MaxAppBytes; a larger one every
+// member would refuse), keeping at least c.Stages holders and, from a
+// pipeline, a holder of every stage. It reports false when even those do
+// not fit.
+func fitHolders(c *StagesChoice, base Payload) bool {
+	for {
+		p, cc := base, *c
+		p.Stages = &cc
+		if len(p.Encode()) <= gossip.MaxAppBytes {
+			return true
+		}
+		if !dropHolder(c) {
+			return false
+		}
+	}
+}
+
+// dropHolder removes c's last holder whose removal leaves at least
+// c.Stages holders and, from a pipeline, a holder of every stage; false
+// when none can go.
+func dropHolder(c *StagesChoice) bool {
+	if len(c.Holders) <= c.Stages {
+		return false
+	}
+	for i := len(c.Holders) - 1; i >= 0; i-- {
+		if c.HolderStages != nil {
+			s := c.HolderStages[i]
+			if n := len(slices.DeleteFunc(slices.Clone(c.HolderStages), func(x int) bool { return x != s })); n < 2 {
+				continue // the stage's only holder
+			}
+			c.HolderStages = slices.Delete(slices.Clone(c.HolderStages), i, i+1)
+		}
+		c.Holders = slices.Delete(slices.Clone(c.Holders), i, i+1)
+		return true
+	}
+	return false
 }
 
 // stageHolders returns the members of ep, in its order, that announced

@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -749,4 +750,38 @@ func TestAutoStagesReplanFromPipeline(t *testing.T) {
 	ps := replanScenario(t, cfg, costs, 0.5, 10e3, switchAfter, steps, want)
 	sameResult(t, ps, steps)
 	checkCarriedOver(t, ps, steps, switchAfter, first.String(), want)
+}
+
+// TestFitHolders: a re-plan's announcement is trimmed to fit a heartbeat
+// (a larger payload every member would refuse): 100 holders of a
+// pipeline of 2 stages keep a holder of each stage and at least the new
+// choice's stages; an announcement that cannot fit is refused.
+func TestFitHolders(t *testing.T) {
+	id := "12D3KooW" + strings.Repeat("x", 44)
+	h := strings.Repeat("a", 64)
+	c := StagesChoice{Stages: 2, Split: []int{0, 3, 5}, Epoch: 3, Digest: h, Step: 9, From: []int{0, 2, 5}, StageHashes: []string{h, h}}
+	for i := range 100 {
+		c.Holders = append(c.Holders, fmt.Sprint(id, i))
+		c.HolderStages = append(c.HolderStages, min(i/99, 1)) // stage 1's only holder is the last
+	}
+	base := Payload{Ready: &Ready{Epoch: 3, Digest: h, Step: 9, Hash: h}, Settings: Settings{"train.model": "gpt"}}
+	if !fitHolders(&c, base) {
+		t.Fatal("100 holders could not be trimmed to fit")
+	}
+	p := base
+	p.Stages = &c
+	if n := len(p.Encode()); n > gossip.MaxAppBytes || len(c.Holders) < c.Stages || !slices.Contains(c.HolderStages, 1) || !slices.Contains(c.HolderStages, 0) {
+		t.Errorf("trimmed to %d holders (stages %v), a payload of %d bytes", len(c.Holders), c.HolderStages, n)
+	}
+	if err := c.check(); err != nil {
+		t.Errorf("the trimmed choice fails its check: %v", err)
+	}
+	huge := StagesChoice{Stages: 1, Holders: []string{"a", "b"}, Step: 9, From: []int{0}, HolderStages: []int{0, 1}}
+	for s := range 70 {
+		huge.From = append(huge.From, s+1)
+		huge.StageHashes = append(huge.StageHashes, h)
+	}
+	if fitHolders(&huge, base) {
+		t.Error("70 stage hashes fit a heartbeat")
+	}
 }
