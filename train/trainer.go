@@ -160,6 +160,9 @@ type Trainer struct {
 	// prevState is the stage this peer held before the layout moved it,
 	// served until a step completes (pipeline stages only).
 	prevState *heldState
+	// oversized is the size of the last payload logged as too large for a
+	// heartbeat (publish).
+	oversized int
 }
 
 // Options are a Trainer's optional collaborators.
@@ -357,7 +360,14 @@ func (t *Trainer) paramHash(ctx context.Context) (string, error) {
 
 // publish sends the payload and reports the status.
 func (t *Trainer) publish() {
-	t.c.Announce(t.payload.Encode(), t.step)
+	b := t.payload.Encode()
+	if len(b) > gossip.MaxAppBytes && len(b) != t.oversized {
+		// Every member refuses such a heartbeat: this peer would look dead.
+		t.oversized = len(b)
+		t.log.Error("this peer's heartbeat payload is too large: the members will refuse its heartbeats",
+			zap.Int("bytes", len(b)), zap.Int("max_bytes", gossip.MaxAppBytes), zap.Int("settings", len(t.payload.Settings)))
+	}
+	t.c.Announce(b, t.step)
 	if t.report != nil {
 		t.report(t.status)
 	}
