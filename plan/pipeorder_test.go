@@ -69,17 +69,22 @@ func TestPipelineOrderKeepsPipelinesInRacks(t *testing.T) {
 	}
 }
 
+// slowLinks sets every link of member i in mbit to rate Mbit/s, both
+// ways, and returns mbit.
+func slowLinks(mbit [][]float64, i int, rate float64) [][]float64 {
+	for j := range mbit {
+		if j != i {
+			mbit[i][j], mbit[j][i] = rate, rate
+		}
+	}
+	return mbit
+}
+
 // TestPipelineOrderIdleMembers: with 5 members and 2 stages the member
 // left idle is the one whose links are slow, and the rings of the stages
 // break ties between layouts whose hops are equally fast.
 func TestPipelineOrderIdleMembers(t *testing.T) {
-	mbit := fastRing(5, nil, 1000, 1000)
-	for j := range 5 {
-		if j != 2 {
-			mbit[2][j], mbit[j][2] = 10, 10
-		}
-	}
-	m := mbitMatrix(mbit)
+	m := mbitMatrix(slowLinks(fastRing(5, nil, 1000, 1000), 2, 10))
 	o := PipelineOrder(m, 2, nil)
 	if o[4] != 2 {
 		t.Errorf("order %v: member 2, on 10 Mbit/s links, should sit idle (last)", o)
@@ -87,7 +92,7 @@ func TestPipelineOrderIdleMembers(t *testing.T) {
 	// 4 members, 2 stages: the pairs (0,1) and (2,3) are the fast hops
 	// either way; the rings of stage replicas are 0↔2 and 1↔3 or 0↔3 and
 	// 1↔2, and only 0↔2 and 1↔3 are fast.
-	mbit = fastRing(4, nil, 100, 100)
+	mbit := fastRing(4, nil, 100, 100)
 	for _, e := range [][2]int{{0, 1}, {2, 3}} {
 		mbit[e[0]][e[1]], mbit[e[1]][e[0]] = 1000, 1000
 	}

@@ -44,13 +44,7 @@ func TestSlowMembers(t *testing.T) {
 // links; with them it idles member 1, which would hold back every step,
 // and lays the other four out on their links.
 func TestPipelineOrderIdlesTheSlowDevice(t *testing.T) {
-	mbit := fastRing(5, nil, 1000, 1000)
-	for j := range 5 {
-		if j != 3 {
-			mbit[3][j], mbit[j][3] = 500, 500
-		}
-	}
-	m := mbitMatrix(mbit)
+	m := mbitMatrix(slowLinks(fastRing(5, nil, 1000, 1000), 3, 500))
 	if o := PipelineOrder(m, 2, nil); o[4] != 3 {
 		t.Fatalf("order %v without compute figures: member 3, on the slower links, should sit idle", o)
 	}

@@ -786,9 +786,8 @@ func dropHolder(c *StagesChoice) bool {
 	}
 	for i := len(c.Holders) - 1; i >= 0; i-- {
 		if c.HolderStages != nil {
-			s := c.HolderStages[i]
-			if n := len(slices.DeleteFunc(slices.Clone(c.HolderStages), func(x int) bool { return x != s })); n < 2 {
-				continue // the stage's only holder
+			if slices.Index(c.HolderStages, c.HolderStages[i]) == i {
+				continue // the stage's first holder, which stays
 			}
 			c.HolderStages = slices.Delete(slices.Clone(c.HolderStages), i, i+1)
 		}

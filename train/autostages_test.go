@@ -526,11 +526,7 @@ func (c varLinks) View() ([]gossip.Member, gossip.Epoch) { return c.now().View()
 // each stage's holders identical.
 func TestAutoStagesReplanFromDataParallelism(t *testing.T) {
 	const steps, batch, switchAfter = 300, 4, 8
-	cfg := func(boot ...string) config.Config {
-		c := autoGPT(steps, 2, batch)(boot...)
-		c.Train.PipelineStages, c.Train.MinPeers = config.StagesAuto, 2
-		return c
-	}
+	cfg := replanGPT(steps, batch)
 	costs := fakeCosts(t, cfg().Train, 2)
 	want, _, err := planStages(stagesInput{Costs: costs, Peers: 3, Batch: 3 * batch, PerPeerBatch: batch, Micro: 2, Schedule: pipeline.OneFOneB,
 		Links: linkSummary{Bandwidth: 0.5e6 / 8, RTT: 20e-3}, Grad: "none", Act: "none"})
@@ -546,6 +542,17 @@ func TestAutoStagesReplanFromDataParallelism(t *testing.T) {
 		sameResult(t, sp, steps)
 	}
 	checkCarriedOver(t, ps, steps, switchAfter, "data parallelism", want)
+}
+
+// replanGPT is autoGPT for replanScenario: train.pipeline_stages =
+// "auto" with train.min_peers = 2, so that the first two peers choose
+// before the third joins.
+func replanGPT(steps, batch int) func(boot ...string) config.Config {
+	return func(boot ...string) config.Config {
+		c := autoGPT(steps, 2, batch)(boot...)
+		c.Train.PipelineStages, c.Train.MinPeers = config.StagesAuto, 2
+		return c
+	}
 }
 
 // replanScenario starts 2 peers of cfg (train.pipeline_stages = "auto")
@@ -730,11 +737,7 @@ func TestAutoStagesIdlesTheSlowMember(t *testing.T) {
 // the whole model, and all three end at the last step identical.
 func TestAutoStagesReplanFromPipeline(t *testing.T) {
 	const steps, batch, switchAfter = 200, 4, 8
-	cfg := func(boot ...string) config.Config {
-		c := autoGPT(steps, 2, batch)(boot...)
-		c.Train.PipelineStages, c.Train.MinPeers = config.StagesAuto, 2
-		return c
-	}
+	cfg := replanGPT(steps, batch)
 	costs := fakeCosts(t, cfg().Train, 2)
 	in := stagesInput{Costs: costs, Peers: 2, Batch: 2 * batch, PerPeerBatch: batch, Micro: 2, Schedule: pipeline.OneFOneB,
 		Links: linkSummary{Bandwidth: 0.5e6 / 8, RTT: 20e-3}, Grad: "none", Act: "none"}
