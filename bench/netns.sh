@@ -90,7 +90,8 @@
 # median, busbw and cpu_s_per_gb and the ratios cpu_ratio (p2ptrain's CPU per GB
 # over gloo's) and busbw_ratio (p2ptrain's busbw over gloo's).
 #
-# Needs root, iproute2 (ip, tc) and Go (to build p2ptrain and the netcheck probe).
+# Needs root, iproute2 (ip, tc) and Go (to build p2ptrain and the netcheck probe;
+# on a machine without Go, --binary and $NETCHECK name prebuilt ones).
 # Without root or network namespaces --smoke says why and exits 0 (skipped);
 # everything else exits 1 on any failure, 2 on bad usage. Everything is bounded in
 # time, and a trap on EXIT/INT/TERM kills the daemons and deletes the namespaces.
@@ -311,7 +312,12 @@ if [ "$mode" = bench ]; then
 	fi
 fi
 if [ "$mode" = check ] || [ "$smoke" = 1 ]; then
-	gobuild "$work/netcheck" ./bench/netcheck
+	if [ -n "${NETCHECK:-}" ]; then
+		[ -x "$NETCHECK" ] || die "NETCHECK=$NETCHECK is not an executable file"
+		cp "$NETCHECK" "$work/netcheck"
+	else
+		gobuild "$work/netcheck" ./bench/netcheck
+	fi
 fi
 
 # --- the network -----------------------------------------------------------------
