@@ -23,7 +23,7 @@
 #      trainer and DDP at 4 × 100 Mbit/s (the README's torch table).
 # Everything stays inside the scripts' namespaces. $BUDGET (seconds, default
 # 480) bounds the whole run: a step that would not finish in what is left is
-# skipped; $PYTHON names a python3 with torch (default: the one on PATH). The summary, the JSON lines, the table and the torch runs' logs
+# skipped; CHECK=0 and TORCH=0 leave steps 2 and 5 out; $PYTHON names a python3 with torch (default: the one on PATH). The summary, the JSON lines, the table and the torch runs' logs
 # (torch-logs.tar.xz) go to $RESULTS (default DIR/results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,8 +32,12 @@ usage() { echo "usage: scripts/many-cores.sh pack DIR | run DIR" >&2; exit 2; }
 [ $# -eq 2 ] || usage
 dir="$2"
 
-# The iproute2 programs and the libraries they load that a bare image may lack.
-IPROUTE_LIBS="libbpf.so.1 libelf.so.1 libmnl.so.0 libbsd.so.0 libcap.so.2 libxtables.so.12 libmd.so.0"
+# The iproute2 programs (ss: the benches wait for a daemon's listening
+# socket) and the libraries they load that a bare image may lack (not glibc's).
+IPROUTE_PROGS="ip tc ss"
+IPROUTE_LIBS="libbpf.so.1 libelf.so.1 libmnl.so.0 libbsd.so.0 libcap.so.2 libxtables.so.12 libmd.so.0
+  libselinux.so.1 libtirpc.so.3 libpcre2-8.so.0 libgssapi_krb5.so.2 libkrb5.so.3 libk5crypto.so.3
+  libcom_err.so.2 libkrb5support.so.0 libkeyutils.so.1"
 
 pack() {
   set -e
@@ -45,7 +49,7 @@ pack() {
   tar -C "$tmp" -cJf "$dir/bin/binaries.tar.xz" p2ptrain netcheck
   rm -rf "$tmp"
   local p l
-  for p in ip tc; do
+  for p in $IPROUTE_PROGS; do
     cp "$(command -v "$p")" "$dir/iproute2/bin/$p" || { echo "many-cores: $p missing (apt-get install iproute2)" >&2; exit 1; }
   done
   for l in $IPROUTE_LIBS; do
@@ -100,7 +104,7 @@ run() {
   res="$(cd "$res" && pwd)"
   tar -C "$dir/run" -xJf "$dir/bin/binaries.tar.xz" || { echo "many-cores: cannot unpack $dir/bin/binaries.tar.xz" >&2; return 1; }
   local p
-  for p in ip tc; do
+  for p in $IPROUTE_PROGS; do
     printf '#!/bin/sh\nexec /lib64/ld-linux-x86-64.so.2 --library-path %s %s "$@"\n' \
       "$dir/iproute2/lib" "$dir/iproute2/bin/$p" >"$dir/path/$p"
     chmod +x "$dir/path/$p"
@@ -112,7 +116,7 @@ run() {
   if ! step "probe: namespaces, veth, bridge, htb" 30 "$0" probe "$dir"; then
     echo "many-cores: this machine cannot build the test network; nothing else runs"
   else
-    step "netns --check, 4 x 100mbit" 60 bench/netns.sh --check --hosts 4 --rate 100mbit
+    [ "${CHECK:-1}" = 0 ] || step "netns --check, 4 x 100mbit" 60 bench/netns.sh --check --hosts 4 --rate 100mbit
     local c s r
     for r in $(seq "${REPEATS:-1}"); do
       for c in onebit:direct sign:direct qsgd:bits=4:ring sint8:ring; do
@@ -124,7 +128,7 @@ run() {
     done
     step "netns fp32, 4 x 1gbit, 64MiB, beside gloo" 120 \
       env GLOO_PYTHON="$py" bench/netns.sh --binary "$bin" --hosts 4 --rate 1gbit --codec fp32 --rounds 5 --gloo --out "$res/netns.jsonl"
-    step "torch-bridge, 4 x 100mbit, ${STEPS:-200} steps" 420 \
+    [ "${TORCH:-1}" = 0 ] || step "torch-bridge, 4 x 100mbit, ${STEPS:-200} steps" 420 \
       env BINARY="$bin" PYTHON="$py" bench/torch-bridge.sh --steps "${STEPS:-200}" --markdown "$res/torch-table.md" --logdir "$dir/torch-logs"
     [ ! -d "$dir/torch-logs" ] || tar -C "$dir" -cJf "$res/torch-logs.tar.xz" torch-logs
   fi
