@@ -259,6 +259,11 @@ type Allreduce struct {
 	// allreduce.SlowLink times slower than the fastest ring edge), "off", or
 	// a linear or quantized codec spec used on those slow links instead.
 	LinkCodecs string `toml:"link_codecs"`
+	// DirectLinks sends each all-reduce link's frames over a TCP connection
+	// of its own, sealed with AES-256-GCM under a key exchanged over the
+	// libp2p stream, where the two peers reach each other by TCP (else, or
+	// when false, over the libp2p stream).
+	DirectLinks bool `toml:"direct_links"`
 	// ChunkBytes is the pipeline chunk (fp32 bytes per frame).
 	ChunkBytes int `toml:"chunk_bytes"`
 	// BucketBytes is the fusion bucket size (fp32 bytes).
@@ -457,6 +462,7 @@ func DefaultConfig() Config {
 			Codec:       "none",
 			Schedule:    "auto",
 			LinkCodecs:  plan.LinkCodecsAuto,
+			DirectLinks: true,
 			ChunkBytes:  allreduce.DefaultChunkBytes,
 			BucketBytes: allreduce.DefaultBucketBytes,
 			Concurrency: allreduce.DefaultConcurrency,

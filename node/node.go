@@ -148,6 +148,7 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 	}
 	logConnKinds(n.host, log)
 	n.ring = ringstream.New(n.host, cfg.Allreduce.Session(nil).MaxFrame(), n.learnAddrs, log.Named("allreduce"))
+	n.ring.SetDirect(cfg.Allreduce.DirectLinks)
 	n.pipe = pipestream.New(n.host, n.learnAddrs, log.Named("pipeline"))
 	n.state = statesync.NewServer(n.host, log.Named("state"))
 	n.probe = probe.New(n.host, cfg.Probe.Prober(), log.Named("probe"))

@@ -7,7 +7,8 @@
 #     all-reduced per process (each run's figure is the mean over its hosts),
 #     their ratio and the ratio of bus bandwidths;
 #   - p2ptrain's CPU split into parts, from the flat samples of all profiles:
-#     encryption (ChaCha20-Poly1305, Poly1305, XSalsa20), system calls (the
+#     encryption (AES-GCM of the direct links, ChaCha20-Poly1305, Poly1305,
+#     XSalsa20), system calls (the
 #     kernel's TCP work as seen from the daemon: sends, receives, polling),
 #     memory copies (runtime.memmove: frames into and out of the muxer, the
 #     secure channel and the codec), p2ptrain's own code (codecs, sums,
@@ -17,7 +18,10 @@
 #     buffers with random numbers, outside the timed rounds) is left out.
 # Needs root (network namespaces), Go, jq and Debian's python3 with torch.
 #
-#   [REPEATS=3] [RATE=1gbit] [CODEC=fp32] scripts/cpu-split.sh [extra bench/netns.sh options]
+#   [REPEATS=3] [RATE=1gbit] [CODEC=fp32] [DAEMON_FLAGS='--config F'] scripts/cpu-split.sh [extra bench/netns.sh options]
+#
+# DAEMON_FLAGS go to every daemon (e.g. a config file with
+# allreduce.direct_links = false, to measure the libp2p streams' path).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,8 +38,9 @@ go build -C "$ROOT" -o "$bin" ./cmd/p2ptrain
 pcpu=() gcpu=() bws=()
 for ((r = 1; r <= repeats; r++)); do
 	log=$tmp/run$r.log
+	# shellcheck disable=SC2086 # DAEMON_FLAGS: one flag or value per word
 	"$ROOT/bench/netns.sh" --hosts 4 --rate "$rate" --size 64MiB --codec "$codec" --schedule ring --rounds 5 \
-		--gloo --binary "$bin" "$@" -- --cpuprofile "$tmp/cpu-$r-{host}.pprof" >"$log" 2>&1 ||
+		--gloo --binary "$bin" "$@" -- --cpuprofile "$tmp/cpu-$r-{host}.pprof" ${DAEMON_FLAGS:-} >"$log" 2>&1 ||
 		{ tail -20 "$log" >&2; die "run $r failed (its last lines above)"; }
 	ours=$(grep -m1 '^summary:' "$log") && theirs=$(grep -m1 '^gloo:' "$log") ||
 		{ tail -20 "$log" >&2; die "run $r printed no summary or no gloo line (its last lines above)"; }
@@ -52,11 +57,11 @@ go tool pprof -top -nodecount=100000 -nodefraction=0 -unit=ms "$bin" "$tmp"/cpu-
 [[ -s $tmp/flat.tsv ]] || die "the profiles hold no samples"
 
 echo
-printf '%s, 4 × %s, 64 MiB on the ring, swarm key; medians of %d runs\n' "$codec" "$rate" "$repeats"
+printf '%s, 4 × %s, 64 MiB on the ring, swarm key%s; medians of %d runs\n' "$codec" "$rate" "${DAEMON_FLAGS:+, daemons with $DAEMON_FLAGS}" "$repeats"
 printf 'p2ptrain %.2f CPU-s/GB per daemon, gloo %.2f: ratio %.2f; busbw / gloo'"'"'s %.2f\n\n' "$p" "$g" "$(awk -v a="$p" -v b="$g" 'BEGIN { print a / b }')" "$bw"
 awk -F'\t' -v cpu="$p" '
 	$2 ~ /clusterBench\)\.measure$|rand\/v2\.|^math\.arch(Exp|Log)$/ { setup += $1; next }
-	$2 ~ /chacha20|poly1305|salsa/ { part["encryption"] += $1 }
+	$2 ~ /chacha20|poly1305|salsa|\/aes\/|gcmAes/ { part["encryption"] += $1 }
 	$2 ~ /[Ss]yscall|runtime\.futex|epollwait|runtime\.netpoll$/ && $2 !~ /chacha/ { part["system calls"] += $1 }
 	$2 == "runtime.memmove" { part["memory copies"] += $1 }
 	$2 ~ /p2ptrain\/p2ptrain\// { part["p2ptrain (codecs, sums, checks, engine)"] += $1 }

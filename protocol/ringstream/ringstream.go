@@ -1,6 +1,7 @@
 // Package ringstream implements the all-reduce stream protocol
-// (/p2ptrain/allreduce/1.1.0): the allreduce.Transport of one ring epoch over
-// libp2p streams.
+// (/p2ptrain/allreduce/1.2.0): the allreduce.Transport of one ring epoch over
+// libp2p streams, whose frames go over a direct link (package directlink)
+// where the two peers can reach each other by TCP.
 package ringstream
 
 import (
@@ -9,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,21 +19,33 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
 	"go.uber.org/zap"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
+	"github.com/p2ptrain/p2ptrain/protocol/directlink"
 )
 
 // ID is the all-reduce stream protocol's libp2p protocol ID.
-const ID protocol.ID = "/p2ptrain/allreduce/1.1.0"
+const ID protocol.ID = "/p2ptrain/allreduce/1.2.0"
 
 // The protocol: the opener writes a hello — the epoch number (8 bytes,
 // little-endian), the length n of the epoch digest (1 byte, at most
-// MaxDigest) and the digest (n bytes) — then frames (allreduce.WriteFrame)
-// in one direction only. Each peer opens one stream to each peer it sends
-// to, per epoch, on first use. A stream is delivered only to the transport
-// whose number and digest both match, so two rings adopted under one number
-// never exchange frames. Version 1.0.0 had no digest.
+// MaxDigest) and the digest (n bytes) — and a mode byte, then frames
+// (allreduce.WriteFrame) in one direction only. Each peer opens one stream
+// to each peer it sends to, per epoch, on first use. A stream is delivered
+// only to the transport whose number and digest both match, so two rings
+// adopted under one number never exchange frames.
+//
+// Mode 0: the frames follow on the stream. Mode 1 asks for a direct link:
+// the receiver answers 0 (none: frames follow on the stream) or 1 and a
+// directlink offer (the port it listens on at the connection's local
+// address, and the key); the opener dials the connection's remote address
+// at that port and writes 1 (the frames go over the direct link) or 0 (the
+// dial failed: they follow on the stream). The stream stays open beside a
+// direct link, so that a reset or a lost connection breaks the link too.
+// Version 1.0.0 had no digest, 1.1.0 no mode byte.
 
 // MaxDigest is the longest epoch digest a hello may carry.
 const MaxDigest = 64
@@ -49,6 +63,19 @@ const (
 	maxPendingStreams = 256
 	// pendingTTL is how long such a stream waits for its epoch.
 	pendingTTL = 30 * time.Second
+	// directDialTimeout bounds the opener's dial of a direct link.
+	directDialTimeout = 2 * time.Second
+	// directAcceptTimeout bounds the receiver's wait for the dialer.
+	directAcceptTimeout = 10 * time.Second
+	// noDirectTTL is how long a peer whose direct link could not be
+	// dialed is sent frames over streams before the next try.
+	noDirectTTL = 10 * time.Minute
+)
+
+// Stream modes (the byte after the hello) and the answers to mode 1.
+const (
+	modeStream byte = 0
+	modeDirect byte = 1
 )
 
 var errTransportClosed = errors.New("ringstream: transport closed")
@@ -64,25 +91,46 @@ type Service struct {
 	learnAddrs func(peer.ID)
 	// sent counts all-reduce bytes written (frames and their length
 	// prefixes), over every epoch; rejected counts the frames the epochs'
-	// sessions refused.
-	sent, rejected atomic.Uint64
+	// sessions refused; direct counts the direct links opened (both ends).
+	sent, rejected, direct atomic.Uint64
 
-	mu      sync.Mutex
-	epochs  map[epochKey]*Transport
-	pending []pendingStream
+	// dial opens a direct link (directlink.Dial; tests replace it).
+	dial func(ctx context.Context, ip net.IP, offer []byte) (*directlink.Writer, error)
+
+	mu       sync.Mutex
+	noDirect bool                  // never ask for or offer direct links
+	dialFail map[peer.ID]time.Time // when a direct dial to the peer failed
+	epochs   map[epochKey]*Transport
+	pending  []pendingStream
 }
 
 type pendingStream struct {
 	epoch epochKey
-	s     network.Stream
+	in    inbound
 	at    time.Time
+}
+
+// inbound is one peer's incoming frames of one epoch: the stream, and the
+// direct link its frames come over (nil: they come on the stream).
+type inbound struct {
+	s network.Stream
+	d *directlink.Reader
+}
+
+// reset breaks the stream and the direct link.
+func (in inbound) reset() {
+	if in.d != nil {
+		in.d.Close()
+	}
+	in.s.Reset()
 }
 
 // New registers the protocol's handler on h. Frames above maxFrame bytes
 // are refused; learnAddrs (may be nil) fills in a peer's addresses before
 // a stream to it is opened.
 func New(h host.Host, maxFrame int, learnAddrs func(peer.ID), log *zap.Logger) *Service {
-	rn := &Service{host: h, maxFrame: maxFrame, learnAddrs: learnAddrs, log: log, epochs: map[epochKey]*Transport{}}
+	rn := &Service{host: h, maxFrame: maxFrame, learnAddrs: learnAddrs, log: log,
+		epochs: map[epochKey]*Transport{}, dialFail: map[peer.ID]time.Time{}, dial: directlink.Dial}
 	h.SetStreamHandler(ID, rn.handle)
 	rn.notifiee = &network.NotifyBundle{DisconnectedF: func(nw network.Network, c network.Conn) {
 		p := c.RemotePeer()
@@ -116,7 +164,7 @@ func (rn *Service) Close() {
 	}
 	rn.mu.Unlock()
 	for _, p := range pend {
-		p.s.Reset()
+		p.in.reset()
 	}
 	for _, t := range ts {
 		t.Reset(errTransportClosed)
@@ -159,15 +207,117 @@ func readHello(r io.Reader) (epochKey, error) {
 	return epochKey{number: binary.LittleEndian.Uint64(head[:8]), digest: string(digest)}, nil
 }
 
-func (rn *Service) handle(s network.Stream) {
+// SetDirect turns direct links on (the default) or off: off, frames always
+// go over the libp2p streams, and a peer asking for a direct link is told
+// to send them there.
+func (rn *Service) SetDirect(on bool) {
+	rn.mu.Lock()
+	rn.noDirect = !on
+	rn.mu.Unlock()
+}
+
+// DirectLinks returns how many direct links this service opened, as
+// opener or receiver, over every epoch.
+func (rn *Service) DirectLinks() uint64 { return rn.direct.Load() }
+
+// directOn says whether direct links may be used.
+func (rn *Service) directOn() bool {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	return !rn.noDirect
+}
+
+// tcpIP returns the IP address of a TCP multiaddr (nil: not IP and TCP).
+func tcpIP(a ma.Multiaddr) net.IP {
+	na, err := manet.ToNetAddr(a)
+	if err != nil {
+		return nil
+	}
+	if ta, ok := na.(*net.TCPAddr); ok {
+		return ta.IP
+	}
+	return nil
+}
+
+// directCapable says whether the stream's connection can carry a direct
+// link: an unlimited (not relayed) TCP connection.
+func directCapable(s network.Stream) bool {
+	c := s.Conn()
+	return !c.Stat().Limited && tcpIP(c.LocalMultiaddr()) != nil && tcpIP(c.RemoteMultiaddr()) != nil
+}
+
+// receive reads an inbound stream's hello and mode and, for mode 1, offers
+// a direct link and waits for the opener's choice (and its dial).
+func (rn *Service) receive(s network.Stream) (epochKey, inbound, error) {
 	_ = s.SetReadDeadline(time.Now().Add(helloTimeout))
 	epoch, err := readHello(s)
 	if err != nil {
+		return epoch, inbound{}, err
+	}
+	var mode [1]byte
+	if _, err := io.ReadFull(s, mode[:]); err != nil {
+		return epoch, inbound{}, fmt.Errorf("read stream mode: %w", err)
+	}
+	in := inbound{s: s}
+	switch mode[0] {
+	case modeStream:
+	case modeDirect:
+		var lst *directlink.Listener
+		if rn.directOn() && directCapable(s) {
+			if lst, err = directlink.Listen(tcpIP(s.Conn().LocalMultiaddr())); err != nil {
+				rn.log.Debug("no direct link offered", zap.Error(err))
+			}
+		}
+		if lst == nil {
+			if _, err := s.Write([]byte{modeStream}); err != nil {
+				return epoch, in, fmt.Errorf("answer the stream mode: %w", err)
+			}
+			break
+		}
+		defer lst.Close()
+		if _, err := s.Write(append([]byte{modeDirect}, lst.Offer()...)); err != nil {
+			return epoch, in, fmt.Errorf("offer a direct link: %w", err)
+		}
+		_ = s.SetReadDeadline(time.Now().Add(helloTimeout + directDialTimeout))
+		var choice [1]byte
+		if _, err := io.ReadFull(s, choice[:]); err != nil {
+			return epoch, in, fmt.Errorf("read the opener's choice: %w", err)
+		}
+		if choice[0] != modeDirect {
+			break
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), directAcceptTimeout)
+		in.d, err = lst.Accept(ctx, rn.maxFrame)
+		cancel()
+		if err != nil {
+			return epoch, in, err
+		}
+		rn.direct.Add(1)
+		// A reset stream or a lost connection breaks the link; the end of
+		// the stream (the opener closed it after its last frame) does not:
+		// frames may still wait in the link.
+		go func(d *directlink.Reader) {
+			if _, err := io.Copy(io.Discard, s); err != nil {
+				d.Close()
+			}
+		}(in.d)
+	default:
+		return epoch, in, fmt.Errorf("unknown stream mode %d", mode[0])
+	}
+	_ = s.SetReadDeadline(time.Time{})
+	return epoch, in, nil
+}
+
+func (rn *Service) handle(s network.Stream) {
+	epoch, in, err := rn.receive(s)
+	if err != nil {
 		rn.log.Debug("bad all-reduce stream header", zap.Stringer("peer", s.Conn().RemotePeer()), zap.Error(err))
+		if in.d != nil {
+			in.d.Close()
+		}
 		s.Reset()
 		return
 	}
-	_ = s.SetReadDeadline(time.Time{})
 	rn.mu.Lock()
 	t := rn.epochs[epoch]
 	if t == nil {
@@ -175,7 +325,7 @@ func (rn *Service) handle(s network.Stream) {
 		kept := rn.pending[:0]
 		for _, p := range rn.pending {
 			if now.Sub(p.at) > pendingTTL {
-				p.s.Reset()
+				p.in.reset()
 				continue
 			}
 			kept = append(kept, p)
@@ -185,15 +335,15 @@ func (rn *Service) handle(s network.Stream) {
 			rn.mu.Unlock()
 			rn.log.Warn("too many all-reduce streams for unknown epochs; resetting",
 				zap.Uint64("epoch", epoch.number), zap.String("digest", epoch.digest))
-			s.Reset()
+			in.reset()
 			return
 		}
-		rn.pending = append(rn.pending, pendingStream{epoch: epoch, s: s, at: now})
+		rn.pending = append(rn.pending, pendingStream{epoch: epoch, in: in, at: now})
 		rn.mu.Unlock()
 		return
 	}
 	rn.mu.Unlock()
-	t.accept(s)
+	t.accept(in)
 }
 
 // Open returns the Transport of one epoch, adopting streams that arrived
@@ -218,24 +368,24 @@ func (rn *Service) Open(ep allreduce.Ring) *Transport {
 		rn.mu.Lock()
 	}
 	rn.epochs[t.epoch] = t
-	var early []network.Stream
+	var early []inbound
 	kept := rn.pending[:0]
 	for _, p := range rn.pending {
 		switch {
 		case p.epoch == t.epoch:
-			early = append(early, p.s)
+			early = append(early, p.in)
 		case p.epoch.number <= ep.Number:
 			// An older epoch, or another ring under this number: neither
 			// will open here.
-			p.s.Reset()
+			p.in.reset()
 		default:
 			kept = append(kept, p)
 		}
 	}
 	rn.pending = kept
 	rn.mu.Unlock()
-	for _, s := range early {
-		t.accept(s)
+	for _, in := range early {
+		t.accept(in)
 	}
 	return t
 }
@@ -280,8 +430,17 @@ var (
 type outLink struct {
 	mu  sync.Mutex
 	s   network.Stream
+	d   *directlink.Writer // the direct link the frames go over (nil: the stream)
 	err error
 	buf []byte
+}
+
+// reset breaks the stream and the direct link.
+func (l *outLink) reset() {
+	if l.d != nil {
+		l.d.Close()
+	}
+	l.s.Reset()
 }
 
 // resetLinger is how long a reset transport's outgoing streams stay closed
@@ -289,8 +448,8 @@ type outLink struct {
 const resetLinger = 5 * time.Second
 
 type inLink struct {
-	ready chan struct{} // closed once s is set
-	s     network.Stream
+	ready chan struct{} // closed once in is set
+	in    inbound
 	gone  chan struct{} // closed when the peer disconnects before its stream arrived
 }
 
@@ -335,26 +494,85 @@ func (t *Transport) inLink(from allreduce.PeerID) (*inLink, error) {
 }
 
 // accept takes an inbound stream of this epoch.
-func (t *Transport) accept(s network.Stream) {
-	from := allreduce.PeerID(s.Conn().RemotePeer().String())
+func (t *Transport) accept(in inbound) {
+	from := allreduce.PeerID(in.s.Conn().RemotePeer().String())
 	l, err := t.inLink(from)
 	if err != nil {
 		t.rn.log.Debug("refusing all-reduce stream", zap.String("peer", string(from)), zap.Error(err))
-		s.Reset()
+		in.reset()
 		return
 	}
 	t.mu.Lock()
-	dup := l.s != nil
+	dup := l.in.s != nil
 	if !dup {
-		l.s = s
+		l.in = in
 		close(l.ready)
 	}
 	t.mu.Unlock()
 	if dup {
 		t.rn.log.Warn("second all-reduce stream from one peer in one epoch; resetting it",
 			zap.String("peer", string(from)), zap.Uint64("epoch", t.epoch.number))
-		s.Reset()
+		in.reset()
 	}
+}
+
+// wantDirect says whether to ask peer id for a direct link over s.
+func (rn *Service) wantDirect(id peer.ID, s network.Stream) bool {
+	if !directCapable(s) {
+		return false
+	}
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	if rn.noDirect {
+		return false
+	}
+	at, failed := rn.dialFail[id]
+	return !failed || time.Since(at) > noDirectTTL
+}
+
+// openDirect asks the receiver of s for a direct link and dials it: the
+// link, or nil when the frames go on the stream (no offer, or the dial
+// failed; the stream says which to the receiver).
+func (rn *Service) openDirect(ctx context.Context, id peer.ID, s network.Stream) (*directlink.Writer, error) {
+	_ = s.SetReadDeadline(time.Now().Add(helloTimeout))
+	defer s.SetReadDeadline(time.Time{})
+	var answer [1]byte
+	if _, err := io.ReadFull(s, answer[:]); err != nil {
+		return nil, fmt.Errorf("read the answer to a direct link: %w", err)
+	}
+	if answer[0] != modeDirect {
+		return nil, nil
+	}
+	offer := make([]byte, directlink.OfferSize)
+	if _, err := io.ReadFull(s, offer); err != nil {
+		return nil, fmt.Errorf("read the direct link's offer: %w", err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, directDialTimeout)
+	d, err := rn.dial(dctx, tcpIP(s.Conn().RemoteMultiaddr()), offer)
+	cancel()
+	if err != nil {
+		rn.log.Info("direct link failed; frames go over the libp2p stream", zap.Stringer("peer", id), zap.Error(err))
+		rn.mu.Lock()
+		rn.dialFail[id] = time.Now()
+		rn.mu.Unlock()
+		if _, err := s.Write([]byte{modeStream}); err != nil {
+			return nil, fmt.Errorf("choose the stream: %w", err)
+		}
+		return nil, nil
+	}
+	if _, err := s.Write([]byte{modeDirect}); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("choose the direct link: %w", err)
+	}
+	rn.direct.Add(1)
+	// Whatever ends the stream's read side (a reset, a lost connection, or
+	// this transport's close) ends the link; records already written are
+	// still delivered.
+	go func() {
+		_, _ = io.Copy(io.Discard, s)
+		d.Close()
+	}()
+	return d, nil
 }
 
 // Send writes one frame to peer to, opening the stream on first use.
@@ -381,25 +599,46 @@ func (t *Transport) Send(ctx context.Context, to allreduce.PeerID, frame []byte)
 			l.err = fmt.Errorf("ringstream: open all-reduce stream to %s: %w", to, err)
 			return l.err
 		}
-		l.buf = appendHello(l.buf[:0], t.epoch)
-		if _, err := s.Write(l.buf); err != nil {
+		mode := modeStream
+		if t.rn.wantDirect(id, s) {
+			mode = modeDirect
+		}
+		l.buf = append(appendHello(l.buf[:0], t.epoch), mode)
+		var d *directlink.Writer
+		_, err = s.Write(l.buf)
+		if err == nil && mode == modeDirect {
+			stop := context.AfterFunc(ctx, func() { s.Reset() })
+			d, err = t.rn.openDirect(ctx, id, s)
+			stop()
+		}
+		if err != nil {
 			s.Reset()
+			if cerr := ctx.Err(); cerr != nil {
+				err = cerr
+			}
 			l.err = fmt.Errorf("ringstream: all-reduce stream to %s: %w", to, err)
 			return l.err
 		}
 		t.mu.Lock()
 		closed := t.err != nil
 		if !closed {
-			l.s = s
+			l.s, l.d = s, d
 		}
 		t.mu.Unlock()
 		if closed {
+			if d != nil {
+				d.Close()
+			}
 			s.Reset()
 			return t.closedErr()
 		}
 	}
-	stop := context.AfterFunc(ctx, func() { l.s.Reset() })
-	l.buf, err = allreduce.WriteFrame(l.s, frame, l.buf)
+	stop := context.AfterFunc(ctx, l.reset)
+	if l.d != nil {
+		err = l.d.WriteFrame(frame)
+	} else {
+		l.buf, err = allreduce.WriteFrame(l.s, frame, l.buf)
+	}
 	stop()
 	if err == nil {
 		n := uint64(4 + len(frame))
@@ -407,7 +646,7 @@ func (t *Transport) Send(ctx context.Context, to allreduce.PeerID, frame []byte)
 		t.rn.sent.Add(n)
 	}
 	if err != nil {
-		l.s.Reset()
+		l.reset()
 		if cerr := ctx.Err(); cerr != nil {
 			err = cerr
 		}
@@ -446,11 +685,19 @@ func (t *Transport) RecvInto(ctx context.Context, from allreduce.PeerID, alloc f
 	case <-t.done:
 		return nil, t.closedErr()
 	}
-	stop := context.AfterFunc(ctx, func() { l.s.Reset() })
-	b, err := allreduce.ReadFrameInto(l.s, t.rn.maxFrame, alloc)
+	in := l.in
+	stop := context.AfterFunc(ctx, in.reset)
+	var b []byte
+	if in.d != nil {
+		if b, err = in.d.ReadFrameInto(alloc); errors.Is(err, directlink.ErrFrameTooLarge) {
+			err = fmt.Errorf("%w: %w", allreduce.ErrFrameTooLarge, err)
+		}
+	} else {
+		b, err = allreduce.ReadFrameInto(in.s, t.rn.maxFrame, alloc)
+	}
 	stop()
 	if err != nil {
-		l.s.Reset()
+		in.reset()
 		if cerr := ctx.Err(); cerr != nil {
 			err = cerr
 		} else if cerr := t.closedErr(); cerr != nil {
@@ -476,7 +723,7 @@ func (t *Transport) peerGone(p allreduce.PeerID) {
 	select {
 	case <-l.gone:
 	default:
-		if l.s == nil {
+		if l.in.s == nil {
 			close(l.gone)
 		}
 	}
@@ -498,23 +745,32 @@ func (t *Transport) Close() error {
 	for _, l := range t.out {
 		outs = append(outs, l)
 	}
-	var ins []network.Stream
+	var ins []inbound
 	for _, l := range t.in {
-		if l.s != nil {
-			ins = append(ins, l.s)
+		if l.in.s != nil {
+			ins = append(ins, l.in)
 		}
 	}
 	t.mu.Unlock()
 	var errs []error
 	for _, l := range outs {
 		l.mu.Lock() // wait for a write in progress
-		if l.s != nil {
+		if l.d != nil {
+			// The kernel still delivers what was written; closing the
+			// stream's read side too ends the link's watcher (which may
+			// have closed the link already: that error is not reported).
+			l.d.Close()
+			errs = append(errs, l.s.CloseWrite(), l.s.CloseRead())
+		} else if l.s != nil {
 			errs = append(errs, l.s.CloseWrite())
 		}
 		l.mu.Unlock()
 	}
-	for _, s := range ins {
-		errs = append(errs, s.CloseRead())
+	for _, in := range ins {
+		if in.d != nil {
+			in.d.Close() // perhaps closed by its watcher already
+		}
+		errs = append(errs, in.s.CloseRead())
 	}
 	t.rn.forget(t)
 	return errors.Join(errs...)
@@ -532,10 +788,10 @@ func (t *Transport) Reset(reason error) {
 	}
 	t.err = fmt.Errorf("ringstream: epoch %d transport reset: %w", t.epoch.number, reason)
 	close(t.done)
-	var streams []network.Stream
+	var ins []inbound
 	for _, l := range t.in {
-		if l.s != nil {
-			streams = append(streams, l.s)
+		if l.in.s != nil {
+			ins = append(ins, l.in)
 		}
 	}
 	type out struct {
@@ -549,8 +805,8 @@ func (t *Transport) Reset(reason error) {
 		}
 	}
 	t.mu.Unlock()
-	for _, s := range streams {
-		s.Reset()
+	for _, in := range ins {
+		in.reset()
 	}
 	// An outgoing stream with no write in progress is closed for writing
 	// rather than reset: a reset discards frames the peer has not read yet,
@@ -558,8 +814,11 @@ func (t *Transport) Reset(reason error) {
 	// blame this one for the broken link. It is reset after resetLinger.
 	for _, o := range outs {
 		if !o.l.mu.TryLock() {
-			o.s.Reset() // a write is in progress (perhaps stuck): break it
+			o.l.reset() // a write is in progress (perhaps stuck): break it
 			continue
+		}
+		if o.l.d != nil {
+			o.l.d.Close() // what was written is still delivered
 		}
 		if o.s.CloseWrite() != nil {
 			o.s.Reset()

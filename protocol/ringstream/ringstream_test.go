@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/compress"
 	"github.com/p2ptrain/p2ptrain/internal/p2ptest"
+	"github.com/p2ptrain/p2ptrain/protocol/directlink"
 )
 
 // servicePair starts two connected loopback hosts, each with a Service.
@@ -142,5 +144,166 @@ func TestRejectedCountsRefusedFrames(t *testing.T) {
 	}
 	if sb.Rejected() != 1 || sa.Rejected() != 0 {
 		t.Fatalf("rejected frames: receiver %d, sender %d; want 1 and 0", sb.Rejected(), sa.Rejected())
+	}
+}
+
+// pairEpoch opens epoch number on both services of a pair.
+func pairEpoch(a, b host.Host, sa, sb *Service, number uint64) (ta, tb *Transport, pa, pb allreduce.PeerID) {
+	pa, pb = allreduce.PeerID(a.ID().String()), allreduce.PeerID(b.ID().String())
+	ep := allreduce.Ring{Number: number, Peers: []allreduce.PeerID{pa, pb}}
+	ea, eb := ep, ep
+	ea.Self, eb.Self = pa, pb
+	return sa.Open(ea), sb.Open(eb), pa, pb
+}
+
+// epochPair is a service pair (closed when the test ends), a context of
+// 10 s, and epoch 1 open on both.
+type epochPair struct {
+	ctx    context.Context
+	a, b   host.Host
+	sa, sb *Service
+	ta, tb *Transport
+	pa, pb allreduce.PeerID
+}
+
+func newEpochPair(t *testing.T) *epochPair {
+	p := &epochPair{}
+	p.a, p.b, p.sa, p.sb = servicePair(t)
+	t.Cleanup(p.sa.Close)
+	t.Cleanup(p.sb.Close)
+	var cancel context.CancelFunc
+	p.ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	p.ta, p.tb, p.pa, p.pb = pairEpoch(p.a, p.b, p.sa, p.sb, 1)
+	return p
+}
+
+// exchange sends frames of the given sizes from ta to tb and checks that
+// they arrive whole and in order.
+func exchange(t *testing.T, ctx context.Context, ta, tb *Transport, pa, pb allreduce.PeerID, sizes ...int) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		for i, n := range sizes {
+			f := bytes.Repeat([]byte{byte(i + 1)}, n)
+			if err := ta.Send(ctx, pb, f); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	for i, n := range sizes {
+		got, err := tb.Recv(ctx, pa)
+		if err != nil {
+			t.Fatalf("frame %d: %v", i, err)
+		}
+		if !bytes.Equal(got, bytes.Repeat([]byte{byte(i + 1)}, n)) {
+			t.Fatalf("frame %d (%d bytes) arrived as %d other bytes", i, n, len(got))
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFramesGoOverADirectLink: between two peers on TCP, an epoch's frames
+// go over a direct link (both ends count it), whole and in order.
+func TestFramesGoOverADirectLink(t *testing.T) {
+	p := newEpochPair(t)
+	exchange(t, p.ctx, p.ta, p.tb, p.pa, p.pb, 0, 1, 1000, 1<<20, 17)
+	if p.sa.DirectLinks() != 1 || p.sb.DirectLinks() != 1 {
+		t.Fatalf("direct links: opener %d, receiver %d; want 1 and 1", p.sa.DirectLinks(), p.sb.DirectLinks())
+	}
+	if want := uint64(5*4 + 1000 + 1<<20 + 18); p.ta.Sent() != want {
+		t.Fatalf("sent %d bytes, want %d (frames and their length prefixes)", p.ta.Sent(), want)
+	}
+}
+
+// TestDirectOffUsesTheStream: when either end has direct links off, the
+// frames go over the libp2p stream.
+func TestDirectOffUsesTheStream(t *testing.T) {
+	for _, off := range []string{"opener", "receiver"} {
+		t.Run(off, func(t *testing.T) {
+			a, b, sa, sb := servicePair(t)
+			defer sa.Close()
+			defer sb.Close()
+			map[string]*Service{"opener": sa, "receiver": sb}[off].SetDirect(false)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			ta, tb, pa, pb := pairEpoch(a, b, sa, sb, 1)
+			exchange(t, ctx, ta, tb, pa, pb, 10, 1<<20)
+			if sa.DirectLinks() != 0 || sb.DirectLinks() != 0 {
+				t.Fatalf("direct links %d and %d with the %s's off", sa.DirectLinks(), sb.DirectLinks(), off)
+			}
+		})
+	}
+}
+
+// TestDirectDialFailureFallsBackToTheStream: an offer the opener cannot
+// dial sends the epoch's frames over the stream, and the next epoch does
+// not ask that peer again.
+func TestDirectDialFailureFallsBackToTheStream(t *testing.T) {
+	a, b, sa, sb := servicePair(t)
+	defer sa.Close()
+	defer sb.Close()
+	dials := 0
+	sa.dial = func(context.Context, net.IP, []byte) (*directlink.Writer, error) {
+		dials++
+		return nil, errors.New("unreachable (test)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for epoch := uint64(1); epoch <= 2; epoch++ {
+		ta, tb, pa, pb := pairEpoch(a, b, sa, sb, epoch)
+		exchange(t, ctx, ta, tb, pa, pb, 100, 70000)
+	}
+	if dials != 1 || sa.DirectLinks() != 0 || sb.DirectLinks() != 0 {
+		t.Fatalf("%d dials, direct links %d and %d; want 1 dial and none", dials, sa.DirectLinks(), sb.DirectLinks())
+	}
+}
+
+// TestCloseDeliversWrittenFrames: frames written just before the opener's
+// transport closes still reach the receiver over the direct link.
+func TestCloseDeliversWrittenFrames(t *testing.T) {
+	p := newEpochPair(t)
+	const frames = 20
+	for i := 0; i < frames; i++ {
+		if err := p.ta.Send(p.ctx, p.pb, bytes.Repeat([]byte{byte(i)}, 100000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.ta.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < frames; i++ {
+		got, err := p.tb.Recv(p.ctx, p.pa)
+		if err != nil || len(got) != 100000 || got[0] != byte(i) {
+			t.Fatalf("frame %d after the close: %d bytes, %v", i, len(got), err)
+		}
+	}
+	if p.sb.DirectLinks() != 1 {
+		t.Fatalf("receiver counted %d direct links, want 1", p.sb.DirectLinks())
+	}
+}
+
+// TestLostConnectionBreaksTheDirectLink: when the libp2p connection to the
+// opener goes away, a receive waiting on its direct link fails at once
+// instead of waiting on a TCP connection nobody writes to.
+func TestLostConnectionBreaksTheDirectLink(t *testing.T) {
+	p := newEpochPair(t)
+	exchange(t, p.ctx, p.ta, p.tb, p.pa, p.pb, 10)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := p.tb.Recv(p.ctx, p.pa)
+		errc <- err
+	}()
+	// Close only the libp2p connection: both services, and so both ends
+	// of the direct link, stay open.
+	if err := p.b.Network().ClosePeer(p.a.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err == nil || p.ctx.Err() != nil {
+		t.Fatalf("receive after the connection closed: %v (context: %v)", err, p.ctx.Err())
 	}
 }

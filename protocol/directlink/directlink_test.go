@@ -1,0 +1,268 @@
+package directlink
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+)
+
+var loopback = net.IPv4(127, 0, 0, 1)
+
+// link returns both ends of a direct link over loopback.
+func link(t *testing.T, maxFrame int) (*Writer, *Reader) {
+	t.Helper()
+	l, err := Listen(loopback)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	type accepted struct {
+		r   *Reader
+		err error
+	}
+	got := make(chan accepted, 1)
+	go func() {
+		r, err := l.Accept(ctx, maxFrame)
+		got <- accepted{r, err}
+	}()
+	w, err := Dial(ctx, loopback, l.Offer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	t.Cleanup(func() { w.Close(); a.r.Close() })
+	return w, a.r
+}
+
+func alloc(n int) []byte { return make([]byte, n) }
+
+// TestFramesCrossInOrder: frames of every size, the empty one included,
+// arrive whole and in order, and each is opened into the buffer alloc gave.
+func TestFramesCrossInOrder(t *testing.T) {
+	w, r := link(t, 1<<20)
+	rng := rand.New(rand.NewPCG(1, 2))
+	var frames [][]byte
+	for _, n := range []int{0, 1, 15, 16, 17, 4096, 65535, 65536, 1 << 20} {
+		f := make([]byte, n)
+		for i := range f {
+			f[i] = byte(rng.Uint32())
+		}
+		frames = append(frames, f)
+	}
+	go func() {
+		for _, f := range frames {
+			if err := w.WriteFrame(f); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for i, want := range frames {
+		var given []byte
+		got, err := r.ReadFrameInto(func(n int) []byte { given = make([]byte, n); return given })
+		if err != nil {
+			t.Fatalf("frame %d: %v", i, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("frame %d (%d bytes) arrived changed", i, len(want))
+		}
+		if len(want) > 0 && &got[0] != &given[0] {
+			t.Fatalf("frame %d was not opened into the buffer alloc returned", i)
+		}
+	}
+}
+
+// sealedRecords returns a key and the records of frames sealed under it,
+// as a Writer would send them, for tampering.
+func sealedRecords(t *testing.T, frames ...[]byte) (key []byte, wire []byte) {
+	t.Helper()
+	key = bytes.Repeat([]byte{7}, KeySize)
+	aead, err := newAEAD(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sealer{aead: aead}
+	for _, f := range frames {
+		var ad [4]byte
+		binary.LittleEndian.PutUint32(ad[:], uint32(len(f)))
+		wire = append(wire, ad[:]...)
+		wire = aead.Seal(wire, s.next(), f, ad[:])
+	}
+	return key, wire
+}
+
+// readerOver returns a Reader of key over a connection that delivers wire.
+func readerOver(t *testing.T, key, wire []byte, maxFrame int) *Reader {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: loopback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			return
+		}
+		_, _ = c.Write(wire)
+		c.Close()
+	}()
+	c, err := ln.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	aead, err := newAEAD(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Reader{c: c, open: sealer{aead: aead}, max: maxFrame}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// TestTamperedRecordsDoNotOpen: a flipped bit in a record, its length, a
+// replayed record, two swapped records and a truncated record are errors,
+// never frames.
+func TestTamperedRecordsDoNotOpen(t *testing.T) {
+	a, b := []byte("first frame"), []byte("second frame!")
+	key, wire := sealedRecords(t, a, b)
+	first := 4 + len(a) + 16
+	cases := map[string][]byte{
+		"bit flipped in the ciphertext": func() []byte { w := bytes.Clone(wire); w[first+6] ^= 1; return w }(),
+		"bit flipped in the tag":        func() []byte { w := bytes.Clone(wire); w[len(wire)-1] ^= 0x80; return w }(),
+		"record replayed":               append(bytes.Clone(wire[:first]), wire[:first]...),
+		"records swapped":               append(bytes.Clone(wire[first:]), wire[:first]...),
+		"record truncated":              bytes.Clone(wire[:len(wire)-3]),
+		"length changed": func() []byte {
+			w := bytes.Clone(wire)
+			binary.LittleEndian.PutUint32(w[first:], uint32(len(b)-1))
+			return w
+		}(),
+	}
+	for name, w := range cases {
+		t.Run(name, func(t *testing.T) {
+			r := readerOver(t, key, w, 1<<10)
+			var err error
+			var got [][]byte
+			for err == nil {
+				var f []byte
+				if f, err = r.ReadFrameInto(alloc); err == nil {
+					got = append(got, f)
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				t.Fatal("the stream ended cleanly")
+			}
+			for i, f := range got {
+				if want := [][]byte{a, b}[i]; i > 1 || !bytes.Equal(f, want) {
+					t.Fatalf("frame %d = %q: a tampered record opened", i, f)
+				}
+			}
+			if len(got) == 2 {
+				t.Fatalf("both frames opened; err %v", err)
+			}
+		})
+	}
+}
+
+// TestOversizedRecordRefusedBeforeAlloc: a length above the maximum is an
+// error wrapping ErrFrameTooLarge, and nothing is allocated for it.
+func TestOversizedRecordRefusedBeforeAlloc(t *testing.T) {
+	key, wire := sealedRecords(t, make([]byte, 2000))
+	r := readerOver(t, key, wire, 1000)
+	_, err := r.ReadFrameInto(func(int) []byte { t.Fatal("alloc called for an oversized record"); return nil })
+	if !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("err = %v, want ErrFrameTooLarge", err)
+	}
+}
+
+// TestStrangerIsNotAccepted: connections that send nothing, garbage or a
+// hello under another key are closed, and the peer holding the offer still
+// gets through.
+func TestStrangerIsNotAccepted(t *testing.T) {
+	l, err := Listen(loopback)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	offer := l.Offer()
+	port := binary.BigEndian.Uint16(offer)
+	addr := &net.TCPAddr{IP: loopback, Port: int(port)}
+	// A stranger with garbage, one with another key, one that closes at once.
+	garbage, err := net.DialTCP("tcp", nil, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer garbage.Close()
+	_, _ = garbage.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+	other := bytes.Clone(offer)
+	other[2] ^= 1
+	wrongKey, err := Dial(ctx, loopback, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrongKey.Close()
+	type accepted struct {
+		r   *Reader
+		err error
+	}
+	got := make(chan accepted, 1)
+	go func() {
+		r, err := l.Accept(ctx, 1<<10)
+		got <- accepted{r, err}
+	}()
+	w, err := Dial(ctx, loopback, offer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.WriteFrame([]byte("from the peer")); err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	defer a.r.Close()
+	f, err := a.r.ReadFrameInto(alloc)
+	if err != nil || string(f) != "from the peer" {
+		t.Fatalf("read %q, %v; want the peer's frame", f, err)
+	}
+	// The listener is closed once the peer is in.
+	if c, err := net.DialTCP("tcp", nil, addr); err == nil {
+		c.Close()
+		t.Fatal("the port still accepts connections after the peer's")
+	}
+}
+
+// TestAcceptEndsWithContext: Accept with no dialer returns when its
+// context ends.
+func TestAcceptEndsWithContext(t *testing.T) {
+	l, err := Listen(loopback)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.Accept(ctx, 10); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+}
+
+// TestDialRefusesABadOffer: an offer of the wrong size is an error naming it.
+func TestDialRefusesABadOffer(t *testing.T) {
+	if _, err := Dial(context.Background(), loopback, make([]byte, OfferSize-1)); err == nil {
+		t.Fatal("a short offer was dialed")
+	}
+}
