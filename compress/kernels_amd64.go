@@ -59,3 +59,15 @@ func unpackBitsAVX2(d *float32, bits *byte, n int, neg, pos float32, add bool)
 //
 //go:noescape
 func qsgdPack4AVX2(out *byte, v, u *float32, n int, scale float32, s int32)
+
+// sumSqAVX2 adds float64(src[i])² into acc[i%4] in index order, for n a
+// positive multiple of 4.
+//
+//go:noescape
+func sumSqAVX2(src *float32, n int, acc *[4]float64)
+
+// fillUniformAVX2 runs fillUniform's loop over n values (a positive
+// multiple of 8), x being the counter state of the first pair.
+//
+//go:noescape
+func fillUniformAVX2(u *float32, n int, x uint64)

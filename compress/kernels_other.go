@@ -28,3 +28,7 @@ func unpackBitsAVX2(d *float32, bits *byte, n int, neg, pos float32, add bool) {
 func qsgdPack4AVX2(out *byte, v, u *float32, n int, scale float32, s int32) {
 	panic("compress: no AVX2 kernels")
 }
+
+func sumSqAVX2(src *float32, n int, acc *[4]float64) { panic("compress: no AVX2 kernels") }
+
+func fillUniformAVX2(u *float32, n int, x uint64) { panic("compress: no AVX2 kernels") }

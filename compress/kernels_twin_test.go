@@ -87,3 +87,45 @@ func TestQSGDPack4Twins(t *testing.T) {
 func bitsEqual32(a, b []float32) bool {
 	return slices.EqualFunc(a, b, func(x, y float32) bool { return math.Float32bits(x) == math.Float32bits(y) })
 }
+
+// TestFillUniformTwins: the AVX2 uniforms are exactly the pure-Go loop's,
+// at every length up to 3 past a multiple of the kernel's 8 values, from
+// even and odd starting elements, for keys whose counters wrap around.
+func TestFillUniformTwins(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	wrap := uint64(wyInc)
+	keys := []uint64{0, ^uint64(0), 0 - 3*wrap, r.Uint64(), r.Uint64()} // 0 − 3·wyInc wraps within a call
+	for _, key := range keys {
+		for first := 0; first < 4; first++ {
+			for n := 1; n <= 75; n++ {
+				avx, twin := withTwins(t, func() []float32 {
+					u := make([]float32, n)
+					fillUniform(u, key, first)
+					return u
+				})
+				if !bitsEqual32(avx, twin) {
+					t.Fatalf("key %#x, first %d, n %d: AVX2 %v, pure Go %v", key, first, n, avx, twin)
+				}
+			}
+		}
+	}
+}
+
+// TestSumSqTwins: the AVX2 sum of squares is the pure-Go loop's to the
+// bit, at every length up to 3 past a multiple of 4, with values whose
+// squares overflow float32, subnormals and signed zeros.
+func TestSumSqTwins(t *testing.T) {
+	special := []float32{3e38, -2.5e-39, float32(math.Copysign(0, -1)), 1e-45, 7}
+	for n := 1; n <= 75; n++ {
+		v := gradient(uint64(200+n), n)
+		for i, x := range special {
+			if i*7 < n {
+				v[i*7] = x
+			}
+		}
+		avx, twin := withTwins(t, func() uint64 { return math.Float64bits(sumSq(v)) })
+		if avx != twin {
+			t.Fatalf("n %d: AVX2 %v, pure Go %v", n, math.Float64frombits(avx), math.Float64frombits(twin))
+		}
+	}
+}

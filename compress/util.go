@@ -110,6 +110,12 @@ func getF32(b []byte) float32 { return math.Float32frombits(binary.LittleEndian.
 func sumSq(src []float32) float64 {
 	var s0, s1, s2, s3 float64
 	i := 0
+	if n := len(src) &^ 3; useAVX2 && n > 0 {
+		var acc [4]float64
+		sumSqAVX2(&src[0], n, &acc)
+		s0, s1, s2, s3 = acc[0], acc[1], acc[2], acc[3]
+		i = n
+	}
 	for ; i+4 <= len(src); i += 4 {
 		a, b, c, d := float64(src[i]), float64(src[i+1]), float64(src[i+2]), float64(src[i+3])
 		s0 += float64(a * a)
@@ -212,6 +218,11 @@ func fillUniform(u []float32, key uint64, first int) {
 		c++
 	}
 	i := 0
+	if n := len(u) &^ 7; useAVX2 && n > 0 {
+		fillUniformAVX2(&u[0], n, key+c*wyInc)
+		i = n
+		c += uint64(n / 2)
+	}
 	for ; i+2 <= len(u); i += 2 {
 		r := wyrand(key + c*wyInc)
 		u[i] = float32(r>>40) * inv
