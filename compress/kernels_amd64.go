@@ -71,3 +71,9 @@ func sumSqAVX2(src *float32, n int, acc *[4]float64)
 //
 //go:noescape
 func fillUniformAVX2(u *float32, n int, x uint64)
+
+// qsgdDecode4AVX2 runs decodeBlock's loop for 4-bit codes over n values (a
+// positive multiple of 8): d[i] = (or d[i] +) signed[code i]·scale.
+//
+//go:noescape
+func qsgdDecode4AVX2(d *float32, codes *byte, n int, scale float32, add bool)

@@ -471,3 +471,47 @@ fuloop:
 	JNZ fuloop
 	VZEROUPPER
 	RET
+
+// func qsgdDecode4AVX2(d *float32, codes *byte, n int, scale float32, add bool)
+// Eight 4-bit codes (four bytes) per iteration: level = code & 7, sign =
+// bit 3, value = ±level · scale, stored or added to d as d + value.
+TEXT ·qsgdDecode4AVX2(SB), NOSPLIT, $0-29
+	MOVQ d+0(FP), DI
+	MOVQ codes+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Y0
+	MOVBLZX add+28(FP), BX
+	MOVL $0x0f0f0f0f, AX
+	VMOVD AX, X1
+	VPBROADCASTD X1, X1
+	MOVL $7, AX
+	VMOVD AX, X2
+	VPBROADCASTD X2, Y2
+	MOVL $8, AX
+	VMOVD AX, X3
+	VPBROADCASTD X3, Y3
+qdloop:
+	VMOVD (SI), X4
+	VPAND X1, X4, X5
+	VPSRLW $4, X4, X6
+	VPAND X1, X6, X6
+	VPUNPCKLBW X6, X5, X5
+	VPMOVZXBD X5, Y5
+	VPAND Y2, Y5, Y6
+	VCVTDQ2PS Y6, Y6
+	VPAND Y3, Y5, Y7
+	VPSLLD $28, Y7, Y7
+	VPXOR Y7, Y6, Y6
+	VMULPS Y0, Y6, Y6
+	TESTQ BX, BX
+	JZ qdstore
+	VMOVUPS (DI), Y7
+	VADDPS Y6, Y7, Y6
+qdstore:
+	VMOVUPS Y6, (DI)
+	ADDQ $4, SI
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JNZ qdloop
+	VZEROUPPER
+	RET

@@ -32,3 +32,7 @@ func qsgdPack4AVX2(out *byte, v, u *float32, n int, scale float32, s int32) {
 func sumSqAVX2(src *float32, n int, acc *[4]float64) { panic("compress: no AVX2 kernels") }
 
 func fillUniformAVX2(u *float32, n int, x uint64) { panic("compress: no AVX2 kernels") }
+
+func qsgdDecode4AVX2(d *float32, codes *byte, n int, scale float32, add bool) {
+	panic("compress: no AVX2 kernels")
+}

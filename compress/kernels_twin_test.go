@@ -129,3 +129,39 @@ func TestSumSqTwins(t *testing.T) {
 		}
 	}
 }
+
+// TestQSGDDecode4Twins: the AVX2 decoding of 4-bit QSGD codes writes and
+// adds exactly what the pure-Go loop does, for every code (signed zeros
+// included), at every length up to 3 past a multiple of 8, with a NaN, a
+// zero and a huge scale, onto values that hold a NaN and infinities.
+func TestQSGDDecode4Twins(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	cod, err := buildQSGD(params{vals: map[string]string{"bits": "4", "block": "512", "norm": "l2"}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cod.(*qsgdCodec)
+	for n := 1; n <= 75; n++ {
+		codes := make([]byte, (n+1)/2)
+		for i := range codes {
+			codes[i] = byte(r.Uint32())
+		}
+		base := gradient(uint64(300+n), n)
+		base[0] = float32(math.NaN())
+		if n > 9 {
+			base[9] = float32(math.Inf(-1))
+		}
+		for _, scale := range []float32{0.37, 0, float32(math.NaN()), 3e38} {
+			for _, add := range []bool{false, true} {
+				avx, twin := withTwins(t, func() []float32 {
+					d := slices.Clone(base)
+					c.decodeBlock(d, codes, scale, add)
+					return d
+				})
+				if !bitsEqual32(avx, twin) {
+					t.Fatalf("n %d, scale %g, add %v: AVX2 %v, pure Go %v", n, scale, add, avx, twin)
+				}
+			}
+		}
+	}
+}

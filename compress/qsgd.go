@@ -179,6 +179,10 @@ func (c *qsgdCodec) decodeBlock(d []float32, codes []byte, scale float32, add bo
 	per := 8 / c.bits
 	mask := byte(1)<<c.bits - 1
 	full := len(d) / per
+	if n := len(d) &^ 7; c.bits == 4 && useAVX2 && n > 0 {
+		qsgdDecode4AVX2(&d[0], &codes[0], n, scale, add)
+		d, codes, full = d[n:], codes[n/2:], full-n/2
+	}
 	switch {
 	case c.bits == 8 && add:
 		for i, x := range codes[:len(d)] {
