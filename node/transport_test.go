@@ -14,22 +14,29 @@ import (
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/config"
 )
 
 // keyedCluster starts n loopback peers sharing a swarm key and waits until they
 // agree on a ring; it returns them in ring order with the allreduce epoch.
-func keyedCluster(t *testing.T, n int) ([]*Node, []allreduce.PeerID, uint64) {
+// configure (may be nil) edits every peer's configuration.
+func keyedCluster(t *testing.T, n int, configure func(*config.Config)) ([]*Node, []allreduce.PeerID, uint64) {
 	t.Helper()
 	key := filepath.Join(t.TempDir(), "swarm.key")
 	if err := WriteSwarmKey(key); err != nil {
 		t.Fatal(err)
 	}
-	cfg := testConfig()
-	cfg.Node.SwarmKey = key
-	nodes := []*Node{startNode(t, cfg, nil)}
-	for i := 1; i < n; i++ {
-		cfg := testConfig(nodes[0].AddrStrings()[0])
+	var nodes []*Node
+	for i := 0; i < n; i++ {
+		var bootstrap []string
+		if i > 0 {
+			bootstrap = nodes[0].AddrStrings()[:1]
+		}
+		cfg := testConfig(bootstrap...)
 		cfg.Node.SwarmKey = key
+		if configure != nil {
+			configure(&cfg)
+		}
 		nodes = append(nodes, startNode(t, cfg, nil))
 	}
 	eventually(t, 15*time.Second, "peers agree", func() error { return agreeOn(nodes, ids(nodes)) })
@@ -49,52 +56,10 @@ func keyedCluster(t *testing.T, n int) ([]*Node, []allreduce.PeerID, uint64) {
 
 func TestAllreduceOverLibp2p(t *testing.T) {
 	const size = 300_001 // odd, several chunks per segment
-	nodes, order, epoch := keyedCluster(t, 4)
+	nodes, order, epoch := keyedCluster(t, 4, nil)
 	for _, spec := range []string{"none", "sint8", "dyn8"} {
 		t.Run(spec, func(t *testing.T) {
-			inputs := make([][]float32, len(nodes))
-			outs := make([][]float32, len(nodes))
-			want := make([]float64, size)
-			for i := range nodes {
-				r := rand.New(rand.NewPCG(uint64(i), 7))
-				inputs[i] = make([]float32, size)
-				for j := range inputs[i] {
-					inputs[i][j] = float32(r.NormFloat64())
-					want[j] += float64(inputs[i][j]) / float64(len(nodes))
-				}
-				outs[i] = make([]float32, size)
-			}
-			errs := make([]error, len(nodes))
-			var wg sync.WaitGroup
-			for i, nd := range nodes {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					ep := allreduce.Ring{Number: epoch, Peers: order, Self: order[i]}
-					tr := nd.OpenTransport(ep)
-					defer tr.Close()
-					s, err := allreduce.NewSession(ep, tr, allreduce.Config{ChunkBytes: 64 << 10, Logger: zaptest.NewLogger(t)})
-					if err != nil {
-						errs[i] = err
-						return
-					}
-					defer s.Close()
-					c, err := compress.New(spec, compress.Options{Layout: compress.FlatLayout(size), Seed: uint64(i)})
-					if err != nil {
-						errs[i] = err
-						return
-					}
-					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					defer cancel()
-					errs[i] = s.AllReduce(ctx, 1, allreduce.Bucket{ID: 0, Codec: c, Data: inputs[i], Out: outs[i]})
-				}()
-			}
-			wg.Wait()
-			for i, err := range errs {
-				if err != nil {
-					t.Fatalf("peer %d: %v", i, err)
-				}
-			}
+			outs, want := allreduceOnce(t, nodes, order, epoch, spec, size)
 			var errNorm, norm float64
 			for j := range want {
 				for i := 1; i < len(nodes); i++ {
@@ -116,9 +81,82 @@ func TestAllreduceOverLibp2p(t *testing.T) {
 	}
 }
 
+// allreduceOnce all-reduces size seeded normal values per peer with codec
+// spec over the nodes' transports of epoch, failing the test on any error;
+// it returns every peer's output and the exact mean.
+func allreduceOnce(t *testing.T, nodes []*Node, order []allreduce.PeerID, epoch uint64, spec string, size int) ([][]float32, []float64) {
+	t.Helper()
+	inputs := make([][]float32, len(nodes))
+	outs := make([][]float32, len(nodes))
+	want := make([]float64, size)
+	for i := range nodes {
+		r := rand.New(rand.NewPCG(uint64(i), 7))
+		inputs[i] = make([]float32, size)
+		for j := range inputs[i] {
+			inputs[i][j] = float32(r.NormFloat64())
+			want[j] += float64(inputs[i][j]) / float64(len(nodes))
+		}
+		outs[i] = make([]float32, size)
+	}
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, nd := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ep := allreduce.Ring{Number: epoch, Peers: order, Self: order[i]}
+			tr := nd.OpenTransport(ep)
+			defer tr.Close()
+			s, err := allreduce.NewSession(ep, tr, allreduce.Config{ChunkBytes: 64 << 10, Logger: zaptest.NewLogger(t)})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer s.Close()
+			c, err := compress.New(spec, compress.Options{Layout: compress.FlatLayout(size), Seed: uint64(i)})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			errs[i] = s.AllReduce(ctx, 1, allreduce.Bucket{ID: 0, Codec: c, Data: inputs[i], Out: outs[i]})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", i, err)
+		}
+	}
+	return outs, want
+}
+
+// TestDirectLinksFollowTheConfig: with allreduce.direct_links (the
+// default) a cluster's all-reduce frames go over direct links; with it
+// false, over the libp2p streams; the averages agree bit for bit.
+func TestDirectLinksFollowTheConfig(t *testing.T) {
+	var results [][]float32
+	for _, on := range []bool{true, false} {
+		nodes, order, epoch := keyedCluster(t, 3, func(c *config.Config) { c.Allreduce.DirectLinks = on })
+		outs, _ := allreduceOnce(t, nodes, order, epoch, "none", 100_003)
+		for i, nd := range nodes {
+			if got := nd.ring.DirectLinks(); (got > 0) != on {
+				t.Fatalf("direct_links = %v: peer %d opened %d direct links", on, i, got)
+			}
+		}
+		results = append(results, outs[0])
+	}
+	for j := range results[0] {
+		if math.Float32bits(results[0][j]) != math.Float32bits(results[1][j]) {
+			t.Fatalf("element %d: %v over direct links, %v over streams", j, results[0][j], results[1][j])
+		}
+	}
+}
+
 func TestAllreducePeerDiesMidRound(t *testing.T) {
 	const size = 4 << 20
-	nodes, order, epoch := keyedCluster(t, 3)
+	nodes, order, epoch := keyedCluster(t, 3, nil)
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
 	started := make(chan struct{})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
+	ma "github.com/multiformats/go-multiaddr"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
@@ -305,5 +306,23 @@ func TestLostConnectionBreaksTheDirectLink(t *testing.T) {
 	}
 	if err := <-errc; err == nil || p.ctx.Err() != nil {
 		t.Fatalf("receive after the connection closed: %v (context: %v)", err, p.ctx.Err())
+	}
+}
+
+// TestTCPIP: only a plain IP-and-TCP address gives a direct link's IP; a
+// QUIC address and a relayed (circuit) address give none.
+func TestTCPIP(t *testing.T) {
+	relay := "/ip4/10.0.0.1/tcp/4001/p2p/12D3KooWJULtEwikjBUQojLiuZ1Y3goc8qCkeUUFkRNn9EjWhDEZ/p2p-circuit"
+	for addr, want := range map[string]string{
+		"/ip4/10.77.0.11/tcp/4001":         "10.77.0.11",
+		"/ip6/::1/tcp/4001":                "::1",
+		"/ip4/10.77.0.11/udp/4001/quic-v1": "",
+		relay:                              "",
+		relay + "/p2p/" + "12D3KooWT2TEMQtdLHQsDKkbd6NG2pTuXJMd4b9XwrSBgXurbKaS": "",
+	} {
+		got := tcpIP(ma.StringCast(addr))
+		if (got == nil) != (want == "") || (got != nil && got.String() != want) {
+			t.Errorf("tcpIP(%s) = %v, want %q", addr, got, want)
+		}
 	}
 }
