@@ -295,7 +295,9 @@ func (rn *Service) receive(s network.Stream) (epochKey, inbound, error) {
 		rn.direct.Add(1)
 		// A reset stream or a lost connection breaks the link; the end of
 		// the stream (the opener closed it after its last frame) does not:
-		// frames may still wait in the link.
+		// frames may still wait in the link. The watcher reads with no
+		// deadline.
+		_ = s.SetReadDeadline(time.Time{})
 		go func(d *directlink.Reader) {
 			if _, err := io.Copy(io.Discard, s); err != nil {
 				d.Close()
@@ -567,7 +569,8 @@ func (rn *Service) openDirect(ctx context.Context, id peer.ID, s network.Stream)
 	rn.direct.Add(1)
 	// Whatever ends the stream's read side (a reset, a lost connection, or
 	// this transport's close) ends the link; records already written are
-	// still delivered.
+	// still delivered. The watcher reads with no deadline.
+	_ = s.SetReadDeadline(time.Time{})
 	go func() {
 		_, _ = io.Copy(io.Discard, s)
 		d.Close()
