@@ -164,6 +164,7 @@ type collector struct {
 	alive, epoch, gossipMsgs, protoByte *prometheus.Desc
 	linkRate, linkRTT                   *prometheus.Desc
 	framesRejected, epochsRejected      *prometheus.Desc
+	directLinks                         *prometheus.Desc
 }
 
 func newCollector(n *Node) *collector {
@@ -177,12 +178,13 @@ func newCollector(n *Node) *collector {
 		linkRTT:        prometheus.NewDesc("p2ptrain_link_rtt_seconds", "Measured round-trip time to a peer.", []string{"peer"}, nil),
 		framesRejected: prometheus.NewDesc("p2ptrain_allreduce_frames_rejected_total", "All-reduce frames from peers that this peer refused (invalid, of another epoch or codec, too large); each fails its step.", nil, nil),
 		epochsRejected: prometheus.NewDesc("p2ptrain_ring_epochs_rejected_total", "Ring epochs this peer refused to adopt (numbers out of bounds, proposers it does not follow).", nil, nil),
+		directLinks:    prometheus.NewDesc("p2ptrain_allreduce_direct_links_total", "All-reduce links this peer opened as direct links (a TCP connection of their own, AES-256-GCM), as sender or receiver; the others carry their frames on libp2p streams.", nil, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.alive, c.epoch, c.gossipMsgs, c.protoByte, c.linkRate, c.linkRTT, c.framesRejected, c.epochsRejected} {
+	for _, d := range []*prometheus.Desc{c.alive, c.epoch, c.gossipMsgs, c.protoByte, c.linkRate, c.linkRTT, c.framesRejected, c.epochsRejected, c.directLinks} {
 		ch <- d
 	}
 }
@@ -198,6 +200,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.epochsRejected, prometheus.CounterValue, float64(st.EpochsRejected))
 	ch <- prometheus.MustNewConstMetric(c.framesRejected, prometheus.CounterValue, float64(c.n.ring.Rejected()))
+	ch <- prometheus.MustNewConstMetric(c.directLinks, prometheus.CounterValue, float64(c.n.ring.DirectLinks()))
 	for _, l := range c.n.probe.Figures() {
 		ch <- prometheus.MustNewConstMetric(c.linkRate, prometheus.GaugeValue, l.MbitS*1e6/8, l.Peer)
 		ch <- prometheus.MustNewConstMetric(c.linkRTT, prometheus.GaugeValue, l.RTTMs/1e3, l.Peer)
