@@ -155,7 +155,7 @@ func Dial(ctx context.Context, ip net.IP, offer []byte) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("directlink: dial %s: %w", addr, err)
 	}
-	w := &Writer{c: c.(*net.TCPConn), seal: sealer{aead: aead}}
+	w := &Writer{c: c, seal: sealer{aead: aead}}
 	if err := w.WriteFrame(hello); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("directlink: hello to %s: %w", addr, err)
@@ -165,7 +165,7 @@ func Dial(ctx context.Context, ip net.IP, offer []byte) (*Writer, error) {
 
 // Writer seals frames onto a direct link. It is not safe for concurrent use.
 type Writer struct {
-	c    *net.TCPConn
+	c    net.Conn
 	seal sealer
 	buf  []byte
 }
@@ -191,7 +191,7 @@ func (w *Writer) Close() error { return w.c.Close() }
 // Reader opens the frames of a direct link. It is not safe for concurrent
 // use, except Close.
 type Reader struct {
-	c    *net.TCPConn
+	c    net.Conn
 	open sealer
 	max  int
 	buf  []byte
