@@ -791,14 +791,17 @@ func (t *Transport) end(reason error, reset bool) error {
 		}
 		return nil
 	}
+	// Close, not only CloseRead or CloseWrite: only Close (or Reset)
+	// gives a stream back to the resource manager, which would refuse new
+	// streams after a few epochs. What was written is still delivered.
 	var errs []error
 	for _, st := range ins {
-		errs = append(errs, st.CloseRead())
+		errs = append(errs, st.Close())
 	}
 	for _, l := range outs {
 		l.mu.Lock() // wait for a write in progress
 		if l.s != nil {
-			errs = append(errs, l.s.CloseWrite())
+			errs = append(errs, l.s.Close())
 		}
 		if l.err == nil {
 			l.err = reason

@@ -42,9 +42,11 @@ const ID protocol.ID = "/p2ptrain/allreduce/1.2.0"
 // the receiver answers 0 (none: frames follow on the stream) or 1 and a
 // directlink offer (the port it listens on at the connection's local
 // address, and the key); the opener dials the connection's remote address
-// at that port and writes 1 (the frames go over the direct link) or 0 (the
-// dial failed: they follow on the stream). The stream stays open beside a
-// direct link, so that a reset or a lost connection breaks the link too.
+// at that port and writes 1 (dialed) or 0 (the dial failed: the frames
+// follow on the stream); after a 1 the receiver writes 1 (its listener
+// took the connection: the frames go over the direct link) or 0 (it did
+// not: they follow on the stream). The stream stays open beside a direct
+// link, so that a reset or a lost connection breaks the link too.
 // Version 1.0.0 had no digest, 1.1.0 no mode byte.
 
 // MaxDigest is the longest epoch digest a hello may carry.
@@ -65,12 +67,14 @@ const (
 	pendingTTL = 30 * time.Second
 	// directDialTimeout bounds the opener's dial of a direct link.
 	directDialTimeout = 2 * time.Second
-	// directAcceptTimeout bounds the receiver's wait for the dialer.
-	directAcceptTimeout = 10 * time.Second
 	// noDirectTTL is how long a peer whose direct link could not be
 	// dialed is sent frames over streams before the next try.
 	noDirectTTL = 10 * time.Minute
 )
+
+// directAcceptTimeout bounds the receiver's wait for the dialer (a
+// variable for tests).
+var directAcceptTimeout = 10 * time.Second
 
 // Stream modes (the byte after the hello) and the answers to mode 1.
 const (
@@ -98,6 +102,7 @@ type Service struct {
 	dial func(ctx context.Context, ip net.IP, offer []byte) (*directlink.Writer, error)
 
 	mu       sync.Mutex
+	closed   bool                  // Close was called: inbound streams are reset
 	noDirect bool                  // never ask for or offer direct links
 	dialFail map[peer.ID]time.Time // when a direct dial to the peer failed
 	epochs   map[epochKey]*Transport
@@ -156,6 +161,7 @@ func (rn *Service) Close() {
 	rn.host.RemoveStreamHandler(ID)
 	rn.host.Network().StopNotify(rn.notifiee)
 	rn.mu.Lock()
+	rn.closed = true
 	pend := rn.pending
 	rn.pending = nil
 	ts := make([]*Transport, 0, len(rn.epochs))
@@ -290,7 +296,16 @@ func (rn *Service) receive(s network.Stream) (epochKey, inbound, error) {
 		in.d, err = lst.Accept(ctx, rn.maxFrame)
 		cancel()
 		if err != nil {
-			return epoch, in, err
+			// The dial reached something else (a NAT, a proxy) or nothing
+			// in time: the frames come on the stream.
+			rn.log.Debug("direct link not accepted; frames come over the libp2p stream", zap.Error(err))
+			if _, err := s.Write([]byte{modeStream}); err != nil {
+				return epoch, in, fmt.Errorf("refuse the direct link: %w", err)
+			}
+			break
+		}
+		if _, err := s.Write([]byte{modeDirect}); err != nil {
+			return epoch, in, fmt.Errorf("confirm the direct link: %w", err)
 		}
 		rn.direct.Add(1)
 		// A reset stream or a lost connection breaks the link; the end of
@@ -321,6 +336,11 @@ func (rn *Service) handle(s network.Stream) {
 		return
 	}
 	rn.mu.Lock()
+	if rn.closed { // closed while this stream negotiated
+		rn.mu.Unlock()
+		in.reset()
+		return
+	}
 	t := rn.epochs[epoch]
 	if t == nil {
 		now := time.Now()
@@ -549,14 +569,20 @@ func (rn *Service) openDirect(ctx context.Context, id peer.ID, s network.Stream)
 	if _, err := io.ReadFull(s, offer); err != nil {
 		return nil, fmt.Errorf("read the direct link's offer: %w", err)
 	}
-	dctx, cancel := context.WithTimeout(ctx, directDialTimeout)
-	d, err := rn.dial(dctx, tcpIP(s.Conn().RemoteMultiaddr()), offer)
-	cancel()
-	if err != nil {
+	failed := func(err error) {
 		rn.log.Info("direct link failed; frames go over the libp2p stream", zap.Stringer("peer", id), zap.Error(err))
 		rn.mu.Lock()
 		rn.dialFail[id] = time.Now()
 		rn.mu.Unlock()
+	}
+	dctx, cancel := context.WithTimeout(ctx, directDialTimeout)
+	d, err := rn.dial(dctx, tcpIP(s.Conn().RemoteMultiaddr()), offer)
+	cancel()
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr // the send was cancelled, not the dial refused
+		}
+		failed(err)
 		if _, err := s.Write([]byte{modeStream}); err != nil {
 			return nil, fmt.Errorf("choose the stream: %w", err)
 		}
@@ -565,6 +591,18 @@ func (rn *Service) openDirect(ctx context.Context, id peer.ID, s network.Stream)
 	if _, err := s.Write([]byte{modeDirect}); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("choose the direct link: %w", err)
+	}
+	// The receiver confirms that its listener took this connection (a
+	// dial can reach a NAT or a proxy instead), or tells to use the stream.
+	_ = s.SetReadDeadline(time.Now().Add(directAcceptTimeout + helloTimeout))
+	if _, err := io.ReadFull(s, answer[:]); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("read the direct link's confirmation: %w", err)
+	}
+	if answer[0] != modeDirect {
+		d.Close()
+		failed(errors.New("the receiver did not accept the connection"))
+		return nil, nil
 	}
 	rn.direct.Add(1)
 	// Whatever ends the stream's read side (a reset, a lost connection, or
@@ -755,25 +793,28 @@ func (t *Transport) Close() error {
 		}
 	}
 	t.mu.Unlock()
+	// Streams are closed, not only half-closed: only Close (or Reset)
+	// gives a stream back to the resource manager, which allows a few per
+	// peer and would refuse the streams of later epochs. Close still
+	// delivers what was written, on the stream and on a direct link (the
+	// kernel sends it); closing a stream also ends its link's watcher,
+	// which may have closed the link already (that error is not reported).
 	var errs []error
 	for _, l := range outs {
 		l.mu.Lock() // wait for a write in progress
 		if l.d != nil {
-			// The kernel still delivers what was written; closing the
-			// stream's read side too ends the link's watcher (which may
-			// have closed the link already: that error is not reported).
 			l.d.Close()
-			errs = append(errs, l.s.CloseWrite(), l.s.CloseRead())
-		} else if l.s != nil {
-			errs = append(errs, l.s.CloseWrite())
+		}
+		if l.s != nil {
+			errs = append(errs, l.s.Close())
 		}
 		l.mu.Unlock()
 	}
 	for _, in := range ins {
 		if in.d != nil {
-			in.d.Close() // perhaps closed by its watcher already
+			in.d.Close()
 		}
-		errs = append(errs, in.s.CloseRead())
+		errs = append(errs, in.s.Close())
 	}
 	t.rn.forget(t)
 	return errors.Join(errs...)

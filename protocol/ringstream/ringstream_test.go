@@ -3,7 +3,9 @@ package ringstream
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -324,5 +326,42 @@ func TestTCPIP(t *testing.T) {
 		if (got == nil) != (want == "") || (got != nil && got.String() != want) {
 			t.Errorf("tcpIP(%s) = %v, want %q", addr, got, want)
 		}
+	}
+}
+
+// TestUnacceptedDialFallsBackToTheStream: when the opener's dial reaches
+// something other than the receiver's listener (here a decoy port, as a NAT
+// or a proxy might), the receiver says so and the frames go over the
+// stream; that peer is not dialed again in the next epoch.
+func TestUnacceptedDialFallsBackToTheStream(t *testing.T) {
+	defer func(d time.Duration) { directAcceptTimeout = d }(directAcceptTimeout)
+	directAcceptTimeout = 300 * time.Millisecond
+	decoy, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer decoy.Close()
+	go func() {
+		for {
+			c, err := decoy.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	p := newEpochPair(t)
+	dials := 0
+	p.sa.dial = func(ctx context.Context, ip net.IP, offer []byte) (*directlink.Writer, error) {
+		dials++
+		o := bytes.Clone(offer)
+		binary.BigEndian.PutUint16(o, uint16(decoy.Addr().(*net.TCPAddr).Port))
+		return directlink.Dial(ctx, ip, o)
+	}
+	exchange(t, p.ctx, p.ta, p.tb, p.pa, p.pb, 100, 70000)
+	ta, tb, _, _ := pairEpoch(p.a, p.b, p.sa, p.sb, 2)
+	exchange(t, p.ctx, ta, tb, p.pa, p.pb, 100)
+	if dials != 1 || p.sa.DirectLinks() != 0 || p.sb.DirectLinks() != 0 {
+		t.Fatalf("%d dials, direct links %d and %d; want 1 dial and none", dials, p.sa.DirectLinks(), p.sb.DirectLinks())
 	}
 }
