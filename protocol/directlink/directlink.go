@@ -132,7 +132,11 @@ func (l *Listener) Accept(ctx context.Context, maxFrame int) (*Reader, error) {
 			return nil, fmt.Errorf("directlink: accept: %w", err)
 		}
 		r := &Reader{c: c, open: sealer{aead: aead}, max: maxFrame}
-		if err := r.readHello(); err != nil {
+		deadline := time.Now().Add(HelloTimeout)
+		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+		if err := r.readHello(deadline); err != nil {
 			c.Close() // not the peer the key was sent to
 			continue
 		}
@@ -197,9 +201,9 @@ type Reader struct {
 	buf  []byte
 }
 
-// readHello reads and checks the dialer's first record within HelloTimeout.
-func (r *Reader) readHello() error {
-	if err := r.c.SetReadDeadline(time.Now().Add(HelloTimeout)); err != nil {
+// readHello reads and checks the dialer's first record by deadline.
+func (r *Reader) readHello(deadline time.Time) error {
+	if err := r.c.SetReadDeadline(deadline); err != nil {
 		return err
 	}
 	max := r.max
