@@ -50,18 +50,8 @@ pack() {
   du -sh "$dir"
 }
 
-results=()
-# step NAME SECONDS CMD...: runs CMD with a time limit and records PASS or FAIL.
-step() {
-  local name="$1" limit="$2"; shift 2
-  echo
-  echo "=== $name"
-  local t0=$SECONDS rc=0
-  timeout --kill-after=10 "$limit" "$@" || rc=$?
-  local verdict=PASS
-  [ "$rc" -eq 0 ] || verdict="FAIL (exit $rc)"
-  results+=("$(printf '%-44s %s, %ds' "$name" "$verdict" $((SECONDS - t0)))")
-}
+# shellcheck source=scripts/steps.sh
+. scripts/steps.sh # the working directory is the repository root
 
 run() {
   local bin="$dir/run"
@@ -114,12 +104,7 @@ run() {
       env DEVICE="$d" BINARY="$bin/p2ptrain" PYTHON=python3 REPEATS=3 STEPS=400 scripts/bridge-overhead.sh
   done
 
-  echo
-  echo "=== summary"
-  printf '%s\n' "${results[@]}"
-  for r in "${results[@]}"; do
-    case "$r" in *FAIL*) return 1 ;; esac
-  done
+  summarize
 }
 
 case "$1" in

@@ -61,27 +61,8 @@ pack() {
   du -sh "$dir"
 }
 
-results=()
-t_start=$SECONDS
-# step NAME SECONDS CMD...: runs CMD with a time limit (cut to what is left of
-# $BUDGET; skipped under 30 s) and records PASS, FAIL or SKIP.
-step() {
-  local name="$1" limit="$2"; shift 2
-  local left=$((BUDGET - (SECONDS - t_start)))
-  echo
-  echo "=== $name"
-  if [ "$left" -lt 30 ]; then
-    results+=("$(printf '%-52s SKIP (%ds of the budget left)' "$name" "$left")")
-    return 0
-  fi
-  [ "$limit" -le "$left" ] || limit=$left
-  local t0=$SECONDS rc=0
-  timeout --kill-after=10 "$limit" "$@" || rc=$?
-  local verdict=PASS
-  [ "$rc" -eq 0 ] || verdict="FAIL (exit $rc)"
-  results+=("$(printf '%-52s %s, %ds' "$name" "$verdict" $((SECONDS - t0)))")
-  return "$rc"
-}
+# shellcheck source=scripts/steps.sh
+. scripts/steps.sh # the working directory is the repository root
 
 # probe: the kernel features the benches need, tried in a namespace of their own.
 probe() {
@@ -98,6 +79,7 @@ probe() {
 
 run() {
   BUDGET=${BUDGET:-480}
+  steps_start=$SECONDS
   dir="$(cd "$dir" && pwd)"
   local res="${RESULTS:-$dir/results}"
   mkdir -p "$res" "$dir/path" "$dir/run"
@@ -133,12 +115,7 @@ run() {
     [ ! -d "$dir/torch-logs" ] || tar -C "$dir" -cJf "$res/torch-logs.tar.xz" torch-logs
   fi
 
-  echo
-  echo "=== summary ($(nproc) cores)"
-  printf '%s\n' "${results[@]}" | tee "$res/summary.txt"
-  for r in "${results[@]}"; do
-    case "$r" in *FAIL*) return 1 ;; esac
-  done
+  summarize "$(nproc) cores" "$res/summary.txt"
 }
 
 case "$1" in
