@@ -84,11 +84,7 @@ func (srv *Server) SetSource(src Source) {
 	srv.mu.Lock()
 	srv.src = src
 	srv.mu.Unlock()
-	if src == nil {
-		srv.h.RemoveStreamHandler(ID)
-		return
-	}
-	srv.h.SetStreamHandler(ID, srv.serve)
+	srv.handle(ID, src != nil, srv.serve)
 }
 
 // SetStageSource serves pipeline stages' states from src (nil stops).
@@ -96,11 +92,16 @@ func (srv *Server) SetStageSource(src StageSource) {
 	srv.mu.Lock()
 	srv.stageSrc = src
 	srv.mu.Unlock()
-	if src == nil {
-		srv.h.RemoveStreamHandler(StageID)
+	srv.handle(StageID, src != nil, srv.serveStage)
+}
+
+// handle sets protocol id's handler to h, or removes it when not on.
+func (srv *Server) handle(id protocol.ID, on bool, h network.StreamHandler) {
+	if !on {
+		srv.h.RemoveStreamHandler(id)
 		return
 	}
-	srv.h.SetStreamHandler(StageID, srv.serveStage)
+	srv.h.SetStreamHandler(id, h)
 }
 
 func (srv *Server) serve(s network.Stream) {
