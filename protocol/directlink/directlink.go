@@ -12,21 +12,33 @@
 // run about 1.8× faster than ChaCha20-Poly1305 on the machines measured
 // (README, "Speed").
 //
-// Trust comes from the stream that carries the offer: the receiver listens
-// on an ephemeral port of the connection's local address and sends the port
-// and a fresh random 256-bit key over the libp2p stream, which Noise (bound
-// to the swarm key, when there is one) already keeps confidential and
+// Trust comes from the stream that carries the offer: one end listens on an
+// ephemeral port of the connection's local address and sends the port and
+// a fresh random 256-bit key over the libp2p stream, which Noise (bound to
+// the swarm key, when there is one) already keeps confidential and
 // authenticated to the peer ID. Only that peer learns the key. The dialer's
 // first record seals a fixed hello; the listener takes the first connection
 // whose hello opens under the key and closes the port, so a stranger who
-// finds the port learns nothing and cannot inject a frame. Each record's
-// nonce is its index (a key seals one connection's records, never two), so
-// a replayed, reordered, dropped or altered record fails to open, and the
-// plaintext length is authenticated data of its record.
+// finds the port learns nothing and cannot inject a frame. Hellos are read
+// concurrently (at most MaxPendingHellos at once, each within HelloTimeout),
+// so a stranger holding a connection open does not delay the peer's.
+//
+// Either end may carry the frames: the dialer (Dial, Listener.Accept) or the
+// listener (Listener.AcceptWriter, DialReader). Which end listens is the
+// caller's choice; the all-reduce lets the end that accepted the libp2p
+// connection listen, as that address reached it once already, so a peer
+// behind a NAT dials out.
+//
+// Each record's nonce is its direction (4 bytes: 0 from the dialer, 1 from
+// the listener) and its index in that direction (8 bytes, big-endian; the
+// dialer's hello is its record 0). A key seals one connection's records,
+// never two, so no nonce repeats under a key, and a replayed, reordered,
+// dropped, reflected or altered record fails to open. The plaintext length
+// is authenticated data of its record.
 //
 // Wire format of a record: the plaintext length n (4 bytes, little-endian),
-// then AES-256-GCM(key, nonce = 4 zero bytes ‖ index as 8 bytes big-endian,
-// plaintext, additional data = the 4 length bytes): n + 16 bytes.
+// then AES-256-GCM(key, nonce, plaintext, additional data = the 4 length
+// bytes): n + 16 bytes.
 package directlink
 
 import (
@@ -53,12 +65,27 @@ const OfferSize = 2 + KeySize
 // HelloTimeout bounds how long the listener waits for a connection's hello.
 const HelloTimeout = 5 * time.Second
 
+// MaxPendingHellos bounds the connections whose hellos a listener reads at
+// once; it closes further ones unread until one of them is done.
+const MaxPendingHellos = 16
+
+// MinPort is the lowest port an offer may name: a listener's ephemeral port
+// is never a privileged one, so an offer of one is refused unread rather
+// than dialed.
+const MinPort = 1024
+
 // hello is the plaintext of a dialer's first record.
 var hello = []byte("p2ptrain direct link v1")
 
 // ErrFrameTooLarge is wrapped by a read of a record whose length exceeds
 // the reader's maximum; nothing is allocated for it.
 var ErrFrameTooLarge = errors.New("directlink: frame too large")
+
+// Record directions: the first 4 bytes of a nonce.
+const (
+	fromDialer   uint32 = 0
+	fromListener uint32 = 1
+)
 
 // newAEAD returns AES-256-GCM under key.
 func newAEAD(key []byte) (cipher.AEAD, error) {
@@ -74,6 +101,12 @@ type sealer struct {
 	aead  cipher.AEAD
 	index uint64
 	nonce [12]byte
+}
+
+func newSealer(aead cipher.AEAD, direction uint32) sealer {
+	s := sealer{aead: aead}
+	binary.BigEndian.PutUint32(s.nonce[:4], direction)
+	return s
 }
 
 func (s *sealer) next() []byte {
@@ -111,60 +144,177 @@ func (l *Listener) Offer() []byte {
 // Close stops listening; a waiting Accept returns an error.
 func (l *Listener) Close() error { return l.ln.Close() }
 
-// Accept returns a Reader of the first connection whose hello opens under
-// the key, closing every other connection and then the listener. Frames
-// above maxFrame bytes are refused. It fails when ctx ends or the listener
-// is closed.
+// Accept returns a Reader of the frames the dialer writes, on the first
+// connection whose hello opens under the key, closing every other
+// connection and then the listener. Frames above maxFrame bytes are
+// refused. It fails when ctx ends or the listener is closed.
 func (l *Listener) Accept(ctx context.Context, maxFrame int) (*Reader, error) {
+	c, aead, err := l.accept(ctx)
+	if err != nil {
+		return nil, err
+	}
+	open := newSealer(aead, fromDialer)
+	open.index = 1 // record 0 was the hello
+	return &Reader{c: c, open: open, max: maxFrame}, nil
+}
+
+// AcceptWriter is Accept for a link on which the listener writes the
+// frames and the dialer (DialReader) reads them.
+func (l *Listener) AcceptWriter(ctx context.Context) (*Writer, error) {
+	c, aead, err := l.accept(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &Writer{c: c, seal: newSealer(aead, fromListener)}, nil
+}
+
+// accept returns the first connection whose hello opens under the key, the
+// hello read, with the key's cipher.
+func (l *Listener) accept(ctx context.Context) (net.Conn, cipher.AEAD, error) {
 	defer l.ln.Close()
 	stop := context.AfterFunc(ctx, func() { l.ln.Close() })
 	defer stop()
 	aead, err := newAEAD(l.key[:])
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	deadline := func() time.Time {
+		d := time.Now().Add(HelloTimeout)
+		if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
+			return cd
+		}
+		return d
+	}
+	// Every connection's hello is read on a goroutine of its own; the
+	// first that opens wins, and the others are closed (done closes any
+	// still reading, whose goroutines then end).
+	won := make(chan net.Conn, 1)
+	done := make(chan struct{})
+	slots := make(chan struct{}, MaxPendingHellos)
+	var reading []net.Conn // every connection read, the winner's too
+	var winner net.Conn
+	defer func() {
+		close(done)
+		for _, c := range reading {
+			if c != winner {
+				c.Close()
+			}
+		}
+	}()
+	accepted := make(chan net.Conn)
+	acceptErr := make(chan error, 1)
+	go func() {
+		for {
+			c, err := l.ln.AcceptTCP()
+			if err != nil {
+				acceptErr <- err
+				return
+			}
+			select {
+			case accepted <- c:
+			case <-done:
+				c.Close()
+				return
+			}
+		}
+	}()
 	for {
-		c, err := l.ln.AcceptTCP()
-		if err != nil {
+		select {
+		case winner = <-won:
+			return winner, aead, nil
+		case err := <-acceptErr:
+			select {
+			case winner = <-won: // a hello opened just before the listener closed
+				return winner, aead, nil
+			default:
+			}
 			if cerr := ctx.Err(); cerr != nil {
 				err = cerr
 			}
-			return nil, fmt.Errorf("directlink: accept: %w", err)
+			return nil, nil, fmt.Errorf("directlink: accept: %w", err)
+		case c := <-accepted:
+			select {
+			case slots <- struct{}{}:
+			default:
+				c.Close() // too many strangers at once
+				continue
+			}
+			reading = append(reading, c)
+			go func(c net.Conn, by time.Time) {
+				defer func() { <-slots }()
+				if err := readHello(c, aead, by); err != nil {
+					c.Close() // not the peer the key was sent to
+					return
+				}
+				select {
+				case won <- c:
+				default:
+					c.Close() // a second connection with the key: one link only
+				}
+			}(c, deadline())
 		}
-		r := &Reader{c: c, open: sealer{aead: aead}, max: maxFrame}
-		deadline := time.Now().Add(HelloTimeout)
-		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-			deadline = d
-		}
-		if err := r.readHello(deadline); err != nil {
-			c.Close() // not the peer the key was sent to
-			continue
-		}
-		return r, nil
 	}
 }
 
-// Dial connects to the listener of offer at ip and sends the hello.
-func Dial(ctx context.Context, ip net.IP, offer []byte) (*Writer, error) {
-	if len(offer) != OfferSize {
-		return nil, fmt.Errorf("directlink: offer of %d bytes, want %d", len(offer), OfferSize)
+// readHello reads and checks a dialer's first record by deadline.
+func readHello(c net.Conn, aead cipher.AEAD, deadline time.Time) error {
+	if err := c.SetReadDeadline(deadline); err != nil {
+		return err
 	}
-	aead, err := newAEAD(offer[2:])
+	r := Reader{c: c, open: newSealer(aead, fromDialer), max: len(hello)}
+	got, err := r.ReadFrameInto(func(n int) []byte { return make([]byte, n) })
+	if err != nil {
+		return err
+	}
+	if subtle.ConstantTimeCompare(got, hello) != 1 {
+		return errors.New("directlink: not a hello")
+	}
+	return c.SetReadDeadline(time.Time{})
+}
+
+// Dial connects to the listener of offer at ip and sends the hello; the
+// Writer's frames are read by the listener's Accept.
+func Dial(ctx context.Context, ip net.IP, offer []byte) (*Writer, error) {
+	w, _, err := dial(ctx, ip, offer)
+	return w, err
+}
+
+// DialReader is Dial for a link on which the listener (AcceptWriter)
+// writes the frames: a Reader of them, frames above maxFrame bytes refused.
+func DialReader(ctx context.Context, ip net.IP, offer []byte, maxFrame int) (*Reader, error) {
+	w, aead, err := dial(ctx, ip, offer)
 	if err != nil {
 		return nil, err
 	}
-	addr := &net.TCPAddr{IP: ip, Port: int(binary.BigEndian.Uint16(offer))}
+	return &Reader{c: w.c, open: newSealer(aead, fromListener), max: maxFrame}, nil
+}
+
+// dial connects to the listener of offer at ip and sends the hello: the
+// dialer's Writer (its next record is number 1) and the key's cipher.
+func dial(ctx context.Context, ip net.IP, offer []byte) (*Writer, cipher.AEAD, error) {
+	if len(offer) != OfferSize {
+		return nil, nil, fmt.Errorf("directlink: offer of %d bytes, want %d", len(offer), OfferSize)
+	}
+	port := int(binary.BigEndian.Uint16(offer))
+	if port < MinPort {
+		return nil, nil, fmt.Errorf("directlink: offer names port %d, below %d", port, MinPort)
+	}
+	aead, err := newAEAD(offer[2:])
+	if err != nil {
+		return nil, nil, err
+	}
+	addr := &net.TCPAddr{IP: ip, Port: port}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr.String())
 	if err != nil {
-		return nil, fmt.Errorf("directlink: dial %s: %w", addr, err)
+		return nil, nil, fmt.Errorf("directlink: dial %s: %w", addr, err)
 	}
-	w := &Writer{c: c, seal: sealer{aead: aead}}
+	w := &Writer{c: c, seal: newSealer(aead, fromDialer)}
 	if err := w.WriteFrame(hello); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("directlink: hello to %s: %w", addr, err)
+		return nil, nil, fmt.Errorf("directlink: hello to %s: %w", addr, err)
 	}
-	return w, nil
+	return w, aead, nil
 }
 
 // Writer seals frames onto a direct link. It is not safe for concurrent use.
@@ -188,8 +338,8 @@ func (w *Writer) WriteFrame(frame []byte) error {
 }
 
 // Close closes the connection. Records already written are still
-// delivered: the receiver never writes, so the kernel sends them, then the
-// end of the stream.
+// delivered: the reading end writes nothing after its hello, so the kernel
+// sends them, then the end of the stream.
 func (w *Writer) Close() error { return w.c.Close() }
 
 // Reader opens the frames of a direct link. It is not safe for concurrent
@@ -199,24 +349,6 @@ type Reader struct {
 	open sealer
 	max  int
 	buf  []byte
-}
-
-// readHello reads and checks the dialer's first record by deadline.
-func (r *Reader) readHello(deadline time.Time) error {
-	if err := r.c.SetReadDeadline(deadline); err != nil {
-		return err
-	}
-	max := r.max
-	r.max = len(hello)
-	got, err := r.ReadFrameInto(func(n int) []byte { return make([]byte, n) })
-	r.max = max
-	if err != nil {
-		return err
-	}
-	if subtle.ConstantTimeCompare(got, hello) != 1 {
-		return errors.New("directlink: not a hello")
-	}
-	return r.c.SetReadDeadline(time.Time{})
 }
 
 // ReadFrameInto reads the next record and opens it into alloc(n), n being

@@ -8,6 +8,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -260,10 +262,138 @@ func TestAcceptEndsWithContext(t *testing.T) {
 	}
 }
 
-// TestDialRefusesABadOffer: an offer of the wrong size is an error naming it.
+// TestDialRefusesABadOffer: an offer of the wrong size, or of a port below
+// MinPort, is an error naming it, and nothing is dialed.
 func TestDialRefusesABadOffer(t *testing.T) {
 	if _, err := Dial(context.Background(), loopback, make([]byte, OfferSize-1)); err == nil {
 		t.Fatal("a short offer was dialed")
+	}
+	// A listener on port 1023 of loopback would take the dial if it were
+	// made (binding it needs root: without, the refusal is still checked).
+	if ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: loopback, Port: 1023}); err == nil {
+		defer ln.Close()
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				t.Error("a privileged port was dialed")
+				c.Close()
+			}
+		}()
+	}
+	offer := binary.BigEndian.AppendUint16(nil, 1023)
+	offer = append(offer, make([]byte, KeySize)...)
+	_, err := Dial(context.Background(), loopback, offer)
+	if err == nil || !strings.Contains(err.Error(), "port 1023") {
+		t.Fatalf("err = %v, want a refusal naming port 1023", err)
+	}
+	if _, err := DialReader(context.Background(), loopback, offer, 10); err == nil {
+		t.Fatal("DialReader dialed port 1023")
+	}
+}
+
+// TestListenerCanWrite: on a link from AcceptWriter and DialReader the
+// listener's frames reach the dialer whole and in order.
+func TestListenerCanWrite(t *testing.T) {
+	l, err := Listen(loopback)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got := make(chan *Writer, 1)
+	go func() {
+		w, err := l.AcceptWriter(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- w
+	}()
+	r, err := DialReader(ctx, loopback, l.Offer(), 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	w := <-got
+	if w == nil {
+		t.FailNow()
+	}
+	frames := [][]byte{[]byte("one"), {}, bytes.Repeat([]byte{5}, 1<<16)}
+	go func() {
+		defer w.Close()
+		for _, f := range frames {
+			if err := w.WriteFrame(f); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for i, want := range frames {
+		f, err := r.ReadFrameInto(alloc)
+		if err != nil || !bytes.Equal(f, want) {
+			t.Fatalf("frame %d: %d bytes, %v; want %d bytes", i, len(f), err, len(want))
+		}
+	}
+	if _, err := r.ReadFrameInto(alloc); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the last frame: %v, want EOF", err)
+	}
+}
+
+// TestReflectedRecordsDoNotOpen: records sealed in one direction do not
+// open as the other direction's (each direction has its own nonces), so
+// neither end's records can be sent back to it as the other's.
+func TestReflectedRecordsDoNotOpen(t *testing.T) {
+	key, wire := sealedRecords(t, []byte("from the dialer")) // the dialer's direction
+	r := readerOver(t, key, wire, 1<<10)
+	aead, err := newAEAD(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.open = newSealer(aead, fromListener)
+	if f, err := r.ReadFrameInto(alloc); err == nil {
+		t.Fatalf("a dialer's record opened as the listener's: %q", f)
+	}
+}
+
+// TestSilentStrangerDoesNotDelayThePeer: a stranger who connects first
+// and sends nothing does not hold up the key holder's hello. Accept is given
+// less time than HelloTimeout: reading hellos one after the other, it would
+// wait on the stranger's until its context ended.
+func TestSilentStrangerDoesNotDelayThePeer(t *testing.T) {
+	l, err := Listen(loopback)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offer := l.Offer()
+	addr := &net.TCPAddr{IP: loopback, Port: int(binary.BigEndian.Uint16(offer))}
+	stranger, err := net.DialTCP("tcp", nil, addr) // first in the accept queue
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stranger.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), HelloTimeout/2)
+	defer cancel()
+	type accepted struct {
+		r   *Reader
+		err error
+	}
+	got := make(chan accepted, 1)
+	go func() {
+		r, err := l.Accept(ctx, 1<<10)
+		got <- accepted{r, err}
+	}()
+	w, err := Dial(ctx, loopback, offer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	a := <-got
+	if a.err != nil {
+		t.Fatalf("the key holder was not accepted while a stranger stayed silent: %v", a.err)
+	}
+	a.r.Close()
+	// The stranger's connection was closed with the listener.
+	_ = stranger.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := stranger.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the stranger's connection is still open (read %d, %v)", n, err)
 	}
 }
 
