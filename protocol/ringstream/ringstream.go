@@ -19,8 +19,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
-	ma "github.com/multiformats/go-multiaddr"
-	manet "github.com/multiformats/go-multiaddr/net"
 	"go.uber.org/zap"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
@@ -28,7 +26,7 @@ import (
 )
 
 // ID is the all-reduce stream protocol's libp2p protocol ID.
-const ID protocol.ID = "/p2ptrain/allreduce/1.2.0"
+const ID protocol.ID = "/p2ptrain/allreduce/1.3.0"
 
 // The protocol: the opener writes a hello — the epoch number (8 bytes,
 // little-endian), the length n of the epoch digest (1 byte, at most
@@ -38,16 +36,28 @@ const ID protocol.ID = "/p2ptrain/allreduce/1.2.0"
 // only to the transport whose number and digest both match, so two rings
 // adopted under one number never exchange frames.
 //
-// Mode 0: the frames follow on the stream. Mode 1 asks for a direct link:
-// the receiver answers 0 (none: frames follow on the stream) or 1 and a
-// directlink offer (the port it listens on at the connection's local
-// address, and the key); the opener dials the connection's remote address
-// at that port and writes 1 (dialed) or 0 (the dial failed: the frames
-// follow on the stream); after a 1 the receiver writes 1 (its listener
-// took the connection: the frames go over the direct link) or 0 (it did
-// not: they follow on the stream). The stream stays open beside a direct
-// link, so that a reset or a lost connection breaks the link too.
-// Version 1.0.0 had no digest, 1.1.0 no mode byte.
+// Mode 0: the frames follow on the stream. Modes 1 and 2 ask for a direct
+// link (package directlink), which the end that accepted the libp2p
+// connection listens for: the other end reached that address once, so a
+// peer behind a NAT dials out. Answers on the stream are 1 (yes) or 0 (no:
+// the frames follow on the stream).
+//
+// Mode 1 (the receiver accepted the connection): the receiver answers 0,
+// or 1 and a directlink offer (the port it listens on at the connection's
+// local address, and the key); the opener dials the connection's remote
+// address at that port and writes 1 (dialed) or 0 (the dial failed); after
+// a 1 the receiver writes 1 (its listener took the connection: the frames
+// go over the direct link) or 0 (it did not).
+//
+// Mode 2 (the opener accepted the connection): the opener's offer follows
+// the mode byte; the receiver dials it and writes 1 (dialed) or 0 (it did
+// not: direct links off, or a recent failure with this peer); after a 1 the
+// opener writes 1 (its listener took the connection) or 0.
+//
+// The stream stays open beside a direct link, so that a reset or a lost
+// connection breaks the link too. An end that saw a link with a peer fail
+// neither asks for nor dials one with it for ten minutes.
+// Version 1.0.0 had no digest, 1.1.0 no mode byte, 1.2.0 no mode 2.
 
 // MaxDigest is the longest epoch digest a hello may carry.
 const MaxDigest = 64
@@ -76,12 +86,6 @@ const (
 // variable for tests).
 var directAcceptTimeout = 10 * time.Second
 
-// Stream modes (the byte after the hello) and the answers to mode 1.
-const (
-	modeStream byte = 0
-	modeDirect byte = 1
-)
-
 var errTransportClosed = errors.New("ringstream: transport closed")
 
 // Service routes inbound all-reduce streams to the Transport of their epoch.
@@ -98,13 +102,15 @@ type Service struct {
 	// sessions refused; direct counts the direct links opened (both ends).
 	sent, rejected, direct atomic.Uint64
 
-	// dial opens a direct link (directlink.Dial; tests replace it).
-	dial func(ctx context.Context, ip net.IP, offer []byte) (*directlink.Writer, error)
+	// dial and dialReader open direct links (directlink.Dial and
+	// directlink.DialReader; tests replace them).
+	dial       func(ctx context.Context, ip net.IP, offer []byte) (*directlink.Writer, error)
+	dialReader func(ctx context.Context, ip net.IP, offer []byte, maxFrame int) (*directlink.Reader, error)
 
 	mu       sync.Mutex
 	closed   bool                  // Close was called: inbound streams are reset
 	noDirect bool                  // never ask for or offer direct links
-	dialFail map[peer.ID]time.Time // when a direct dial to the peer failed
+	dialFail map[peer.ID]time.Time // when a direct link with the peer failed
 	epochs   map[epochKey]*Transport
 	pending  []pendingStream
 }
@@ -135,7 +141,8 @@ func (in inbound) reset() {
 // a stream to it is opened.
 func New(h host.Host, maxFrame int, learnAddrs func(peer.ID), log *zap.Logger) *Service {
 	rn := &Service{host: h, maxFrame: maxFrame, learnAddrs: learnAddrs, log: log,
-		epochs: map[epochKey]*Transport{}, dialFail: map[peer.ID]time.Time{}, dial: directlink.Dial}
+		epochs: map[epochKey]*Transport{}, dialFail: map[peer.ID]time.Time{},
+		dial: directlink.Dial, dialReader: directlink.DialReader}
 	h.SetStreamHandler(ID, rn.handle)
 	rn.notifiee = &network.NotifyBundle{DisconnectedF: func(nw network.Network, c network.Conn) {
 		p := c.RemotePeer()
@@ -233,27 +240,8 @@ func (rn *Service) directOn() bool {
 	return !rn.noDirect
 }
 
-// tcpIP returns the IP address of a TCP multiaddr (nil: not IP and TCP).
-func tcpIP(a ma.Multiaddr) net.IP {
-	na, err := manet.ToNetAddr(a)
-	if err != nil {
-		return nil
-	}
-	if ta, ok := na.(*net.TCPAddr); ok {
-		return ta.IP
-	}
-	return nil
-}
-
-// directCapable says whether the stream's connection can carry a direct
-// link: an unlimited (not relayed) TCP connection.
-func directCapable(s network.Stream) bool {
-	c := s.Conn()
-	return !c.Stat().Limited && tcpIP(c.LocalMultiaddr()) != nil && tcpIP(c.RemoteMultiaddr()) != nil
-}
-
-// receive reads an inbound stream's hello and mode and, for mode 1, offers
-// a direct link and waits for the opener's choice (and its dial).
+// receive reads an inbound stream's hello and mode and runs the mode's
+// exchange (receiveLink).
 func (rn *Service) receive(s network.Stream) (epochKey, inbound, error) {
 	_ = s.SetReadDeadline(time.Now().Add(helloTimeout))
 	epoch, err := readHello(s)
@@ -265,63 +253,12 @@ func (rn *Service) receive(s network.Stream) (epochKey, inbound, error) {
 		return epoch, inbound{}, fmt.Errorf("read stream mode: %w", err)
 	}
 	in := inbound{s: s}
-	switch mode[0] {
-	case modeStream:
-	case modeDirect:
-		var lst *directlink.Listener
-		if rn.directOn() && directCapable(s) {
-			if lst, err = directlink.Listen(tcpIP(s.Conn().LocalMultiaddr())); err != nil {
-				rn.log.Debug("no direct link offered", zap.Error(err))
-			}
-		}
-		if lst == nil {
-			if _, err := s.Write([]byte{modeStream}); err != nil {
-				return epoch, in, fmt.Errorf("answer the stream mode: %w", err)
-			}
-			break
-		}
-		defer lst.Close()
-		if _, err := s.Write(append([]byte{modeDirect}, lst.Offer()...)); err != nil {
-			return epoch, in, fmt.Errorf("offer a direct link: %w", err)
-		}
-		_ = s.SetReadDeadline(time.Now().Add(helloTimeout + directDialTimeout))
-		var choice [1]byte
-		if _, err := io.ReadFull(s, choice[:]); err != nil {
-			return epoch, in, fmt.Errorf("read the opener's choice: %w", err)
-		}
-		if choice[0] != modeDirect {
-			break
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), directAcceptTimeout)
-		in.d, err = lst.Accept(ctx, rn.maxFrame)
-		cancel()
-		if err != nil {
-			// The dial reached something else (a NAT, a proxy) or nothing
-			// in time: the frames come on the stream.
-			rn.log.Debug("direct link not accepted; frames come over the libp2p stream", zap.Error(err))
-			if _, err := s.Write([]byte{modeStream}); err != nil {
-				return epoch, in, fmt.Errorf("refuse the direct link: %w", err)
-			}
-			break
-		}
-		if _, err := s.Write([]byte{modeDirect}); err != nil {
-			return epoch, in, fmt.Errorf("confirm the direct link: %w", err)
-		}
-		rn.direct.Add(1)
-		// A reset stream or a lost connection breaks the link; the end of
-		// the stream (the opener closed it after its last frame) does not:
-		// frames may still wait in the link. The watcher reads with no
-		// deadline.
-		_ = s.SetReadDeadline(time.Time{})
-		go func(d *directlink.Reader) {
-			if _, err := io.Copy(io.Discard, s); err != nil {
-				d.Close()
-			}
-		}(in.d)
-	default:
-		return epoch, in, fmt.Errorf("unknown stream mode %d", mode[0])
+	if in.d, err = rn.receiveLink(s, mode[0]); err != nil {
+		return epoch, in, err
 	}
-	_ = s.SetReadDeadline(time.Time{})
+	if in.d == nil {
+		_ = s.SetReadDeadline(time.Time{})
+	}
 	return epoch, in, nil
 }
 
@@ -538,84 +475,6 @@ func (t *Transport) accept(in inbound) {
 	}
 }
 
-// wantDirect says whether to ask peer id for a direct link over s.
-func (rn *Service) wantDirect(id peer.ID, s network.Stream) bool {
-	if !directCapable(s) {
-		return false
-	}
-	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	if rn.noDirect {
-		return false
-	}
-	at, failed := rn.dialFail[id]
-	return !failed || time.Since(at) > noDirectTTL
-}
-
-// openDirect asks the receiver of s for a direct link and dials it: the
-// link, or nil when the frames go on the stream (no offer, or the dial
-// failed; the stream says which to the receiver).
-func (rn *Service) openDirect(ctx context.Context, id peer.ID, s network.Stream) (*directlink.Writer, error) {
-	_ = s.SetReadDeadline(time.Now().Add(helloTimeout))
-	defer s.SetReadDeadline(time.Time{})
-	var answer [1]byte
-	if _, err := io.ReadFull(s, answer[:]); err != nil {
-		return nil, fmt.Errorf("read the answer to a direct link: %w", err)
-	}
-	if answer[0] != modeDirect {
-		return nil, nil
-	}
-	offer := make([]byte, directlink.OfferSize)
-	if _, err := io.ReadFull(s, offer); err != nil {
-		return nil, fmt.Errorf("read the direct link's offer: %w", err)
-	}
-	failed := func(err error) {
-		rn.log.Info("direct link failed; frames go over the libp2p stream", zap.Stringer("peer", id), zap.Error(err))
-		rn.mu.Lock()
-		rn.dialFail[id] = time.Now()
-		rn.mu.Unlock()
-	}
-	dctx, cancel := context.WithTimeout(ctx, directDialTimeout)
-	d, err := rn.dial(dctx, tcpIP(s.Conn().RemoteMultiaddr()), offer)
-	cancel()
-	if err != nil {
-		if cerr := ctx.Err(); cerr != nil {
-			return nil, cerr // the send was cancelled, not the dial refused
-		}
-		failed(err)
-		if _, err := s.Write([]byte{modeStream}); err != nil {
-			return nil, fmt.Errorf("choose the stream: %w", err)
-		}
-		return nil, nil
-	}
-	if _, err := s.Write([]byte{modeDirect}); err != nil {
-		d.Close()
-		return nil, fmt.Errorf("choose the direct link: %w", err)
-	}
-	// The receiver confirms that its listener took this connection (a
-	// dial can reach a NAT or a proxy instead), or tells to use the stream.
-	_ = s.SetReadDeadline(time.Now().Add(directAcceptTimeout + helloTimeout))
-	if _, err := io.ReadFull(s, answer[:]); err != nil {
-		d.Close()
-		return nil, fmt.Errorf("read the direct link's confirmation: %w", err)
-	}
-	if answer[0] != modeDirect {
-		d.Close()
-		failed(errors.New("the receiver did not accept the connection"))
-		return nil, nil
-	}
-	rn.direct.Add(1)
-	// Whatever ends the stream's read side (a reset, a lost connection, or
-	// this transport's close) ends the link; records already written are
-	// still delivered. The watcher reads with no deadline.
-	_ = s.SetReadDeadline(time.Time{})
-	go func() {
-		_, _ = io.Copy(io.Discard, s)
-		d.Close()
-	}()
-	return d, nil
-}
-
 // Send writes one frame to peer to, opening the stream on first use.
 func (t *Transport) Send(ctx context.Context, to allreduce.PeerID, frame []byte) error {
 	l, err := t.outLink(to)
@@ -640,18 +499,8 @@ func (t *Transport) Send(ctx context.Context, to allreduce.PeerID, frame []byte)
 			l.err = fmt.Errorf("ringstream: open all-reduce stream to %s: %w", to, err)
 			return l.err
 		}
-		mode := modeStream
-		if t.rn.wantDirect(id, s) {
-			mode = modeDirect
-		}
-		l.buf = append(appendHello(l.buf[:0], t.epoch), mode)
-		var d *directlink.Writer
-		_, err = s.Write(l.buf)
-		if err == nil && mode == modeDirect {
-			stop := context.AfterFunc(ctx, func() { s.Reset() })
-			d, err = t.rn.openDirect(ctx, id, s)
-			stop()
-		}
+		l.buf = appendHello(l.buf[:0], t.epoch)
+		d, err := t.rn.openLink(ctx, id, s, l.buf)
 		if err != nil {
 			s.Reset()
 			if cerr := ctx.Err(); cerr != nil {

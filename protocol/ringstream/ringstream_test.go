@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	ma "github.com/multiformats/go-multiaddr"
 	"go.uber.org/zap/zaptest"
 
@@ -243,27 +244,89 @@ func TestDirectOffUsesTheStream(t *testing.T) {
 	}
 }
 
-// TestDirectDialFailureFallsBackToTheStream: an offer the opener cannot
-// dial sends the epoch's frames over the stream, and the next epoch does
-// not ask that peer again.
+// hookDials makes every direct dial of sa go through dial (whichever end
+// of the link dials) and counts them.
+func hookDials(sa *Service, dial func(ctx context.Context, ip net.IP, offer []byte) (net.IP, []byte)) *int {
+	dials := new(int)
+	sa.dial = func(ctx context.Context, ip net.IP, offer []byte) (*directlink.Writer, error) {
+		*dials++
+		ip, offer = dial(ctx, ip, offer)
+		if ip == nil {
+			return nil, errors.New("unreachable (test)")
+		}
+		return directlink.Dial(ctx, ip, offer)
+	}
+	sa.dialReader = func(ctx context.Context, ip net.IP, offer []byte, maxFrame int) (*directlink.Reader, error) {
+		*dials++
+		ip, offer = dial(ctx, ip, offer)
+		if ip == nil {
+			return nil, errors.New("unreachable (test)")
+		}
+		return directlink.DialReader(ctx, ip, offer, maxFrame)
+	}
+	return dials
+}
+
+// bothWays runs f for the two directions of a pair whose host a dialed
+// host b: frames from a to b (b accepted the connection and listens, a
+// dials as the opener) and from b to a (b listens as the opener, a dials
+// as the receiver). In both, a dials.
+func bothWays(t *testing.T, f func(t *testing.T, p *epochPair, send, recv *Transport, from, to allreduce.PeerID)) {
+	for _, way := range []string{"receiver listens", "opener listens"} {
+		t.Run(way, func(t *testing.T) {
+			p := newEpochPair(t)
+			if c := p.a.Network().ConnsToPeer(p.b.ID()); len(c) != 1 || c[0].Stat().Direction != network.DirOutbound {
+				t.Fatal("host a did not dial the one connection to host b")
+			}
+			if way == "receiver listens" {
+				f(t, p, p.ta, p.tb, p.pa, p.pb)
+			} else {
+				f(t, p, p.tb, p.ta, p.pb, p.pa)
+			}
+		})
+	}
+}
+
+// TestTheAcceptingEndListens: the end that accepted the libp2p connection
+// listens for the direct link in both directions, so only the end that
+// dialed the connection dials links (a peer behind a NAT dials out).
+func TestTheAcceptingEndListens(t *testing.T) {
+	bothWays(t, func(t *testing.T, p *epochPair, send, recv *Transport, from, to allreduce.PeerID) {
+		dials := hookDials(p.sa, func(_ context.Context, ip net.IP, offer []byte) (net.IP, []byte) { return ip, offer })
+		hookDials(p.sb, func(context.Context, net.IP, []byte) (net.IP, []byte) {
+			t.Error("host b dialed a direct link")
+			return nil, nil
+		})
+		exchange(t, p.ctx, send, recv, from, to, 10, 1<<20)
+		if *dials != 1 || p.sa.DirectLinks() != 1 || p.sb.DirectLinks() != 1 {
+			t.Fatalf("host a dialed %d times, direct links %d and %d; want 1, 1 and 1", *dials, p.sa.DirectLinks(), p.sb.DirectLinks())
+		}
+	})
+}
+
+// fallsBackOnce checks, in both ways (bothWays), that with host a's
+// dials redirected by dial the epoch's frames go over the stream, and the
+// next epoch's too, after one dial in all.
+func fallsBackOnce(t *testing.T, dial func(ctx context.Context, ip net.IP, offer []byte) (net.IP, []byte)) {
+	bothWays(t, func(t *testing.T, p *epochPair, send, recv *Transport, from, to allreduce.PeerID) {
+		dials := hookDials(p.sa, dial)
+		exchange(t, p.ctx, send, recv, from, to, 100, 70000)
+		ta, tb, _, _ := pairEpoch(p.a, p.b, p.sa, p.sb, 2)
+		if send == p.tb {
+			ta, tb = tb, ta
+		}
+		exchange(t, p.ctx, ta, tb, from, to, 100)
+		if *dials != 1 || p.sa.DirectLinks() != 0 || p.sb.DirectLinks() != 0 {
+			t.Fatalf("%d dials, direct links %d and %d; want 1 dial and none", *dials, p.sa.DirectLinks(), p.sb.DirectLinks())
+		}
+	})
+}
+
+// TestDirectDialFailureFallsBackToTheStream: a direct link that cannot be
+// dialed sends the epoch's frames over the stream, and the next epoch does
+// not dial that peer again.
 func TestDirectDialFailureFallsBackToTheStream(t *testing.T) {
-	a, b, sa, sb := servicePair(t)
-	defer sa.Close()
-	defer sb.Close()
-	dials := 0
-	sa.dial = func(context.Context, net.IP, []byte) (*directlink.Writer, error) {
-		dials++
-		return nil, errors.New("unreachable (test)")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for epoch := uint64(1); epoch <= 2; epoch++ {
-		ta, tb, pa, pb := pairEpoch(a, b, sa, sb, epoch)
-		exchange(t, ctx, ta, tb, pa, pb, 100, 70000)
-	}
-	if dials != 1 || sa.DirectLinks() != 0 || sb.DirectLinks() != 0 {
-		t.Fatalf("%d dials, direct links %d and %d; want 1 dial and none", dials, sa.DirectLinks(), sb.DirectLinks())
-	}
+	fallsBackOnce(t, func(context.Context, net.IP, []byte) (net.IP, []byte) { return nil, nil })
 }
 
 // TestCloseDeliversWrittenFrames: frames written just before the opener's
@@ -329,10 +392,10 @@ func TestTCPIP(t *testing.T) {
 	}
 }
 
-// TestUnacceptedDialFallsBackToTheStream: when the opener's dial reaches
-// something other than the receiver's listener (here a decoy port, as a NAT
-// or a proxy might), the receiver says so and the frames go over the
-// stream; that peer is not dialed again in the next epoch.
+// TestUnacceptedDialFallsBackToTheStream: when a dial reaches something
+// other than the listener (here a decoy port, as a NAT or a proxy might),
+// the listening end says so and the frames go over the stream; that peer
+// is not dialed again in the next epoch.
 func TestUnacceptedDialFallsBackToTheStream(t *testing.T) {
 	defer func(d time.Duration) { directAcceptTimeout = d }(directAcceptTimeout)
 	directAcceptTimeout = 300 * time.Millisecond
@@ -350,18 +413,9 @@ func TestUnacceptedDialFallsBackToTheStream(t *testing.T) {
 			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
 		}
 	}()
-	p := newEpochPair(t)
-	dials := 0
-	p.sa.dial = func(ctx context.Context, ip net.IP, offer []byte) (*directlink.Writer, error) {
-		dials++
+	fallsBackOnce(t, func(_ context.Context, ip net.IP, offer []byte) (net.IP, []byte) {
 		o := bytes.Clone(offer)
 		binary.BigEndian.PutUint16(o, uint16(decoy.Addr().(*net.TCPAddr).Port))
-		return directlink.Dial(ctx, ip, o)
-	}
-	exchange(t, p.ctx, p.ta, p.tb, p.pa, p.pb, 100, 70000)
-	ta, tb, _, _ := pairEpoch(p.a, p.b, p.sa, p.sb, 2)
-	exchange(t, p.ctx, ta, tb, p.pa, p.pb, 100)
-	if dials != 1 || p.sa.DirectLinks() != 0 || p.sb.DirectLinks() != 0 {
-		t.Fatalf("%d dials, direct links %d and %d; want 1 dial and none", dials, p.sa.DirectLinks(), p.sb.DirectLinks())
-	}
+		return ip, o
+	})
 }
