@@ -51,8 +51,9 @@
 # Printed per case: how long after the start the peers behind the NATs were
 # connected to each other (through the relay or directly), how long until the
 # connection was direct, the epoch that trained, and the median step time and
-# all-reduce time of each peer (from --metrics-file); then one summary line per
-# case. Each peer's `done step=N ... param_hash=H` line must be identical.
+# all-reduce time of each peer (from --metrics-file), the direct links each
+# opened (p2ptrain_allreduce_direct_links_total, polled from its API) and
+# the ones that failed (logged); then one summary line per case. Each peer's `done step=N ... param_hash=H` line must be identical.
 #
 # Needs root, iproute2, iptables, curl and jq. Without root or network namespaces
 # it prints SKIP and exits 0; any failure exits 1, bad usage 2. Every step is bounded
@@ -269,6 +270,12 @@ conn_of() {
 	nsx "$1" curl -s -m 1 http://127.0.0.1:7420/status 2>/dev/null |
 		jq -r --arg id "$2" '.members[]? | select(.peer_id == $id) | .conn // ""' 2>/dev/null || true
 }
+# direct_links_of NS: the peer's p2ptrain_allreduce_direct_links_total (nothing
+# when its API does not answer).
+direct_links_of() {
+	nsx "$1" curl -s -m 1 http://127.0.0.1:7420/metrics 2>/dev/null |
+		awk '$1 == "p2ptrain_allreduce_direct_links_total" { printf "%d\n", $2 }' || true
+}
 peer_id_of() { # NS
 	nsx "$1" curl -s -m 1 http://127.0.0.1:7420/status 2>/dev/null | jq -r '.peer_id // ""' 2>/dev/null || true
 }
@@ -291,7 +298,8 @@ log_time() {
 
 summaries=()
 run_case() { # a|b
-	local c=$1 kind desc r=$reach t0 now el t_conn="" t_direct="" id_b="" k name code lines=() epoch direct t_relay t_punch
+	local c=$1 kind desc r=$reach t0 now el t_conn="" t_direct="" id_b="" k name code lines=() epoch direct t_relay t_punch polls=0 v
+	declare -A links=([pub]=0 [a]=0 [b]=0) ns_of=([pub]=$NS_PUB [a]=$PREFIX-a [b]=$PREFIX-b)
 	if [ "$c" = a ]; then kind=eim desc="endpoint-independent NAT (MASQUERADE)"; else kind=random desc="NAT with random ports (MASQUERADE --random-fully)"; fi
 	[ -n "$r" ] || { [ "$c" = a ] && r=auto; } || r=private
 	say "case $c: $desc, reachability $r behind the NATs"
@@ -319,6 +327,15 @@ reachability = \"public\""
 				die "case $c: peer $name failed: exit status $code"
 			fi
 		done
+		# Every second, each running peer's count of direct links (the
+		# counter only grows; the last reading before a peer exits stays).
+		if [ $((polls++ % 5)) = 0 ]; then
+			for name in pub a b; do
+				[ -z "${rc[$name]:-}" ] || continue
+				v=$(direct_links_of "${ns_of[$name]}")
+				[ -z "$v" ] || links[$name]=$v
+			done
+		fi
 		[ -n "$id_b" ] || id_b=$(peer_id_of "$PREFIX-b")
 		if [ -n "$id_b" ] && [ -z "$t_direct" ] && [ -z "${rc[a]:-}" ]; then
 			k=$(conn_of "$PREFIX-a" "$id_b")
@@ -358,10 +375,16 @@ reachability = \"public\""
 		ar_s+=("$name=$(median "$work/$name.metrics" allreduce_s)")
 	done
 	say "case $c: median step time ${steps_s[*]} s; median all-reduce ${ar_s[*]} s; epochs $epoch"
+	local dl=() df=()
+	for name in pub a b; do
+		dl+=("$name=${links[$name]}")
+		df+=("$name=$(grep -c 'direct link failed' "$work/$name.err" || true)")
+	done
+	say "case $c: direct links opened (all epochs, as sender or receiver) ${dl[*]}; failed ${df[*]}"
 	direct="never (relayed)"
 	[ -z "$t_direct" ] || direct=${t_direct}s
-	summaries+=("$(printf 'nat case %s (%s NAT, reachability %s): connected %ss, direct %s, median step_s %s, median allreduce_s %s, hashes equal' \
-		"$c" "$kind" "$r" "$t_conn" "$direct" "${steps_s[*]}" "${ar_s[*]}")")
+	summaries+=("$(printf 'nat case %s (%s NAT, reachability %s): connected %ss, direct %s, median step_s %s, median allreduce_s %s, direct links %s (failed %s), hashes equal' \
+		"$c" "$kind" "$r" "$t_conn" "$direct" "${steps_s[*]}" "${ar_s[*]}" "${dl[*]}" "${df[*]}")")
 	for name in pub a b; do
 		for f in metrics err out; do cp "$work/$name.$f" "$work/$c-$name.$f"; done
 	done
