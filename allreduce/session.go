@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -530,6 +531,14 @@ func (s *Session) enqueue(to int, f outFrame) {
 	case q.ready <- struct{}{}:
 	default:
 	}
+	// Let the writer, which the frame made runnable, take it now: on busy
+	// cores it otherwise waited for the rest of the producing loop's time
+	// slice. Four in-process peers on two cores began the direct
+	// schedule's sends up to 15 ms after the round (64 MiB of onebit at
+	// 95.6 Mbit/s: 0.89-0.90 of the link-limited ideal before, 0.95-0.96
+	// after; top-k's all-gather 0.59 to 0.65; the ring, whose hops wait on
+	// the network, unchanged).
+	runtime.Gosched()
 }
 
 // op is the state of one bucket all-reduce (or one of its sub-reduces).
