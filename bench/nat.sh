@@ -15,7 +15,8 @@
 #                      defeat hole punching (MASQUERADE --random-fully: a new port for
 #                      every connection): they stay relayed and must still finish.
 #                      [both]
-#   --steps N          training steps [30]
+#   --steps N          training steps [150: the run outlasts a peer's retry of a hole
+#                      punch that did not happen, 15 s after it could have]
 #   --reachability R   node.reachability of the peers behind NAT: auto (AutoNAT
 #                      finds out, which takes its 15 s boot delay and a failed
 #                      dial-back; a ring formed before fails its first step and
@@ -67,7 +68,7 @@ NET=10.77.200 # the public side
 PORT=4001
 LOCK=/run/lock/p2pt-nat.lock
 
-cases=both steps=30 reach="" rate=100mbit binary="" timeout_s=150 logdir="" mode=run
+cases=both steps=150 reach="" rate=100mbit binary="" timeout_s=150 logdir="" mode=run
 
 PROG=nat
 # shellcheck source=bench/lib.sh
@@ -375,12 +376,14 @@ reachability = \"public\""
 		ar_s+=("$name=$(median "$work/$name.metrics" allreduce_s)")
 	done
 	say "case $c: median step time ${steps_s[*]} s; median all-reduce ${ar_s[*]} s; epochs $epoch"
-	local dl=() df=()
+	local dl=() df=() pr=()
 	for name in pub a b; do
 		dl+=("$name=${links[$name]}")
 		df+=("$name=$(grep -c 'direct link failed' "$work/$name.err" || true)")
+		pr+=("$name=$(grep -c 'to punch a hole again' "$work/$name.err" || true)")
 	done
 	say "case $c: direct links opened (all epochs, as sender or receiver) ${dl[*]}; failed ${df[*]}"
+	say "case $c: relayed connections closed to punch a hole again ${pr[*]}"
 	direct="never (relayed)"
 	[ -z "$t_direct" ] || direct=${t_direct}s
 	summaries+=("$(printf 'nat case %s (%s NAT, reachability %s): connected %ss, direct %s, median step_s %s, median allreduce_s %s, direct links %s (failed %s), hashes equal' \

@@ -16,6 +16,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/p2p/host/autorelay"
 	relayv2 "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
+	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
 	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
 	"go.uber.org/zap"
@@ -294,6 +295,67 @@ func closeRedundantRelays(h host.Host, keep protocol.ID) int {
 			if c.Close() == nil {
 				closed++
 			}
+		}
+	}
+	return closed
+}
+
+// punchGrace is how long a member may stay reached only through an
+// inbound relayed connection, after this peer's hole punching is ready
+// and the connection opened, before punchRetry closes it.
+const punchGrace = 15 * time.Second
+
+// punchRetry gives each member that stays relayed one more hole punch.
+// go-libp2p punches when a relayed connection comes in, and only if its
+// hole-punching service is running by then; that service starts once the
+// host knows a public address of its own, which it polls for at up to 5 s
+// intervals, so a relayed connection that arrives first is never punched
+// (bench/nat.sh saw this in about 1 run in 8: the two NATed peers stayed
+// relayed for the whole run). Closing such a connection once makes the
+// members connect through the relay again, and the new inbound connection
+// is punched; the step in flight over it fails and is retried.
+type punchRetry struct {
+	readyAt time.Time // when this host's hole punching was first seen running
+	retried map[peer.ID]bool
+}
+
+// check closes, once per member, an inbound relayed connection to a member
+// reached by no direct one, when this host's hole punching has run for
+// punchGrace before now and since the connection opened, and the member
+// runs hole punching too. It returns the members whose connection it
+// closed.
+func (p *punchRetry) check(h host.Host, now time.Time) []peer.ID {
+	if p.readyAt.IsZero() {
+		if !slices.Contains(h.Mux().Protocols(), holepunch.Protocol) {
+			return nil
+		}
+		p.readyAt = now
+	}
+	var closed []peer.ID
+	for _, id := range h.Network().Peers() {
+		if p.retried[id] || connKind(h, id) != ConnRelayed {
+			continue
+		}
+		if ps, err := h.Peerstore().SupportsProtocols(id, holepunch.Protocol); err != nil || len(ps) == 0 {
+			continue
+		}
+		for _, c := range h.Network().ConnsToPeer(id) {
+			st := c.Stat()
+			since := st.Opened // or, when later, since hole punching ran
+			if p.readyAt.After(since) {
+				since = p.readyAt
+			}
+			if st.Direction != network.DirInbound || now.Sub(since) < punchGrace {
+				continue
+			}
+			if p.retried == nil {
+				p.retried = map[peer.ID]bool{}
+			}
+			p.retried[id] = true
+			if c.Close() == nil {
+				closed = append(closed, id)
+			}
+			break
 		}
 	}
 	return closed

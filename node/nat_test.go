@@ -20,6 +20,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
 	circuitproto "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/proto"
+	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/p2ptrain/p2ptrain/config"
@@ -76,34 +77,14 @@ func TestRelayCarriesTrainingTraffic(t *testing.T) {
 func relayCarriesTrainingTraffic(t *testing.T, psk pnet.PSK, mode string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	relay := keyedNATHost(t, natParams{relayService: true, reachability: config.ReachabilityPublic}, psk, mode)
-	behind := natParams{relayClient: true, reachability: config.ReachabilityPrivate}
-	a, b := keyedNATHost(t, behind, psk, mode), keyedNATHost(t, behind, psk, mode)
-	eventually(t, 10*time.Second, "relay service started", func() error {
-		if !slices.Contains(relay.Mux().Protocols(), circuitproto.ProtoIDv2Hop) {
-			return fmt.Errorf("relay protocols %v", relay.Mux().Protocols())
-		}
-		return nil
-	})
-	relayInfo := peer.AddrInfo{ID: relay.ID(), Addrs: relay.Addrs()}
-	if err := a.Connect(ctx, relayInfo); err != nil {
-		t.Fatal(err)
-	}
-	rsvp, err := client.Reserve(ctx, a, relayInfo)
-	if err != nil {
-		t.Fatalf("reserve a slot on the relay: %v", err)
-	}
+	a, b, _, rsvp := relayedPair(t, ctx, psk, mode)
 	if rsvp.LimitData != 0 || rsvp.LimitDuration != 0 {
 		t.Fatalf("relay limits %d bytes, %s; want none", rsvp.LimitData, rsvp.LimitDuration)
-	}
-	circuit := relay.Addrs()[0].Encapsulate(ma.StringCast("/p2p/" + relay.ID().String() + "/p2p-circuit"))
-	if err := b.Connect(ctx, peer.AddrInfo{ID: a.ID(), Addrs: []ma.Multiaddr{circuit}}); err != nil {
-		t.Fatalf("connect through the relay: %v", err)
 	}
 	if k := connKind(b, a.ID()); k != ConnRelayed {
 		t.Fatalf("connection through the relay is %q, want %q", k, ConnRelayed)
 	}
-	if !relayedPeers(b)[a.ID().String()] || relayedPeers(b)[relay.ID().String()] {
+	if rp := relayedPeers(b); !rp[a.ID().String()] || len(rp) != 1 {
 		t.Fatalf("relayedPeers = %v, want only %s", relayedPeers(b), a.ID())
 	}
 
@@ -167,6 +148,103 @@ func relayCarriesTrainingTraffic(t *testing.T, psk pnet.PSK, mode string) {
 	})
 	if k := connKind(b, peer.ID("nobody")); k != "" {
 		t.Fatalf("connKind of an unknown peer = %q, want none", k)
+	}
+}
+
+// relayedPair returns two hosts behind a relay (swarm key psk, nil for
+// none, in mode), b connected to a only through the relay (the connection
+// is inbound at a), the circuit address of a and a's reservation.
+func relayedPair(t *testing.T, ctx context.Context, psk pnet.PSK, mode string) (a, b host.Host, circuit ma.Multiaddr, rsvp *client.Reservation) {
+	t.Helper()
+	relay := keyedNATHost(t, natParams{relayService: true, reachability: config.ReachabilityPublic}, psk, mode)
+	behind := natParams{relayClient: true, reachability: config.ReachabilityPrivate}
+	a, b = keyedNATHost(t, behind, psk, mode), keyedNATHost(t, behind, psk, mode)
+	eventually(t, 10*time.Second, "relay service started", func() error {
+		if !slices.Contains(relay.Mux().Protocols(), circuitproto.ProtoIDv2Hop) {
+			return fmt.Errorf("relay protocols %v", relay.Mux().Protocols())
+		}
+		return nil
+	})
+	relayInfo := peer.AddrInfo{ID: relay.ID(), Addrs: relay.Addrs()}
+	if err := a.Connect(ctx, relayInfo); err != nil {
+		t.Fatal(err)
+	}
+	rsvp, err := client.Reserve(ctx, a, relayInfo)
+	if err != nil {
+		t.Fatalf("reserve a slot on the relay: %v", err)
+	}
+	circuit = relay.Addrs()[0].Encapsulate(ma.StringCast("/p2p/" + relay.ID().String() + "/p2p-circuit"))
+	if err := b.Connect(ctx, peer.AddrInfo{ID: a.ID(), Addrs: []ma.Multiaddr{circuit}}); err != nil {
+		t.Fatalf("connect through the relay: %v", err)
+	}
+	return a, b, circuit, rsvp
+}
+
+// TestPunchRetryClosesARelayedConnectionOnce: a member reached only
+// through a relayed connection that came in (this end is the one that
+// punches) has it closed once punchGrace has passed since this host's hole
+// punching started and since the connection opened, provided the member
+// runs hole punching too; never before, never at the end that dialed
+// through the relay, and never twice for one member.
+func TestPunchRetryClosesARelayedConnectionOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, b, circuit, _ := relayedPair(t, ctx, nil, "")
+	var pa, pb punchRetry
+	t0 := time.Now()
+	if got := pa.check(a, t0.Add(time.Hour)); got != nil {
+		t.Fatalf("closed %v before hole punching ran", got)
+	}
+	// Stand-ins for go-libp2p's hole-punching service, which registers
+	// its protocol once it runs.
+	for _, h := range []host.Host{a, b} {
+		h.SetStreamHandler(holepunch.Protocol, func(s network.Stream) { s.Reset() })
+	}
+	eventually(t, 10*time.Second, "each end knows the other punches", func() error {
+		for _, x := range [][2]host.Host{{a, b}, {b, a}} {
+			if ps, _ := x[0].Peerstore().SupportsProtocols(x[1].ID(), holepunch.Protocol); len(ps) == 0 {
+				return fmt.Errorf("%s does not list %s's hole punching", x[0].ID(), x[1].ID())
+			}
+		}
+		return nil
+	})
+	now := time.Now()
+	if got := pa.check(a, now); got != nil || pa.readyAt != now {
+		t.Fatalf("closed %v (ready at %v) the moment hole punching ran", got, pa.readyAt)
+	}
+	if got := pa.check(a, now.Add(punchGrace-time.Second)); got != nil {
+		t.Fatalf("closed %v within punchGrace", got)
+	}
+	pb.check(b, now)
+	if got := pb.check(b, now.Add(time.Hour)); got != nil {
+		t.Fatalf("the end that dialed through the relay closed %v", got)
+	}
+	if got := pa.check(a, now.Add(time.Hour)); len(got) != 1 || got[0] != b.ID() {
+		t.Fatalf("closed %v, want the relayed member %s only", got, b.ID())
+	}
+	eventually(t, 10*time.Second, "relayed connection closed at both ends", func() error {
+		if k, l := connKind(a, b.ID()), connKind(b, a.ID()); k != "" || l != "" {
+			return fmt.Errorf("a reaches b %q, b reaches a %q", k, l)
+		}
+		return nil
+	})
+	// Relayed again (through the relay only: loopback's direct address
+	// would do): not closed a second time.
+	b.Peerstore().ClearAddrs(a.ID())
+	if err := b.Connect(ctx, peer.AddrInfo{ID: a.ID(), Addrs: []ma.Multiaddr{circuit}}); err != nil {
+		t.Fatalf("connect through the relay again: %v", err)
+	}
+	eventually(t, 10*time.Second, "relayed connection back at a", func() error {
+		if k := connKind(a, b.ID()); k != ConnRelayed {
+			return fmt.Errorf("a reaches b %q", k)
+		}
+		return nil
+	})
+	if got := pa.check(a, now.Add(2*time.Hour)); got != nil {
+		t.Fatalf("closed %v a second time", got)
+	}
+	if k := connKind(a, b.ID()); k != ConnRelayed {
+		t.Fatalf("a reaches b %q after the second check, want %q", k, ConnRelayed)
 	}
 }
 

@@ -292,6 +292,7 @@ func (n *Node) watch(ctx context.Context, events <-chan gossip.Event) {
 	// Reconcile periodically too, in case an event was dropped or a dial failed.
 	tick := time.NewTicker(n.cfg.Gossip.Heartbeat.D() * 2)
 	defer tick.Stop()
+	var punch punchRetry
 	for {
 		select {
 		case <-ctx.Done():
@@ -311,6 +312,11 @@ func (n *Node) watch(ctx context.Context, events <-chan gossip.Event) {
 			n.connectMembers(ctx)
 			if c := closeRedundantRelays(n.host, ringstream.ID); c > 0 {
 				n.log.Debug("closed relayed connections to peers reached directly", zap.Int("closed", c))
+			}
+			if n.cfg.Node.HolePunching {
+				for _, id := range punch.check(n.host, time.Now()) {
+					n.log.Info("closed a relayed connection to punch a hole again", zap.Stringer("peer", id))
+				}
 			}
 		}
 	}
