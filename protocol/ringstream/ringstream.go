@@ -1,5 +1,5 @@
 // Package ringstream implements the all-reduce stream protocol
-// (/p2ptrain/allreduce/1.2.0): the allreduce.Transport of one ring epoch over
+// (/p2ptrain/allreduce/1.3.0): the allreduce.Transport of one ring epoch over
 // libp2p streams, whose frames go over a direct link (package directlink)
 // where the two peers can reach each other by TCP.
 package ringstream
@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,7 +36,7 @@ const ID protocol.ID = "/p2ptrain/allreduce/1.3.0"
 // adopted under one number never exchange frames.
 //
 // Mode 0: the frames follow on the stream. Modes 1 and 2 ask for a direct
-// link (package directlink), which the end that accepted the libp2p
+// link, negotiated by a directlink.Broker, which the end that accepted the libp2p
 // connection listens for: the other end reached that address once, so a
 // peer behind a NAT dials out. Answers on the stream are 1 (yes) or 0 (no:
 // the frames follow on the stream).
@@ -75,16 +74,7 @@ const (
 	maxPendingStreams = 256
 	// pendingTTL is how long such a stream waits for its epoch.
 	pendingTTL = 30 * time.Second
-	// directDialTimeout bounds the opener's dial of a direct link.
-	directDialTimeout = 2 * time.Second
-	// noDirectTTL is how long a peer whose direct link could not be
-	// dialed is sent frames over streams before the next try.
-	noDirectTTL = 10 * time.Minute
 )
-
-// directAcceptTimeout bounds the receiver's wait for the dialer (a
-// variable for tests).
-var directAcceptTimeout = 10 * time.Second
 
 var errTransportClosed = errors.New("ringstream: transport closed")
 
@@ -99,20 +89,15 @@ type Service struct {
 	learnAddrs func(peer.ID)
 	// sent counts all-reduce bytes written (frames and their length
 	// prefixes), over every epoch; rejected counts the frames the epochs'
-	// sessions refused; direct counts the direct links opened (both ends).
-	sent, rejected, direct atomic.Uint64
+	// sessions refused.
+	sent, rejected atomic.Uint64
+	// links negotiates the streams' direct links.
+	links *directlink.Broker
 
-	// dial and dialReader open direct links (directlink.Dial and
-	// directlink.DialReader; tests replace them).
-	dial       func(ctx context.Context, ip net.IP, offer []byte) (*directlink.Writer, error)
-	dialReader func(ctx context.Context, ip net.IP, offer []byte, maxFrame int) (*directlink.Reader, error)
-
-	mu       sync.Mutex
-	closed   bool                  // Close was called: inbound streams are reset
-	noDirect bool                  // never ask for or offer direct links
-	dialFail map[peer.ID]time.Time // when a direct link with the peer failed
-	epochs   map[epochKey]*Transport
-	pending  []pendingStream
+	mu      sync.Mutex
+	closed  bool // Close was called: inbound streams are reset
+	epochs  map[epochKey]*Transport
+	pending []pendingStream
 }
 
 type pendingStream struct {
@@ -141,8 +126,7 @@ func (in inbound) reset() {
 // a stream to it is opened.
 func New(h host.Host, maxFrame int, learnAddrs func(peer.ID), log *zap.Logger) *Service {
 	rn := &Service{host: h, maxFrame: maxFrame, learnAddrs: learnAddrs, log: log,
-		epochs: map[epochKey]*Transport{}, dialFail: map[peer.ID]time.Time{},
-		dial: directlink.Dial, dialReader: directlink.DialReader}
+		epochs: map[epochKey]*Transport{}, links: directlink.NewBroker(log)}
 	h.SetStreamHandler(ID, rn.handle)
 	rn.notifiee = &network.NotifyBundle{DisconnectedF: func(nw network.Network, c network.Conn) {
 		p := c.RemotePeer()
@@ -223,37 +207,22 @@ func readHello(r io.Reader) (epochKey, error) {
 // SetDirect turns direct links on (the default) or off: off, frames always
 // go over the libp2p streams, and a peer asking for a direct link is told
 // to send them there.
-func (rn *Service) SetDirect(on bool) {
-	rn.mu.Lock()
-	rn.noDirect = !on
-	rn.mu.Unlock()
-}
+func (rn *Service) SetDirect(on bool) { rn.links.SetEnabled(on) }
 
 // DirectLinks returns how many direct links this service opened, as
 // opener or receiver, over every epoch.
-func (rn *Service) DirectLinks() uint64 { return rn.direct.Load() }
+func (rn *Service) DirectLinks() uint64 { return rn.links.Links() }
 
-// directOn says whether direct links may be used.
-func (rn *Service) directOn() bool {
-	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	return !rn.noDirect
-}
-
-// receive reads an inbound stream's hello and mode and runs the mode's
-// exchange (receiveLink).
+// receive reads an inbound stream's hello and negotiates its direct link
+// (directlink.Broker.Receive).
 func (rn *Service) receive(s network.Stream) (epochKey, inbound, error) {
 	_ = s.SetReadDeadline(time.Now().Add(helloTimeout))
 	epoch, err := readHello(s)
 	if err != nil {
 		return epoch, inbound{}, err
 	}
-	var mode [1]byte
-	if _, err := io.ReadFull(s, mode[:]); err != nil {
-		return epoch, inbound{}, fmt.Errorf("read stream mode: %w", err)
-	}
 	in := inbound{s: s}
-	if in.d, err = rn.receiveLink(s, mode[0]); err != nil {
+	if in.d, err = rn.links.Receive(s, rn.maxFrame); err != nil {
 		return epoch, in, err
 	}
 	if in.d == nil {
@@ -500,7 +469,7 @@ func (t *Transport) Send(ctx context.Context, to allreduce.PeerID, frame []byte)
 			return l.err
 		}
 		l.buf = appendHello(l.buf[:0], t.epoch)
-		d, err := t.rn.openLink(ctx, id, s, l.buf)
+		d, err := t.rn.links.Open(ctx, id, s, l.buf)
 		if err != nil {
 			s.Reset()
 			if cerr := ctx.Err(); cerr != nil {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
-	ma "github.com/multiformats/go-multiaddr"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
@@ -248,7 +247,7 @@ func TestDirectOffUsesTheStream(t *testing.T) {
 // of the link dials) and counts them.
 func hookDials(sa *Service, dial func(ctx context.Context, ip net.IP, offer []byte) (net.IP, []byte)) *int {
 	dials := new(int)
-	sa.dial = func(ctx context.Context, ip net.IP, offer []byte) (*directlink.Writer, error) {
+	sa.links.Dial = func(ctx context.Context, ip net.IP, offer []byte) (*directlink.Writer, error) {
 		*dials++
 		ip, offer = dial(ctx, ip, offer)
 		if ip == nil {
@@ -256,7 +255,7 @@ func hookDials(sa *Service, dial func(ctx context.Context, ip net.IP, offer []by
 		}
 		return directlink.Dial(ctx, ip, offer)
 	}
-	sa.dialReader = func(ctx context.Context, ip net.IP, offer []byte, maxFrame int) (*directlink.Reader, error) {
+	sa.links.DialReader = func(ctx context.Context, ip net.IP, offer []byte, maxFrame int) (*directlink.Reader, error) {
 		*dials++
 		ip, offer = dial(ctx, ip, offer)
 		if ip == nil {
@@ -306,9 +305,11 @@ func TestTheAcceptingEndListens(t *testing.T) {
 
 // fallsBackOnce checks, in both ways (bothWays), that with host a's
 // dials redirected by dial the epoch's frames go over the stream, and the
-// next epoch's too, after one dial in all.
+// next epoch's too, after one dial in all. A listening end waits 300 ms
+// for a dial.
 func fallsBackOnce(t *testing.T, dial func(ctx context.Context, ip net.IP, offer []byte) (net.IP, []byte)) {
 	bothWays(t, func(t *testing.T, p *epochPair, send, recv *Transport, from, to allreduce.PeerID) {
+		p.sa.links.AcceptTimeout, p.sb.links.AcceptTimeout = 300*time.Millisecond, 300*time.Millisecond
 		dials := hookDials(p.sa, dial)
 		exchange(t, p.ctx, send, recv, from, to, 100, 70000)
 		ta, tb, _, _ := pairEpoch(p.a, p.b, p.sa, p.sb, 2)
@@ -374,31 +375,11 @@ func TestLostConnectionBreaksTheDirectLink(t *testing.T) {
 	}
 }
 
-// TestTCPIP: only a plain IP-and-TCP address gives a direct link's IP; a
-// QUIC address and a relayed (circuit) address give none.
-func TestTCPIP(t *testing.T) {
-	relay := "/ip4/10.0.0.1/tcp/4001/p2p/12D3KooWJULtEwikjBUQojLiuZ1Y3goc8qCkeUUFkRNn9EjWhDEZ/p2p-circuit"
-	for addr, want := range map[string]string{
-		"/ip4/10.77.0.11/tcp/4001":         "10.77.0.11",
-		"/ip6/::1/tcp/4001":                "::1",
-		"/ip4/10.77.0.11/udp/4001/quic-v1": "",
-		relay:                              "",
-		relay + "/p2p/" + "12D3KooWT2TEMQtdLHQsDKkbd6NG2pTuXJMd4b9XwrSBgXurbKaS": "",
-	} {
-		got := tcpIP(ma.StringCast(addr))
-		if (got == nil) != (want == "") || (got != nil && got.String() != want) {
-			t.Errorf("tcpIP(%s) = %v, want %q", addr, got, want)
-		}
-	}
-}
-
 // TestUnacceptedDialFallsBackToTheStream: when a dial reaches something
 // other than the listener (here a decoy port, as a NAT or a proxy might),
 // the listening end says so and the frames go over the stream; that peer
 // is not dialed again in the next epoch.
 func TestUnacceptedDialFallsBackToTheStream(t *testing.T) {
-	defer func(d time.Duration) { directAcceptTimeout = d }(directAcceptTimeout)
-	directAcceptTimeout = 300 * time.Millisecond
 	decoy, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
