@@ -259,8 +259,8 @@ type Allreduce struct {
 	// allreduce.SlowLink times slower than the fastest ring edge), "off", or
 	// a linear or quantized codec spec used on those slow links instead.
 	LinkCodecs string `toml:"link_codecs"`
-	// DirectLinks sends each all-reduce link's frames over a TCP connection
-	// of its own, sealed with AES-256-GCM under a key exchanged over the
+	// DirectLinks sends each all-reduce link's frames, and each link's
+	// between pipeline stages, over a TCP connection of its own, sealed with AES-256-GCM under a key exchanged over the
 	// libp2p stream, where the two peers reach each other by TCP (else, or
 	// when false, over the libp2p stream).
 	DirectLinks bool `toml:"direct_links"`

@@ -164,27 +164,28 @@ type collector struct {
 	alive, epoch, gossipMsgs, protoByte *prometheus.Desc
 	linkRate, linkRTT                   *prometheus.Desc
 	framesRejected, epochsRejected      *prometheus.Desc
-	directLinks                         *prometheus.Desc
+	directLinks, pipeDirectLinks        *prometheus.Desc
 }
 
 func newCollector(n *Node) *collector {
 	return &collector{
-		n:              n,
-		alive:          prometheus.NewDesc("p2ptrain_alive_peers", "Alive members of the cluster, this peer included.", nil, nil),
-		epoch:          prometheus.NewDesc("p2ptrain_ring_epoch", "Number of the adopted ring epoch.", nil, nil),
-		gossipMsgs:     prometheus.NewDesc("p2ptrain_gossip_messages_total", "Gossip messages by direction: in (accepted from other peers), out (published), rejected (refused by the validator), rate_limited (ignored: the author sent too many).", []string{"direction"}, nil),
-		protoByte:      prometheus.NewDesc("p2ptrain_protocol_bytes_total", "Bytes sent and received per libp2p protocol.", []string{"protocol", "direction"}, nil),
-		linkRate:       prometheus.NewDesc("p2ptrain_link_throughput_bytes_per_second", "Measured throughput from this peer to a peer, in bytes per second (the probes' Mbit/s × 125000).", []string{"peer"}, nil),
-		linkRTT:        prometheus.NewDesc("p2ptrain_link_rtt_seconds", "Measured round-trip time to a peer.", []string{"peer"}, nil),
-		framesRejected: prometheus.NewDesc("p2ptrain_allreduce_frames_rejected_total", "All-reduce frames from peers that this peer refused (invalid, of another epoch or codec, too large); each fails its step.", nil, nil),
-		epochsRejected: prometheus.NewDesc("p2ptrain_ring_epochs_rejected_total", "Ring epochs this peer refused to adopt (numbers out of bounds, proposers it does not follow).", nil, nil),
-		directLinks:    prometheus.NewDesc("p2ptrain_allreduce_direct_links_total", "All-reduce links this peer opened as direct links (a TCP connection of their own, AES-256-GCM), as sender or receiver; the others carry their frames on libp2p streams.", nil, nil),
+		n:               n,
+		alive:           prometheus.NewDesc("p2ptrain_alive_peers", "Alive members of the cluster, this peer included.", nil, nil),
+		epoch:           prometheus.NewDesc("p2ptrain_ring_epoch", "Number of the adopted ring epoch.", nil, nil),
+		gossipMsgs:      prometheus.NewDesc("p2ptrain_gossip_messages_total", "Gossip messages by direction: in (accepted from other peers), out (published), rejected (refused by the validator), rate_limited (ignored: the author sent too many).", []string{"direction"}, nil),
+		protoByte:       prometheus.NewDesc("p2ptrain_protocol_bytes_total", "Bytes sent and received per libp2p protocol.", []string{"protocol", "direction"}, nil),
+		linkRate:        prometheus.NewDesc("p2ptrain_link_throughput_bytes_per_second", "Measured throughput from this peer to a peer, in bytes per second (the probes' Mbit/s × 125000).", []string{"peer"}, nil),
+		linkRTT:         prometheus.NewDesc("p2ptrain_link_rtt_seconds", "Measured round-trip time to a peer.", []string{"peer"}, nil),
+		framesRejected:  prometheus.NewDesc("p2ptrain_allreduce_frames_rejected_total", "All-reduce frames from peers that this peer refused (invalid, of another epoch or codec, too large); each fails its step.", nil, nil),
+		epochsRejected:  prometheus.NewDesc("p2ptrain_ring_epochs_rejected_total", "Ring epochs this peer refused to adopt (numbers out of bounds, proposers it does not follow).", nil, nil),
+		directLinks:     prometheus.NewDesc("p2ptrain_allreduce_direct_links_total", "All-reduce links this peer opened as direct links (a TCP connection of their own, AES-256-GCM), as sender or receiver; the others carry their frames on libp2p streams.", nil, nil),
+		pipeDirectLinks: prometheus.NewDesc("p2ptrain_pipeline_direct_links_total", "Pipeline links between stages this peer opened as direct links, as sender or receiver (allreduce.direct_links).", nil, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.alive, c.epoch, c.gossipMsgs, c.protoByte, c.linkRate, c.linkRTT, c.framesRejected, c.epochsRejected, c.directLinks} {
+	for _, d := range []*prometheus.Desc{c.alive, c.epoch, c.gossipMsgs, c.protoByte, c.linkRate, c.linkRTT, c.framesRejected, c.epochsRejected, c.directLinks, c.pipeDirectLinks} {
 		ch <- d
 	}
 }
@@ -201,6 +202,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.epochsRejected, prometheus.CounterValue, float64(st.EpochsRejected))
 	ch <- prometheus.MustNewConstMetric(c.framesRejected, prometheus.CounterValue, float64(c.n.ring.Rejected()))
 	ch <- prometheus.MustNewConstMetric(c.directLinks, prometheus.CounterValue, float64(c.n.ring.DirectLinks()))
+	ch <- prometheus.MustNewConstMetric(c.pipeDirectLinks, prometheus.CounterValue, float64(c.n.pipe.DirectLinks()))
 	for _, l := range c.n.probe.Figures() {
 		ch <- prometheus.MustNewConstMetric(c.linkRate, prometheus.GaugeValue, l.MbitS*1e6/8, l.Peer)
 		ch <- prometheus.MustNewConstMetric(c.linkRTT, prometheus.GaugeValue, l.RTTMs/1e3, l.Peer)

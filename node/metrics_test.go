@@ -208,6 +208,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		fmt.Sprintf("p2ptrain_link_rtt_seconds{peer=%q} 0.025\n", other),
 		"p2ptrain_allreduce_frames_rejected_total 0\n",
 		"p2ptrain_allreduce_direct_links_total 0\n",
+		"p2ptrain_pipeline_direct_links_total 0\n",
 		"p2ptrain_ring_epochs_rejected_total 0\n",
 		`p2ptrain_gossip_messages_total{direction="rate_limited"} 0` + "\n",
 		"p2ptrain_alive_peers 1\n",

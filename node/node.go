@@ -150,6 +150,7 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 	n.ring = ringstream.New(n.host, cfg.Allreduce.Session(nil).MaxFrame(), n.learnAddrs, log.Named("allreduce"))
 	n.ring.SetDirect(cfg.Allreduce.DirectLinks)
 	n.pipe = pipestream.New(n.host, n.learnAddrs, log.Named("pipeline"))
+	n.pipe.SetDirect(cfg.Allreduce.DirectLinks)
 	n.state = statesync.NewServer(n.host, log.Named("state"))
 	n.probe = probe.New(n.host, cfg.Probe.Prober(), log.Named("probe"))
 	// The node lives until Close, not until the caller's context ends: Close

@@ -41,6 +41,22 @@ type Broker struct {
 	failed map[peer.ID]time.Time // when a direct link with the peer failed
 }
 
+// Inbound is the incoming side of a stream whose link a Broker negotiated:
+// the stream, and the direct link its frames come over (nil: they come on
+// the stream).
+type Inbound struct {
+	Stream network.Stream
+	Link   *Reader
+}
+
+// Reset breaks the stream and the link.
+func (in Inbound) Reset() {
+	if in.Link != nil {
+		in.Link.Close()
+	}
+	in.Stream.Reset()
+}
+
 // Timeouts of the negotiation.
 const (
 	// AnswerTimeout bounds each read of an answer on the stream.
@@ -158,26 +174,33 @@ func readAnswer(s network.Stream, deadline time.Time, what string) (byte, error)
 	return b[0], nil
 }
 
-// watchReader closes d when s is reset or its connection lost. The end of
-// the stream (the opener closed it after its last frame) does not: frames
-// may still wait in the link.
+// watchReader closes d when s is reset or its connection lost, with the
+// stream's error as the cause its reads report (a reset by the peer
+// stays a *network.StreamError). The end of the stream (the opener closed
+// it after its last frame) does not: frames may still wait in the link.
 func watchReader(s network.Stream, d *Reader) {
 	_ = s.SetReadDeadline(time.Time{})
+	d.side = make(chan error, 1)
 	go func() {
-		if _, err := io.Copy(io.Discard, s); err != nil {
-			d.Close()
+		_, err := io.Copy(io.Discard, s)
+		if err != nil {
+			d.CloseWith(err)
 		}
+		d.side <- err
 	}()
 }
 
 // watchWriter closes d when s's read side ends: a reset, a lost
-// connection, or this end's Close. Records already written are still
-// delivered.
+// connection (the cause its writes report), or this end's Close. Records
+// already written are still delivered.
 func watchWriter(s network.Stream, d *Writer) {
 	_ = s.SetReadDeadline(time.Time{})
 	go func() {
-		_, _ = io.Copy(io.Discard, s)
-		d.Close()
+		_, err := io.Copy(io.Discard, s)
+		if err == nil {
+			err = io.EOF
+		}
+		d.CloseWith(err)
 	}()
 }
 

@@ -52,6 +52,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 )
 
@@ -317,11 +318,38 @@ func dial(ctx context.Context, ip net.IP, offer []byte) (*Writer, cipher.AEAD, e
 	return w, aead, nil
 }
 
-// Writer seals frames onto a direct link. It is not safe for concurrent use.
+// Writer seals frames onto a direct link. It is not safe for concurrent
+// use, except Close and CloseWith.
 type Writer struct {
-	c    net.Conn
-	seal sealer
-	buf  []byte
+	c     net.Conn
+	seal  sealer
+	buf   []byte
+	cause cause
+}
+
+// cause is why a link was closed (CloseWith), reported by the reads and
+// writes that the close broke.
+type cause struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (c *cause) set(err error) {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = err
+	}
+	c.mu.Unlock()
+}
+
+// wrap returns err, or the recorded cause when there is one.
+func (c *cause) wrap(err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return fmt.Errorf("directlink: link closed: %w", c.err)
+	}
+	return err
 }
 
 // WriteFrame writes frame as one record in one write.
@@ -333,23 +361,65 @@ func (w *Writer) WriteFrame(frame []byte) error {
 	binary.LittleEndian.PutUint32(ad[:], uint32(len(frame)))
 	w.buf = append(w.buf[:0], ad[:]...)
 	w.buf = w.seal.aead.Seal(w.buf, w.seal.next(), frame, ad[:])
-	_, err := w.c.Write(w.buf)
-	return err
+	if _, err := w.c.Write(w.buf); err != nil {
+		return w.cause.wrap(err)
+	}
+	return nil
 }
+
+// SetWriteDeadline bounds the writes in progress and to come.
+func (w *Writer) SetWriteDeadline(t time.Time) error { return w.c.SetWriteDeadline(t) }
 
 // Close closes the connection. Records already written are still
 // delivered: the reading end writes nothing after its hello, so the kernel
 // sends them, then the end of the stream.
 func (w *Writer) Close() error { return w.c.Close() }
 
+// CloseWith is Close, and a write that the close breaks, or any later
+// one, returns an error wrapping why.
+func (w *Writer) CloseWith(why error) error {
+	w.cause.set(why)
+	return w.c.Close()
+}
+
 // Reader opens the frames of a direct link. It is not safe for concurrent
 // use, except Close.
 type Reader struct {
-	c    net.Conn
-	open sealer
-	max  int
-	buf  []byte
+	c     net.Conn
+	open  sealer
+	max   int
+	buf   []byte
+	cause cause
+	// side delivers how the stream beside the link ended (nil: gracefully),
+	// once; nil when no stream watches the link (Broker's watchReader).
+	side chan error
 }
+
+// StreamEnd waits up to wait for the end of the libp2p stream beside the
+// link (a Broker's links have one) and returns how it ended: nil when the
+// peer closed it, its error otherwise (a reset by the peer is a
+// *network.StreamError). ok is false when it did not end within wait or
+// the link has no stream beside it. A link's end alone cannot tell a peer
+// that closed its epoch from one that reset it: call this after a read
+// fails to learn which.
+func (r *Reader) StreamEnd(wait time.Duration) (ended bool, err error) {
+	if r.side == nil {
+		return false, nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case err := <-r.side:
+		r.side <- err // for a later call
+		return true, err
+	case <-t.C:
+		return false, nil
+	}
+}
+
+// SetMaxFrame sets the largest frame the reader takes (a frame above it is
+// refused before anything is allocated). Call it before reading.
+func (r *Reader) SetMaxFrame(n int) { r.max = n }
 
 // ReadFrameInto reads the next record and opens it into alloc(n), n being
 // its plaintext length (at most the maximum, checked before alloc is
@@ -358,7 +428,7 @@ type Reader struct {
 func (r *Reader) ReadFrameInto(alloc func(n int) []byte) ([]byte, error) {
 	var ad [4]byte
 	if _, err := io.ReadFull(r.c, ad[:]); err != nil {
-		return nil, err
+		return nil, r.cause.wrap(err)
 	}
 	n := binary.LittleEndian.Uint32(ad[:])
 	if r.max < 0 || uint64(n) > uint64(r.max) {
@@ -373,7 +443,7 @@ func (r *Reader) ReadFrameInto(alloc func(n int) []byte) ([]byte, error) {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		return nil, err
+		return nil, r.cause.wrap(err)
 	}
 	frame := alloc(int(n))
 	out, err := r.open.aead.Open(frame[:0], r.open.next(), r.buf, ad[:])
@@ -385,3 +455,10 @@ func (r *Reader) ReadFrameInto(alloc func(n int) []byte) ([]byte, error) {
 
 // Close closes the connection; a blocked read returns an error.
 func (r *Reader) Close() error { return r.c.Close() }
+
+// CloseWith is Close, and the read that the close breaks, or any later
+// one, returns an error wrapping why.
+func (r *Reader) CloseWith(why error) error {
+	r.cause.set(why)
+	return r.c.Close()
+}

@@ -1,10 +1,12 @@
 // Package pipestream implements the pipeline stream protocol
-// (/p2ptrain/pipe/1): the pipeline.Transport of one peer's stage in one
+// (/p2ptrain/pipe/2): the pipeline.Transport of one peer's stage in one
 // pipeline of one ring epoch, over libp2p streams. It carries the
 // activations a stage sends to the next stage, the activation gradients
 // and the loss it sends to the previous one, the shared token table's
 // gradient exchanged between the first and the last stage, and an
-// evaluation's activations and held-out figures (docs/pipeline.md).
+// evaluation's activations and held-out figures (docs/pipeline.md). Where
+// two stages reach each other by TCP, the frames go over a direct link
+// (package directlink), as the all-reduce's do.
 package pipestream
 
 import (
@@ -28,17 +30,21 @@ import (
 
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/pipeline"
+	"github.com/p2ptrain/p2ptrain/protocol/directlink"
 	"github.com/p2ptrain/p2ptrain/protocol/ringstream"
 )
 
 // ID is the pipeline stream protocol's libp2p protocol ID.
-const ID protocol.ID = "/p2ptrain/pipe/1"
+const ID protocol.ID = "/p2ptrain/pipe/2"
 
 // The protocol. A stage opens one stream to each stage it sends to, per
 // epoch, on first use, and writes in one direction only: a hello — the
 // epoch number (8 bytes, little-endian), the length n of the epoch digest
 // (1 byte, at most MaxDigest) and the digest (n bytes), as
-// ringstream.AppendHello writes it — then frames. A
+// ringstream.AppendHello writes it — and a mode byte with the exchange
+// that negotiates a direct link (directlink.Broker; the all-reduce streams'
+// modes and answers, docs/protocols.md), then frames, on the stream or, one
+// frame per record, on the direct link. Version 1 had no mode byte. A
 // frame is a HeaderLen-byte header followed by its payload:
 //
 //	offset size field
@@ -81,6 +87,9 @@ const (
 	maxPending = 64
 	// openTimeout bounds opening a stream when Pipe.Timeout is 0.
 	openTimeout = 30 * time.Second
+	// streamEndWait bounds the wait for a stream's end after its direct
+	// link's (the two travel on different connections).
+	streamEndWait = time.Second
 )
 
 // ErrClosed: the transport was closed or reset.
@@ -185,6 +194,8 @@ type Service struct {
 	pending atomic.Int32
 	// sent counts the bytes written over every epoch.
 	sent atomic.Uint64
+	// links negotiates the streams' direct links.
+	links *directlink.Broker
 
 	mu     sync.Mutex
 	epochs map[epochKey]*Transport
@@ -200,7 +211,8 @@ func New(h host.Host, learnAddrs func(peer.ID), log *zap.Logger) *Service {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	s := &Service{host: h, log: log, learnAddrs: learnAddrs, epochs: map[epochKey]*Transport{}, opened: make(chan struct{})}
+	s := &Service{host: h, log: log, learnAddrs: learnAddrs, epochs: map[epochKey]*Transport{}, opened: make(chan struct{}),
+		links: directlink.NewBroker(log)}
 	h.SetStreamHandler(ID, s.handle)
 	s.notifiee = &network.NotifyBundle{DisconnectedF: func(nw network.Network, c network.Conn) {
 		p := c.RemotePeer()
@@ -244,6 +256,15 @@ func (s *Service) Close() {
 // payloads).
 func (s *Service) Sent() uint64 { return s.sent.Load() }
 
+// SetDirect turns direct links on (the default) or off: off, frames always
+// go over the libp2p streams, and a stage asking for a direct link is told
+// to send them there.
+func (s *Service) SetDirect(on bool) { s.links.SetEnabled(on) }
+
+// DirectLinks returns how many direct links this service opened, as
+// sender or receiver, over every epoch.
+func (s *Service) DirectLinks() uint64 { return s.links.Links() }
+
 // Open returns the Transport of p, adopting streams that arrived early.
 // Close it when the epoch ends normally; Reset it after a failure.
 func (s *Service) Open(p Pipe) (*Transport, error) {
@@ -253,7 +274,7 @@ func (s *Service) Open(p Pipe) (*Transport, error) {
 	p.Peers = slices.Clone(p.Peers)
 	t := &Transport{svc: s, p: p, stage: slices.Index(p.Peers, p.Self), key: epochKey{p.Epoch, p.Digest},
 		codecID: CodecID(p.Codec), cur: p.Step, boxes: map[pipeline.Key][]byte{},
-		links: map[string]error{}, in: map[string]network.Stream{}, out: map[string]*outLink{},
+		links: map[string]error{}, in: map[string]directlink.Inbound{}, out: map[string]*outLink{},
 		changed: make(chan struct{})}
 	s.mu.Lock()
 	if s.closed {
@@ -286,16 +307,27 @@ func (s *Service) handle(st network.Stream) {
 	_ = st.SetReadDeadline(time.Now().Add(helloTimeout))
 	number, digest, err := ringstream.ReadHello(st)
 	key := epochKey{number, digest}
+	var d *directlink.Reader
+	if err == nil {
+		// The frame bound is the transport's, set when it takes the stream.
+		d, err = s.links.Receive(st, 0)
+	}
 	if err != nil {
 		s.log.Debug("bad pipeline stream hello", zap.Stringer("peer", from), zap.Error(err))
+		if d != nil {
+			d.Close()
+		}
 		st.Reset()
 		return
 	}
-	_ = st.SetReadDeadline(time.Time{})
+	in := directlink.Inbound{Stream: st, Link: d}
+	if d == nil {
+		_ = st.SetReadDeadline(time.Time{})
+	}
 	if s.pending.Add(1) > maxPending {
 		s.pending.Add(-1)
 		s.log.Warn("too many pipeline streams waiting for their epoch; resetting", zap.Stringer("peer", from), zap.Uint64("epoch", key.number))
-		st.Reset()
+		in.Reset()
 		return
 	}
 	defer s.pending.Add(-1)
@@ -307,17 +339,17 @@ func (s *Service) handle(st network.Stream) {
 		s.mu.Unlock()
 		switch {
 		case t != nil:
-			t.accept(from.String(), st)
+			t.accept(from.String(), in)
 			return
 		case closed:
-			st.Reset()
+			in.Reset()
 			return
 		}
 		select {
 		case <-opened:
 		case <-expire.C:
 			s.log.Debug("pipeline stream for an epoch that never opened here", zap.Stringer("peer", from), zap.Uint64("epoch", key.number))
-			st.Reset()
+			in.Reset()
 			return
 		}
 	}
@@ -346,10 +378,10 @@ type Transport struct {
 	boxes map[pipeline.Key][]byte
 	// links holds, per sender, why its link is gone (nil: not gone).
 	links map[string]error
-	in    map[string]network.Stream
+	in    map[string]directlink.Inbound
 	out   map[string]*outLink
 	// opened are the outbound streams, reset by Reset without waiting for
-	// a write in progress.
+	// a write in progress (which resets their direct links too).
 	opened []network.Stream
 	// err fails every call once set (Close, Reset, a bad frame).
 	err error
@@ -362,8 +394,20 @@ var _ pipeline.Transport = (*Transport)(nil)
 type outLink struct {
 	mu  sync.Mutex
 	s   network.Stream
+	d   *directlink.Writer // the direct link the frames go over (nil: the stream)
 	err error
 	buf []byte
+}
+
+// maxFrame returns the largest frame any stage may send this one: a header
+// and the largest payload of any kind.
+func (t *Transport) maxFrame() int {
+	most := 0
+	for _, k := range pipeline.Kinds() {
+		_, limit, _ := t.bound(k)
+		most = max(most, limit)
+	}
+	return HeaderLen + most
 }
 
 // Stage returns this peer's stage in the pipeline.
@@ -394,7 +438,7 @@ func (t *Transport) sends(from int) bool {
 }
 
 // accept takes an inbound stream from peer from and starts its reader.
-func (t *Transport) accept(from string, st network.Stream) {
+func (t *Transport) accept(from string, in directlink.Inbound) {
 	s := slices.Index(t.p.Peers, from)
 	t.mu.Lock()
 	refuse := ""
@@ -403,21 +447,26 @@ func (t *Transport) accept(from string, st network.Stream) {
 		refuse = "transport closed"
 	case s < 0 || !t.sends(s):
 		refuse = "not a stage that sends to this one"
-	case t.in[from] != nil:
+	case t.in[from].Stream != nil:
 		refuse = "second stream in one epoch"
 	default:
-		t.in[from] = st
+		t.in[from] = in
 		t.readers.Add(1)
 	}
 	t.mu.Unlock()
 	if refuse != "" {
 		t.svc.log.Debug("refusing pipeline stream", zap.String("peer", from), zap.Uint64("epoch", t.p.Epoch), zap.String("why", refuse))
-		st.Reset()
+		in.Reset()
 		return
 	}
 	go func() {
 		defer t.readers.Done()
-		t.read(from, s, st)
+		if in.Link != nil {
+			in.Link.SetMaxFrame(t.maxFrame())
+			t.readLink(from, s, in.Link)
+			return
+		}
+		t.read(from, s, in.Stream)
 	}()
 }
 
@@ -440,19 +489,64 @@ func (t *Transport) read(from string, s int, st network.Stream) {
 			t.linkGone(from, err)
 			return
 		}
-		t.recvd.Add(uint64(HeaderLen + n))
-		t.mu.Lock()
-		_, dup := t.boxes[k]
-		if !dup && t.err == nil {
-			t.boxes[k] = payload
-			t.notify()
-		}
-		t.mu.Unlock()
-		if dup {
-			t.fail(&PeerError{Peer: from, Epoch: t.p.Epoch, Step: k.Step, Err: fmt.Errorf("%w: %v sent twice", allreduce.ErrBadFrame, k)})
+		if !t.deliver(from, k, payload, uint64(HeaderLen+n)) {
 			return
 		}
 	}
+}
+
+// readLink receives frames from stage s (peer from) over a direct link,
+// one frame per record, until the link ends or a frame is refused.
+func (t *Transport) readLink(from string, s int, d *directlink.Reader) {
+	for {
+		rec, err := d.ReadFrameInto(func(n int) []byte { return make([]byte, n) })
+		if errors.Is(err, directlink.ErrFrameTooLarge) {
+			t.fail(&PeerError{Peer: from, Epoch: t.p.Epoch, Err: fmt.Errorf("%w: %w", allreduce.ErrFrameTooLarge, err)})
+			return
+		}
+		if err != nil {
+			// The link's end alone does not say whether the stage closed
+			// its epoch or reset it (its step failed): the stream does.
+			if ended, serr := d.StreamEnd(streamEndWait); ended && serr != nil {
+				err = serr
+			}
+			t.linkGone(from, err)
+			return
+		}
+		if len(rec) < HeaderLen {
+			t.fail(&PeerError{Peer: from, Epoch: t.p.Epoch, Err: fmt.Errorf("%w: a record of %d bytes holds no frame header", allreduce.ErrBadFrame, len(rec))})
+			return
+		}
+		k, n, err := t.check(s, rec[:HeaderLen])
+		if err == nil && n != len(rec)-HeaderLen {
+			err = fmt.Errorf("%w: header says %d payload bytes, the record holds %d", allreduce.ErrBadFrame, n, len(rec)-HeaderLen)
+		}
+		if err != nil {
+			t.fail(&PeerError{Peer: from, Epoch: t.p.Epoch, Step: k.Step, Err: err})
+			return
+		}
+		if !t.deliver(from, k, rec[HeaderLen:], uint64(len(rec))) {
+			return
+		}
+	}
+}
+
+// deliver boxes the payload of message k from peer from (n frame bytes);
+// false when the transport failed (a duplicate fails it).
+func (t *Transport) deliver(from string, k pipeline.Key, payload []byte, n uint64) bool {
+	t.recvd.Add(n)
+	t.mu.Lock()
+	_, dup := t.boxes[k]
+	if !dup && t.err == nil {
+		t.boxes[k] = payload
+		t.notify()
+	}
+	t.mu.Unlock()
+	if dup {
+		t.fail(&PeerError{Peer: from, Epoch: t.p.Epoch, Step: k.Step, Err: fmt.Errorf("%w: %v sent twice", allreduce.ErrBadFrame, k)})
+		return false
+	}
+	return true
 }
 
 // check validates a frame header from stage s and returns its key and
@@ -530,7 +624,7 @@ func (t *Transport) peerGone(p string) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.in[p] == nil && t.links[p] == nil {
+	if t.in[p].Stream == nil && t.links[p] == nil {
 		t.links[p] = fmt.Errorf("%w: it disconnected", allreduce.ErrPeerFailed)
 		t.notify()
 	}
@@ -565,21 +659,35 @@ func (t *Transport) Send(ctx context.Context, k pipeline.Key, payload []byte) er
 		return l.err
 	}
 	if l.s == nil {
-		st, err := t.open(ctx, to)
+		st, d, err := t.open(ctx, to)
 		if err != nil {
 			return fail(err)
 		}
-		l.s = st
+		l.s, l.d = st, d
 	}
 	l.buf = appendFrame(l.buf[:0], k, codec, t.p.Epoch, payload)
-	if t.p.Timeout > 0 {
-		_ = l.s.SetWriteDeadline(time.Now().Add(t.p.Timeout))
+	reset := func() {
+		if l.d != nil {
+			l.d.Close()
+		}
+		l.s.Reset()
 	}
-	stop := context.AfterFunc(ctx, func() { l.s.Reset() })
-	_, err = l.s.Write(l.buf)
+	if t.p.Timeout > 0 {
+		deadline := time.Now().Add(t.p.Timeout)
+		_ = l.s.SetWriteDeadline(deadline)
+		if l.d != nil {
+			_ = l.d.SetWriteDeadline(deadline)
+		}
+	}
+	stop := context.AfterFunc(ctx, reset)
+	if l.d != nil {
+		err = l.d.WriteFrame(l.buf)
+	} else {
+		_, err = l.s.Write(l.buf)
+	}
 	stop()
 	if err != nil {
-		l.s.Reset()
+		reset()
 		return fail(err)
 	}
 	t.sent.Add(uint64(len(l.buf)))
@@ -635,11 +743,12 @@ func appendFrame(b []byte, k pipeline.Key, codec uint32, epoch uint64, payload [
 	return append(b, payload...)
 }
 
-// open opens the stream to peer to and writes the hello.
-func (t *Transport) open(ctx context.Context, to string) (network.Stream, error) {
+// open opens the stream to peer to, writes the hello and negotiates the
+// direct link (nil: the frames go on the stream).
+func (t *Transport) open(ctx context.Context, to string) (network.Stream, *directlink.Writer, error) {
 	id, err := peer.Decode(to)
 	if err != nil {
-		return nil, fmt.Errorf("bad peer ID %q: %w", to, err)
+		return nil, nil, fmt.Errorf("bad peer ID %q: %w", to, err)
 	}
 	if t.svc.learnAddrs != nil {
 		t.svc.learnAddrs(id)
@@ -652,12 +761,13 @@ func (t *Transport) open(ctx context.Context, to string) (network.Stream, error)
 	defer cancel()
 	st, err := t.svc.host.NewStream(network.WithAllowLimitedConn(octx, "pipeline"), id, ID)
 	if err != nil {
-		return nil, fmt.Errorf("open pipeline stream: %w", err)
+		return nil, nil, fmt.Errorf("open pipeline stream: %w", err)
 	}
 	hello := ringstream.AppendHello(nil, t.key.number, t.key.digest)
-	if _, err := st.Write(hello); err != nil {
+	link, err := t.svc.links.Open(octx, id, st, hello)
+	if err != nil {
 		st.Reset()
-		return nil, fmt.Errorf("pipeline stream hello: %w", err)
+		return nil, nil, fmt.Errorf("pipeline stream hello: %w", err)
 	}
 	t.mu.Lock()
 	closed := t.err
@@ -666,12 +776,15 @@ func (t *Transport) open(ctx context.Context, to string) (network.Stream, error)
 	}
 	t.mu.Unlock()
 	if closed != nil {
+		if link != nil {
+			link.Close()
+		}
 		st.Reset()
-		return nil, closed
+		return nil, nil, closed
 	}
 	t.sent.Add(uint64(len(hello)))
 	t.svc.sent.Add(uint64(len(hello)))
-	return st, nil
+	return st, link, nil
 }
 
 func (t *Transport) outLink(to string) (*outLink, error) {
@@ -774,9 +887,9 @@ func (t *Transport) end(reason error, reset bool) error {
 	}
 	t.err = reason
 	t.notify()
-	ins := make([]network.Stream, 0, len(t.in))
-	for _, st := range t.in {
-		ins = append(ins, st)
+	ins := make([]directlink.Inbound, 0, len(t.in))
+	for _, in := range t.in {
+		ins = append(ins, in)
 	}
 	outs := make([]*outLink, 0, len(t.out))
 	for _, l := range t.out {
@@ -786,8 +899,11 @@ func (t *Transport) end(reason error, reset bool) error {
 	t.mu.Unlock()
 	t.svc.forget(t)
 	if reset {
-		for _, st := range slices.Concat(ins, opened) {
-			st.Reset()
+		for _, in := range ins {
+			in.Reset()
+		}
+		for _, st := range opened {
+			st.Reset() // its direct link's watcher closes the link
 		}
 		return nil
 	}
@@ -795,11 +911,17 @@ func (t *Transport) end(reason error, reset bool) error {
 	// gives a stream back to the resource manager, which would refuse new
 	// streams after a few epochs. What was written is still delivered.
 	var errs []error
-	for _, st := range ins {
-		errs = append(errs, st.Close())
+	for _, in := range ins {
+		if in.Link != nil {
+			in.Link.Close()
+		}
+		errs = append(errs, in.Stream.Close())
 	}
 	for _, l := range outs {
 		l.mu.Lock() // wait for a write in progress
+		if l.d != nil {
+			l.d.Close() // what was written is still delivered
+		}
 		if l.s != nil {
 			errs = append(errs, l.s.Close())
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -70,8 +71,17 @@ func testCtx(t *testing.T) context.Context {
 // tied table's exchange and then an evaluation (110 held-out samples: 10
 // chunks in 3 rounds) over the protocol, and every stage's gradient, loss,
 // byte count and held-out figures are bit-identical to the same over a
-// MemNetwork.
+// MemNetwork; so with the frames over direct links (every service opened
+// some) and over the streams (none).
 func TestPipelineStepOverLibp2pMatchesMemory(t *testing.T) {
+	for _, direct := range []bool{true, false} {
+		t.Run(map[bool]string{true: "direct links", false: "streams"}[direct], func(t *testing.T) {
+			pipelineStepMatchesMemory(t, direct)
+		})
+	}
+}
+
+func pipelineStepMatchesMemory(t *testing.T, direct bool) {
 	const S, M, n, held = 3, 4, 12, 110
 	cfg := model.Config{MaxBatch: n, GPT: model.GPTConfig{Layers: 2, DModel: 16, Heads: 2, Context: 8, Vocab: 32}}
 	infos, err := model.Layers("gpt", cfg)
@@ -94,6 +104,9 @@ func TestPipelineStepOverLibp2pMatchesMemory(t *testing.T) {
 	batch := whole.RandomBatch(n, 4)
 	ds := model.BatchSamples{B: whole.RandomBatch(held, 5), N: held}
 	c := newCluster(t, S)
+	for _, svc := range c.svcs {
+		svc.SetDirect(direct)
+	}
 	type result struct {
 		res   pipeline.Result
 		grads []float32
@@ -158,6 +171,11 @@ func TestPipelineStepOverLibp2pMatchesMemory(t *testing.T) {
 			t.Errorf("stage %d sent nothing", s)
 		}
 	}
+	for s, svc := range c.svcs {
+		if n := svc.DirectLinks(); (n > 0) != direct {
+			t.Errorf("stage %d opened %d direct links (direct links on: %v)", s, n, direct)
+		}
+	}
 	if want[S-1].res.Stats.Samples == 0 || want[S-1].eval.Samples != held*cfg.GPT.Context {
 		t.Fatalf("the last stage counted %d labels in the step and %d held out", want[S-1].res.Stats.Samples, want[S-1].eval.Samples)
 	}
@@ -169,14 +187,15 @@ func TestPipelineStepOverLibp2pMatchesMemory(t *testing.T) {
 }
 
 // rawStream opens a stream from host a to b's service and writes the hello
-// of epoch 5: the test then writes frames of its own making.
+// of epoch 5 and mode 0 (the frames follow on the stream): the test then
+// writes frames of its own making.
 func rawStream(t *testing.T, c *cluster, a, b int, digest string) network.Stream {
 	t.Helper()
 	st, err := c.hosts[a].NewStream(testCtx(t), c.hosts[b].ID(), ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Write(ringstream.AppendHello(nil, 5, digest)); err != nil {
+	if _, err := st.Write(append(ringstream.AppendHello(nil, 5, digest), 0)); err != nil {
 		t.Fatal(err)
 	}
 	return st
@@ -334,11 +353,19 @@ func TestSilentPeerTimesOut(t *testing.T) {
 // Recv at once with a *PeerError naming the neighbour, long before the
 // deadline: ErrAborted for a reset (the neighbour's step failed: it is
 // not to blame), ErrPeerFailed or ErrAborted for a host that died (a
-// closing host resets its streams too).
+// closing host resets its streams too); over direct links and over the
+// streams.
 func TestDeadOrResetPeerFailsPromptly(t *testing.T) {
-	for _, how := range []string{"reset", "killed", "killed before sending"} {
-		t.Run(how, func(t *testing.T) {
+	for _, tc := range []struct {
+		how    string
+		direct bool
+	}{{"reset", true}, {"reset", false}, {"killed", true}, {"killed", false}, {"killed before sending", true}} {
+		how := tc.how
+		t.Run(fmt.Sprintf("%s, direct links %v", how, tc.direct), func(t *testing.T) {
 			c := newCluster(t, 2)
+			for _, svc := range c.svcs {
+				svc.SetDirect(tc.direct)
+			}
 			a, b := c.open(t, 0, c.pipe(0)), c.open(t, 1, c.pipe(1))
 			ctx := testCtx(t)
 			if how != "killed before sending" {

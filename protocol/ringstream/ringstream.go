@@ -102,23 +102,8 @@ type Service struct {
 
 type pendingStream struct {
 	epoch epochKey
-	in    inbound
+	in    directlink.Inbound
 	at    time.Time
-}
-
-// inbound is one peer's incoming frames of one epoch: the stream, and the
-// direct link its frames come over (nil: they come on the stream).
-type inbound struct {
-	s network.Stream
-	d *directlink.Reader
-}
-
-// reset breaks the stream and the direct link.
-func (in inbound) reset() {
-	if in.d != nil {
-		in.d.Close()
-	}
-	in.s.Reset()
 }
 
 // New registers the protocol's handler on h. Frames above maxFrame bytes
@@ -161,7 +146,7 @@ func (rn *Service) Close() {
 	}
 	rn.mu.Unlock()
 	for _, p := range pend {
-		p.in.reset()
+		p.in.Reset()
 	}
 	for _, t := range ts {
 		t.Reset(errTransportClosed)
@@ -215,17 +200,17 @@ func (rn *Service) DirectLinks() uint64 { return rn.links.Links() }
 
 // receive reads an inbound stream's hello and negotiates its direct link
 // (directlink.Broker.Receive).
-func (rn *Service) receive(s network.Stream) (epochKey, inbound, error) {
+func (rn *Service) receive(s network.Stream) (epochKey, directlink.Inbound, error) {
 	_ = s.SetReadDeadline(time.Now().Add(helloTimeout))
 	epoch, err := readHello(s)
 	if err != nil {
-		return epoch, inbound{}, err
+		return epoch, directlink.Inbound{}, err
 	}
-	in := inbound{s: s}
-	if in.d, err = rn.links.Receive(s, rn.maxFrame); err != nil {
+	in := directlink.Inbound{Stream: s}
+	if in.Link, err = rn.links.Receive(s, rn.maxFrame); err != nil {
 		return epoch, in, err
 	}
-	if in.d == nil {
+	if in.Link == nil {
 		_ = s.SetReadDeadline(time.Time{})
 	}
 	return epoch, in, nil
@@ -235,8 +220,8 @@ func (rn *Service) handle(s network.Stream) {
 	epoch, in, err := rn.receive(s)
 	if err != nil {
 		rn.log.Debug("bad all-reduce stream header", zap.Stringer("peer", s.Conn().RemotePeer()), zap.Error(err))
-		if in.d != nil {
-			in.d.Close()
+		if in.Link != nil {
+			in.Link.Close()
 		}
 		s.Reset()
 		return
@@ -244,7 +229,7 @@ func (rn *Service) handle(s network.Stream) {
 	rn.mu.Lock()
 	if rn.closed { // closed while this stream negotiated
 		rn.mu.Unlock()
-		in.reset()
+		in.Reset()
 		return
 	}
 	t := rn.epochs[epoch]
@@ -253,7 +238,7 @@ func (rn *Service) handle(s network.Stream) {
 		kept := rn.pending[:0]
 		for _, p := range rn.pending {
 			if now.Sub(p.at) > pendingTTL {
-				p.in.reset()
+				p.in.Reset()
 				continue
 			}
 			kept = append(kept, p)
@@ -263,7 +248,7 @@ func (rn *Service) handle(s network.Stream) {
 			rn.mu.Unlock()
 			rn.log.Warn("too many all-reduce streams for unknown epochs; resetting",
 				zap.Uint64("epoch", epoch.number), zap.String("digest", epoch.digest))
-			in.reset()
+			in.Reset()
 			return
 		}
 		rn.pending = append(rn.pending, pendingStream{epoch: epoch, in: in, at: now})
@@ -296,7 +281,7 @@ func (rn *Service) Open(ep allreduce.Ring) *Transport {
 		rn.mu.Lock()
 	}
 	rn.epochs[t.epoch] = t
-	var early []inbound
+	var early []directlink.Inbound
 	kept := rn.pending[:0]
 	for _, p := range rn.pending {
 		switch {
@@ -305,7 +290,7 @@ func (rn *Service) Open(ep allreduce.Ring) *Transport {
 		case p.epoch.number <= ep.Number:
 			// An older epoch, or another ring under this number: neither
 			// will open here.
-			p.in.reset()
+			p.in.Reset()
 		default:
 			kept = append(kept, p)
 		}
@@ -377,7 +362,7 @@ const resetLinger = 5 * time.Second
 
 type inLink struct {
 	ready chan struct{} // closed once in is set
-	in    inbound
+	in    directlink.Inbound
 	gone  chan struct{} // closed when the peer disconnects before its stream arrived
 }
 
@@ -422,16 +407,16 @@ func (t *Transport) inLink(from allreduce.PeerID) (*inLink, error) {
 }
 
 // accept takes an inbound stream of this epoch.
-func (t *Transport) accept(in inbound) {
-	from := allreduce.PeerID(in.s.Conn().RemotePeer().String())
+func (t *Transport) accept(in directlink.Inbound) {
+	from := allreduce.PeerID(in.Stream.Conn().RemotePeer().String())
 	l, err := t.inLink(from)
 	if err != nil {
 		t.rn.log.Debug("refusing all-reduce stream", zap.String("peer", string(from)), zap.Error(err))
-		in.reset()
+		in.Reset()
 		return
 	}
 	t.mu.Lock()
-	dup := l.in.s != nil
+	dup := l.in.Stream != nil
 	if !dup {
 		l.in = in
 		close(l.ready)
@@ -440,7 +425,7 @@ func (t *Transport) accept(in inbound) {
 	if dup {
 		t.rn.log.Warn("second all-reduce stream from one peer in one epoch; resetting it",
 			zap.String("peer", string(from)), zap.Uint64("epoch", t.epoch.number))
-		in.reset()
+		in.Reset()
 	}
 }
 
@@ -545,18 +530,18 @@ func (t *Transport) RecvInto(ctx context.Context, from allreduce.PeerID, alloc f
 		return nil, t.closedErr()
 	}
 	in := l.in
-	stop := context.AfterFunc(ctx, in.reset)
+	stop := context.AfterFunc(ctx, in.Reset)
 	var b []byte
-	if in.d != nil {
-		if b, err = in.d.ReadFrameInto(alloc); errors.Is(err, directlink.ErrFrameTooLarge) {
+	if in.Link != nil {
+		if b, err = in.Link.ReadFrameInto(alloc); errors.Is(err, directlink.ErrFrameTooLarge) {
 			err = fmt.Errorf("%w: %w", allreduce.ErrFrameTooLarge, err)
 		}
 	} else {
-		b, err = allreduce.ReadFrameInto(in.s, t.rn.maxFrame, alloc)
+		b, err = allreduce.ReadFrameInto(in.Stream, t.rn.maxFrame, alloc)
 	}
 	stop()
 	if err != nil {
-		in.reset()
+		in.Reset()
 		if cerr := ctx.Err(); cerr != nil {
 			err = cerr
 		} else if cerr := t.closedErr(); cerr != nil {
@@ -582,7 +567,7 @@ func (t *Transport) peerGone(p allreduce.PeerID) {
 	select {
 	case <-l.gone:
 	default:
-		if l.in.s == nil {
+		if l.in.Stream == nil {
 			close(l.gone)
 		}
 	}
@@ -604,9 +589,9 @@ func (t *Transport) Close() error {
 	for _, l := range t.out {
 		outs = append(outs, l)
 	}
-	var ins []inbound
+	var ins []directlink.Inbound
 	for _, l := range t.in {
-		if l.in.s != nil {
+		if l.in.Stream != nil {
 			ins = append(ins, l.in)
 		}
 	}
@@ -629,10 +614,10 @@ func (t *Transport) Close() error {
 		l.mu.Unlock()
 	}
 	for _, in := range ins {
-		if in.d != nil {
-			in.d.Close()
+		if in.Link != nil {
+			in.Link.Close()
 		}
-		errs = append(errs, in.s.Close())
+		errs = append(errs, in.Stream.Close())
 	}
 	t.rn.forget(t)
 	return errors.Join(errs...)
@@ -650,9 +635,9 @@ func (t *Transport) Reset(reason error) {
 	}
 	t.err = fmt.Errorf("ringstream: epoch %d transport reset: %w", t.epoch.number, reason)
 	close(t.done)
-	var ins []inbound
+	var ins []directlink.Inbound
 	for _, l := range t.in {
-		if l.in.s != nil {
+		if l.in.Stream != nil {
 			ins = append(ins, l.in)
 		}
 	}
@@ -668,7 +653,7 @@ func (t *Transport) Reset(reason error) {
 	}
 	t.mu.Unlock()
 	for _, in := range ins {
-		in.reset()
+		in.Reset()
 	}
 	// An outgoing stream with no write in progress is closed for writing
 	// rather than reset: a reset discards frames the peer has not read yet,
