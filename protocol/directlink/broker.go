@@ -51,10 +51,10 @@ type Inbound struct {
 
 // Reset breaks the stream and the link.
 func (in Inbound) Reset() {
+	in.Stream.Reset() // first: the peer's watcher learns it was a reset
 	if in.Link != nil {
 		in.Link.Close()
 	}
-	in.Stream.Reset()
 }
 
 // Timeouts of the negotiation.
@@ -128,8 +128,14 @@ func directCapable(s network.Stream) bool {
 // neither asks for nor dials one with it for FailTTL.
 func (br *Broker) linkFailed(id peer.ID, err error) {
 	br.log.Info("direct link failed; frames go over the libp2p stream", zap.Stringer("peer", id), zap.Error(err))
+	now := time.Now()
 	br.mu.Lock()
-	br.failed[id] = time.Now()
+	for p, at := range br.failed {
+		if now.Sub(at) > FailTTL {
+			delete(br.failed, p)
+		}
+	}
+	br.failed[id] = now
 	br.mu.Unlock()
 }
 
@@ -195,12 +201,15 @@ func watchReader(s network.Stream, d *Reader) {
 // already written are still delivered.
 func watchWriter(s network.Stream, d *Writer) {
 	_ = s.SetReadDeadline(time.Time{})
+	d.side = make(chan error, 1)
 	go func() {
 		_, err := io.Copy(io.Discard, s)
-		if err == nil {
-			err = io.EOF
+		why := err
+		if why == nil {
+			why = io.EOF
 		}
-		d.CloseWith(err)
+		d.CloseWith(why)
+		d.side <- err
 	}()
 }
 
@@ -213,6 +222,8 @@ func (br *Broker) offerLink(s network.Stream, maxFrame int) (*Reader, error) {
 		var err error
 		if lst, err = Listen(TCPIP(s.Conn().LocalMultiaddr())); err != nil {
 			br.log.Debug("no direct link offered", zap.Error(err))
+		} else {
+			lst.ExpectFrom(TCPIP(s.Conn().RemoteMultiaddr()))
 		}
 	}
 	if lst == nil {
@@ -226,8 +237,12 @@ func (br *Broker) offerLink(s network.Stream, maxFrame int) (*Reader, error) {
 		return nil, fmt.Errorf("offer a direct link: %w", err)
 	}
 	choice, err := readAnswer(s, time.Now().Add(AnswerTimeout+DialTimeout), "the opener's choice")
-	if err != nil || choice != answerYes {
+	if err != nil {
 		return nil, err
+	}
+	if choice != answerYes {
+		br.linkFailed(s.Conn().RemotePeer(), errors.New("the opener could not dial the offer"))
+		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), br.AcceptTimeout)
 	d, err := lst.Accept(ctx, maxFrame)
@@ -346,8 +361,12 @@ func (br *Broker) dialOffered(ctx context.Context, id peer.ID, s network.Stream)
 func (br *Broker) acceptDialed(ctx context.Context, id peer.ID, s network.Stream, lst *Listener) (*Writer, error) {
 	defer s.SetReadDeadline(time.Time{})
 	answer, err := readAnswer(s, time.Now().Add(AnswerTimeout+DialTimeout), "the answer to a direct link")
-	if err != nil || answer != answerYes {
+	if err != nil {
 		return nil, err
+	}
+	if answer != answerYes {
+		br.linkFailed(id, errors.New("the receiver did not dial the offer"))
+		return nil, nil
 	}
 	actx, cancel := context.WithTimeout(ctx, br.AcceptTimeout)
 	d, err := lst.AcceptWriter(actx)
@@ -376,6 +395,7 @@ func (br *Broker) Open(ctx context.Context, id peer.ID, s network.Stream, head [
 			br.log.Debug("no direct link offered", zap.Error(err))
 			mode = modeStream
 		} else {
+			lst.ExpectFrom(TCPIP(s.Conn().RemoteMultiaddr()))
 			defer lst.Close()
 		}
 	}

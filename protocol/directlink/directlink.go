@@ -21,7 +21,8 @@
 // whose hello opens under the key and closes the port, so a stranger who
 // finds the port learns nothing and cannot inject a frame. Hellos are read
 // concurrently (at most MaxPendingHellos at once, each within HelloTimeout),
-// so a stranger holding a connection open does not delay the peer's.
+// so a stranger holding a connection open does not delay the peer's, and
+// with ExpectFrom only from the peer's address.
 //
 // Either end may carry the frames: the dialer (Dial, Listener.Accept) or the
 // listener (Listener.AcceptWriter, DialReader). Which end listens is the
@@ -82,6 +83,10 @@ var hello = []byte("p2ptrain direct link v1")
 // the reader's maximum; nothing is allocated for it.
 var ErrFrameTooLarge = errors.New("directlink: frame too large")
 
+// ErrBadRecord is wrapped by a read of a record that does not open under
+// the key at its index: altered, replayed, reordered or forged.
+var ErrBadRecord = errors.New("directlink: record does not open")
+
 // Record directions: the first 4 bytes of a nonce.
 const (
 	fromDialer   uint32 = 0
@@ -118,9 +123,16 @@ func (s *sealer) next() []byte {
 
 // Listener waits for the one connection its offer admits.
 type Listener struct {
-	ln  *net.TCPListener
-	key [KeySize]byte
+	ln   *net.TCPListener
+	key  [KeySize]byte
+	from net.IP // the only address connections are taken from (nil: any)
 }
+
+// ExpectFrom makes the listener close unread every connection that does
+// not come from ip (the address the peer's libp2p connection came from),
+// so that strangers elsewhere cannot fill its hello slots. Call it before
+// Accept.
+func (l *Listener) ExpectFrom(ip net.IP) { l.from = ip }
 
 // Listen opens a listener on an ephemeral TCP port of ip with a fresh key.
 func Listen(ip net.IP) (*Listener, error) {
@@ -234,6 +246,10 @@ func (l *Listener) accept(ctx context.Context) (net.Conn, cipher.AEAD, error) {
 			}
 			return nil, nil, fmt.Errorf("directlink: accept: %w", err)
 		case c := <-accepted:
+			if ta, ok := c.RemoteAddr().(*net.TCPAddr); l.from != nil && (!ok || !ta.IP.Equal(l.from)) {
+				c.Close() // not from the peer's address
+				continue
+			}
 			select {
 			case slots <- struct{}{}:
 			default:
@@ -325,6 +341,36 @@ type Writer struct {
 	seal  sealer
 	buf   []byte
 	cause cause
+	streamEnd
+}
+
+// streamEnd delivers, once, how the libp2p stream beside a link ended
+// (nil: gracefully); its channel is nil when no stream watches the link.
+type streamEnd struct {
+	side chan error
+}
+
+// StreamEnd waits up to wait for the end of the libp2p stream beside the
+// link (a Broker's links have one) and returns how it ended: nil when the
+// peer closed it, its error otherwise (a reset by the peer is a
+// *network.StreamError). ended is false when it did not end within wait
+// or the link has no stream beside it. A link's end alone cannot tell a
+// peer that closed its epoch from one that reset it (the two travel on
+// different connections): call this after a read or write fails to learn
+// which.
+func (e *streamEnd) StreamEnd(wait time.Duration) (ended bool, err error) {
+	if e.side == nil {
+		return false, nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case err := <-e.side:
+		e.side <- err // for a later call
+		return true, err
+	case <-t.C:
+		return false, nil
+	}
 }
 
 // cause is why a link was closed (CloseWith), reported by the reads and
@@ -390,31 +436,7 @@ type Reader struct {
 	max   int
 	buf   []byte
 	cause cause
-	// side delivers how the stream beside the link ended (nil: gracefully),
-	// once; nil when no stream watches the link (Broker's watchReader).
-	side chan error
-}
-
-// StreamEnd waits up to wait for the end of the libp2p stream beside the
-// link (a Broker's links have one) and returns how it ended: nil when the
-// peer closed it, its error otherwise (a reset by the peer is a
-// *network.StreamError). ok is false when it did not end within wait or
-// the link has no stream beside it. A link's end alone cannot tell a peer
-// that closed its epoch from one that reset it: call this after a read
-// fails to learn which.
-func (r *Reader) StreamEnd(wait time.Duration) (ended bool, err error) {
-	if r.side == nil {
-		return false, nil
-	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case err := <-r.side:
-		r.side <- err // for a later call
-		return true, err
-	case <-t.C:
-		return false, nil
-	}
+	streamEnd
 }
 
 // SetMaxFrame sets the largest frame the reader takes (a frame above it is
@@ -448,7 +470,7 @@ func (r *Reader) ReadFrameInto(alloc func(n int) []byte) ([]byte, error) {
 	frame := alloc(int(n))
 	out, err := r.open.aead.Open(frame[:0], r.open.next(), r.buf, ad[:])
 	if err != nil {
-		return nil, fmt.Errorf("directlink: record %d does not open: %w", r.open.index-1, err)
+		return nil, fmt.Errorf("%w: record %d: %w", ErrBadRecord, r.open.index-1, err)
 	}
 	return out, nil
 }

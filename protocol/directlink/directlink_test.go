@@ -248,6 +248,63 @@ func TestStrangerIsNotAccepted(t *testing.T) {
 	}
 }
 
+// TestListenerTakesOnlyThePeersAddress: with ExpectFrom, a connection
+// from another address is closed unread even when its hello would open
+// (here 127.0.0.2, which Linux routes over loopback too), and the key
+// holder at the expected address still gets in.
+func TestListenerTakesOnlyThePeersAddress(t *testing.T) {
+	l, err := Listen(loopback)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.ExpectFrom(loopback)
+	offer := l.Offer()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	type accepted struct {
+		r   *Reader
+		err error
+	}
+	got := make(chan accepted, 1)
+	go func() {
+		r, err := l.Accept(ctx, 1<<10)
+		got <- accepted{r, err}
+	}()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	other, err := d.DialContext(ctx, "tcp", (&net.TCPAddr{IP: loopback, Port: int(binary.BigEndian.Uint16(offer))}).String())
+	if err != nil {
+		t.Skipf("no second loopback address here: %v", err)
+	}
+	defer other.Close()
+	aead, err := newAEAD(offer[2:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := Writer{c: other, seal: newSealer(aead, fromDialer)}
+	if err := w.WriteFrame(hello); err != nil {
+		t.Fatal(err)
+	}
+	_ = other.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := other.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a connection from 127.0.0.2 was kept open (%v)", err)
+	}
+	select {
+	case a := <-got:
+		t.Fatalf("Accept returned %v, %v for a connection from another address", a.r, a.err)
+	default:
+	}
+	w2, err := Dial(ctx, loopback, offer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Close()
+	a := <-got
+	if a.err != nil {
+		t.Fatalf("the key holder at the expected address was not accepted: %v", a.err)
+	}
+	a.r.Close()
+}
+
 // TestAcceptEndsWithContext: Accept with no dialer returns when its
 // context ends.
 func TestAcceptEndsWithContext(t *testing.T) {

@@ -500,8 +500,12 @@ func (t *Transport) read(from string, s int, st network.Stream) {
 func (t *Transport) readLink(from string, s int, d *directlink.Reader) {
 	for {
 		rec, err := d.ReadFrameInto(func(n int) []byte { return make([]byte, n) })
-		if errors.Is(err, directlink.ErrFrameTooLarge) {
+		switch {
+		case errors.Is(err, directlink.ErrFrameTooLarge):
 			t.fail(&PeerError{Peer: from, Epoch: t.p.Epoch, Err: fmt.Errorf("%w: %w", allreduce.ErrFrameTooLarge, err)})
+			return
+		case errors.Is(err, directlink.ErrBadRecord):
+			t.fail(&PeerError{Peer: from, Epoch: t.p.Epoch, Err: fmt.Errorf("%w: %w", allreduce.ErrBadFrame, err)})
 			return
 		}
 		if err != nil {
@@ -667,10 +671,10 @@ func (t *Transport) Send(ctx context.Context, k pipeline.Key, payload []byte) er
 	}
 	l.buf = appendFrame(l.buf[:0], k, codec, t.p.Epoch, payload)
 	reset := func() {
+		l.s.Reset() // first: the peer's watcher learns it was a reset
 		if l.d != nil {
 			l.d.Close()
 		}
-		l.s.Reset()
 	}
 	if t.p.Timeout > 0 {
 		deadline := time.Now().Add(t.p.Timeout)
@@ -687,6 +691,13 @@ func (t *Transport) Send(ctx context.Context, k pipeline.Key, payload []byte) er
 	}
 	stop()
 	if err != nil {
+		// A link's failure alone does not say whether the stage reset its
+		// epoch (its step failed) or broke: the stream does.
+		if l.d != nil && ctx.Err() == nil {
+			if ended, serr := l.d.StreamEnd(streamEndWait); ended && serr != nil {
+				err = serr
+			}
+		}
 		reset()
 		return fail(err)
 	}

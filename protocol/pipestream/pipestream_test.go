@@ -402,6 +402,42 @@ func TestDeadOrResetPeerFailsPromptly(t *testing.T) {
 	}
 }
 
+// TestSenderSeesAReceiverResetAsAbort: when the receiving stage resets its
+// transport (its step failed), the sending stage's Send fails with a
+// *PeerError naming it as aborted (not to blame), over direct links (where
+// the link's failure and the stream's reset travel on two connections) and
+// over the streams.
+func TestSenderSeesAReceiverResetAsAbort(t *testing.T) {
+	for _, direct := range []bool{true, false} {
+		t.Run(fmt.Sprintf("direct links %v", direct), func(t *testing.T) {
+			c := newCluster(t, 2)
+			for _, svc := range c.svcs {
+				svc.SetDirect(direct)
+			}
+			a, b := c.open(t, 0, c.pipe(0)), c.open(t, 1, c.pipe(1))
+			ctx := testCtx(t)
+			k := pipeline.Key{Step: 10, Kind: pipeline.Activation}
+			if err := a.Send(ctx, k, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Recv(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+			b.Reset(errors.New("step failed"))
+			// Sends may land in buffers for a while; one fails soon.
+			payload := make([]byte, 1<<16)
+			var err error
+			for i := 0; err == nil && ctx.Err() == nil; i++ {
+				err = a.Send(ctx, pipeline.Key{Step: 10 + uint64(i/4), Micro: i % 4, Kind: pipeline.Activation}, payload)
+			}
+			var pe *PeerError
+			if !errors.As(err, &pe) || pe.Peer != c.ids[1] || !errors.Is(err, allreduce.ErrAborted) {
+				t.Fatalf("Send to a stage that reset: %v; want a *PeerError naming %s wrapping ErrAborted", err, c.ids[1])
+			}
+		})
+	}
+}
+
 // TestOpenRefusesBadPipes: Open names what is wrong with a Pipe.
 func TestOpenRefusesBadPipes(t *testing.T) {
 	c := newCluster(t, 1)

@@ -350,10 +350,10 @@ type outLink struct {
 
 // reset breaks the stream and the direct link.
 func (l *outLink) reset() {
+	l.s.Reset() // first: the peer's watcher learns it was a reset
 	if l.d != nil {
 		l.d.Close()
 	}
-	l.s.Reset()
 }
 
 // resetLinger is how long a reset transport's outgoing streams stay closed
