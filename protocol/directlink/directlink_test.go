@@ -25,15 +25,7 @@ func link(t *testing.T, maxFrame int) (*Writer, *Reader) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	type accepted struct {
-		r   *Reader
-		err error
-	}
-	got := make(chan accepted, 1)
-	go func() {
-		r, err := l.Accept(ctx, maxFrame)
-		got <- accepted{r, err}
-	}()
+	got := acceptAsync(ctx, l, maxFrame)
 	w, err := Dial(ctx, loopback, l.Offer())
 	if err != nil {
 		t.Fatal(err)
@@ -47,6 +39,23 @@ func link(t *testing.T, maxFrame int) (*Writer, *Reader) {
 }
 
 func alloc(n int) []byte { return make([]byte, n) }
+
+// accepted is what Accept returned.
+type accepted struct {
+	r   *Reader
+	err error
+}
+
+// acceptAsync runs l.Accept on a goroutine of its own; its result comes on
+// the channel.
+func acceptAsync(ctx context.Context, l *Listener, maxFrame int) <-chan accepted {
+	got := make(chan accepted, 1)
+	go func() {
+		r, err := l.Accept(ctx, maxFrame)
+		got <- accepted{r, err}
+	}()
+	return got
+}
 
 // TestFramesCrossInOrder: frames of every size, the empty one included,
 // arrive whole and in order, and each is opened into the buffer alloc gave.
@@ -215,15 +224,7 @@ func TestStrangerIsNotAccepted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer wrongKey.Close()
-	type accepted struct {
-		r   *Reader
-		err error
-	}
-	got := make(chan accepted, 1)
-	go func() {
-		r, err := l.Accept(ctx, 1<<10)
-		got <- accepted{r, err}
-	}()
+	got := acceptAsync(ctx, l, 1<<10)
 	w, err := Dial(ctx, loopback, offer)
 	if err != nil {
 		t.Fatal(err)
@@ -261,15 +262,7 @@ func TestListenerTakesOnlyThePeersAddress(t *testing.T) {
 	offer := l.Offer()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	type accepted struct {
-		r   *Reader
-		err error
-	}
-	got := make(chan accepted, 1)
-	go func() {
-		r, err := l.Accept(ctx, 1<<10)
-		got <- accepted{r, err}
-	}()
+	got := acceptAsync(ctx, l, 1<<10)
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
 	other, err := d.DialContext(ctx, "tcp", (&net.TCPAddr{IP: loopback, Port: int(binary.BigEndian.Uint16(offer))}).String())
 	if err != nil {
@@ -428,15 +421,7 @@ func TestSilentStrangerDoesNotDelayThePeer(t *testing.T) {
 	defer stranger.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), HelloTimeout/2)
 	defer cancel()
-	type accepted struct {
-		r   *Reader
-		err error
-	}
-	got := make(chan accepted, 1)
-	go func() {
-		r, err := l.Accept(ctx, 1<<10)
-		got <- accepted{r, err}
-	}()
+	got := acceptAsync(ctx, l, 1<<10)
 	w, err := Dial(ctx, loopback, offer)
 	if err != nil {
 		t.Fatal(err)
