@@ -21,6 +21,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/internal/p2ptest"
 	"github.com/p2ptrain/p2ptrain/model"
 	"github.com/p2ptrain/p2ptrain/pipeline"
+	"github.com/p2ptrain/p2ptrain/protocol/directlink"
 	"github.com/p2ptrain/p2ptrain/protocol/ringstream"
 )
 
@@ -273,6 +274,58 @@ func TestBadFramesFailNamingThePeer(t *testing.T) {
 			// The transport stays failed.
 			if _, err := tr.Recv(testCtx(t), pipeline.Key{Step: 10, Kind: pipeline.Gradient}); err == nil {
 				t.Fatal("a failed transport received again")
+			}
+		})
+	}
+}
+
+// TestBadRecordsOverADirectLinkFailNamingThePeer: over a direct link a
+// frame is one record, opened before its header can be read: a record
+// above the largest frame is refused before allocation, and a record too
+// short for a header, a header whose length disagrees with the record, or
+// a bad header, fail the receiving transport with a *PeerError naming the
+// sender.
+func TestBadRecordsOverADirectLinkFailNamingThePeer(t *testing.T) {
+	none := CodecID("none")
+	frame := func(n int) []byte {
+		return appendFrame(nil, pipeline.Key{Step: 10, Kind: pipeline.Activation}, none, 5, make([]byte, n))
+	}
+	cases := []struct {
+		name   string
+		record []byte
+		want   error
+	}{
+		{"above the largest frame", make([]byte, HeaderLen+1<<16+1), allreduce.ErrFrameTooLarge},
+		{"shorter than a header", make([]byte, HeaderLen-1), allreduce.ErrBadFrame},
+		{"length above the record", frame(8)[:HeaderLen+7], allreduce.ErrBadFrame},
+		{"length below the record", append(frame(8), 0), allreduce.ErrBadFrame},
+		{"bad header", func() []byte { f := frame(8); f[3] = 1; return f }(), allreduce.ErrBadFrame},
+	}
+	c := newCluster(t, 2)
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			digest := "rec" + string(rune('a'+i))
+			p := c.pipe(1)
+			p.Digest = digest
+			tr := c.open(t, 1, p)
+			ctx := testCtx(t)
+			st, err := c.hosts[0].NewStream(ctx, c.hosts[1].ID(), ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Reset()
+			link, err := directlink.NewBroker(nil).Open(ctx, c.hosts[1].ID(), st, ringstream.AppendHello(nil, 5, digest))
+			if err != nil || link == nil {
+				t.Fatalf("no direct link to stage 1: %v", err)
+			}
+			defer link.Close()
+			if err := link.WriteFrame(tc.record); err != nil {
+				t.Fatal(err)
+			}
+			_, err = tr.Recv(ctx, pipeline.Key{Step: 10, Micro: 1, Kind: pipeline.Activation})
+			var pe *PeerError
+			if !errors.As(err, &pe) || pe.Peer != c.ids[0] || !errors.Is(err, tc.want) {
+				t.Fatalf("Recv after a bad record: %v; want a *PeerError naming %s wrapping %v", err, c.ids[0], tc.want)
 			}
 		})
 	}
