@@ -60,6 +60,10 @@ import (
 // KeySize is the length of a link's AES-256 key.
 const KeySize = 32
 
+// Overhead is what a record adds to its frame besides the length: the
+// AES-GCM tag.
+const Overhead = 16
+
 // OfferSize is the length of an encoded offer: the port (2 bytes,
 // big-endian) and the key.
 const OfferSize = 2 + KeySize
@@ -400,7 +404,7 @@ func (c *cause) wrap(err error) error {
 
 // WriteFrame writes frame as one record in one write.
 func (w *Writer) WriteFrame(frame []byte) error {
-	if uint64(len(frame)) > 1<<32-1-16 {
+	if uint64(len(frame)) > 1<<32-1-Overhead {
 		return fmt.Errorf("%w: %d bytes", ErrFrameTooLarge, len(frame))
 	}
 	var ad [4]byte
@@ -445,8 +449,9 @@ func (r *Reader) SetMaxFrame(n int) { r.max = n }
 
 // ReadFrameInto reads the next record and opens it into alloc(n), n being
 // its plaintext length (at most the maximum, checked before alloc is
-// called). A record that fails to open is an error: the link must then be
-// closed.
+// called); a buffer with Overhead bytes of spare capacity is read into
+// and opened in place. A record that fails to open is an error: the link
+// must then be closed.
 func (r *Reader) ReadFrameInto(alloc func(n int) []byte) ([]byte, error) {
 	var ad [4]byte
 	if _, err := io.ReadFull(r.c, ad[:]); err != nil {
@@ -456,19 +461,27 @@ func (r *Reader) ReadFrameInto(alloc func(n int) []byte) ([]byte, error) {
 	if r.max < 0 || uint64(n) > uint64(r.max) {
 		return nil, fmt.Errorf("%w: length %d > max %d", ErrFrameTooLarge, n, r.max)
 	}
-	sealed := int(n) + r.open.aead.Overhead()
-	if cap(r.buf) < sealed {
-		r.buf = make([]byte, sealed)
+	sealed := int(n) + Overhead
+	// Opened in place when the caller's buffer has room for the tag
+	// (alloc returning n bytes with Overhead more capacity), else from the
+	// reader's own buffer.
+	frame := alloc(int(n))
+	buf := frame[:0]
+	if cap(frame) >= sealed {
+		buf = frame[:sealed]
+	} else {
+		if cap(r.buf) < sealed {
+			r.buf = make([]byte, sealed)
+		}
+		buf = r.buf[:sealed]
 	}
-	r.buf = r.buf[:sealed]
-	if _, err := io.ReadFull(r.c, r.buf); err != nil {
+	if _, err := io.ReadFull(r.c, buf); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
 		return nil, r.cause.wrap(err)
 	}
-	frame := alloc(int(n))
-	out, err := r.open.aead.Open(frame[:0], r.open.next(), r.buf, ad[:])
+	out, err := r.open.aead.Open(frame[:0], r.open.next(), buf, ad[:])
 	if err != nil {
 		return nil, fmt.Errorf("%w: record %d: %w", ErrBadRecord, r.open.index-1, err)
 	}

@@ -93,6 +93,34 @@ func TestFramesCrossInOrder(t *testing.T) {
 	}
 }
 
+// TestFramesOpenInPlace: a buffer with Overhead bytes of spare capacity
+// is read into and opened in place, so the reader keeps no buffer of its
+// own; one without falls back to the reader's.
+func TestFramesOpenInPlace(t *testing.T) {
+	w, r := link(t, 1<<20)
+	want := bytes.Repeat([]byte{3}, 1<<20)
+	go func() {
+		for range 2 {
+			if err := w.WriteFrame(want); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	var given []byte
+	got, err := r.ReadFrameInto(func(n int) []byte { given = make([]byte, n, n+Overhead); return given })
+	if err != nil || !bytes.Equal(got, want) || &got[0] != &given[0] {
+		t.Fatalf("in place: %d bytes, %v (the buffer alloc gave: %v)", len(got), err, len(got) > 0 && &got[0] == &given[0])
+	}
+	if r.buf != nil {
+		t.Fatalf("the reader grew a buffer of %d bytes for a frame it opened in place", cap(r.buf))
+	}
+	got, err = r.ReadFrameInto(alloc)
+	if err != nil || !bytes.Equal(got, want) || cap(r.buf) < len(want)+Overhead {
+		t.Fatalf("without spare capacity: %d bytes, %v, reader buffer %d", len(got), err, cap(r.buf))
+	}
+}
+
 // sealedRecords returns a key and the records of frames sealed under it,
 // as a Writer would send them, for tampering.
 func sealedRecords(t testing.TB, frames ...[]byte) (key []byte, wire []byte) {

@@ -499,7 +499,7 @@ func (t *Transport) read(from string, s int, st network.Stream) {
 // one frame per record, until the link ends or a frame is refused.
 func (t *Transport) readLink(from string, s int, d *directlink.Reader) {
 	for {
-		rec, err := d.ReadFrameInto(func(n int) []byte { return make([]byte, n) })
+		rec, err := d.ReadFrameInto(func(n int) []byte { return make([]byte, n, n+directlink.Overhead) }) // opened in place
 		switch {
 		case errors.Is(err, directlink.ErrFrameTooLarge):
 			t.fail(&PeerError{Peer: from, Epoch: t.p.Epoch, Err: fmt.Errorf("%w: %w", allreduce.ErrFrameTooLarge, err)})
