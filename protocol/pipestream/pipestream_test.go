@@ -202,6 +202,26 @@ func rawStream(t *testing.T, c *cluster, a, b int, digest string) network.Stream
 	return st
 }
 
+// caseTransport opens stage 1's transport of c under a digest of its own
+// (prefix and case i), so that only that case's streams reach it.
+func caseTransport(t *testing.T, c *cluster, prefix string, i int) (*Transport, string) {
+	t.Helper()
+	p := c.pipe(1)
+	p.Digest = prefix + string(rune('a'+i))
+	return c.open(t, 1, p), p.Digest
+}
+
+// recvFailsNaming checks that tr's wait for stage 0's activation of step
+// 10, micro-batch 1, fails with a *PeerError naming peer and wrapping want.
+func recvFailsNaming(t *testing.T, tr *Transport, peer string, want error) {
+	t.Helper()
+	_, err := tr.Recv(testCtx(t), pipeline.Key{Step: 10, Micro: 1, Kind: pipeline.Activation})
+	var pe *PeerError
+	if !errors.As(err, &pe) || pe.Peer != peer || !errors.Is(err, want) {
+		t.Fatalf("Recv after a bad frame or record: %v; want a *PeerError naming %s wrapping %v", err, peer, want)
+	}
+}
+
 // header is a valid activation frame header from stage 0 to stage 1 of
 // the test pipeline, for the bad-frame cases to spoil.
 func header(kind pipeline.Kind, codec uint32, step uint64, micro, n uint32) []byte {
@@ -256,21 +276,13 @@ func TestBadFramesFailNamingThePeer(t *testing.T) {
 	c := newCluster(t, 3)
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			digest := "case" + string(rune('a'+i))
-			p := c.pipe(1)
-			p.Digest = digest
-			tr := c.open(t, 1, p)
+			tr, digest := caseTransport(t, c, "case", i)
 			st := rawStream(t, c, tc.from, 1, digest)
 			defer st.Reset()
 			if _, err := st.Write(tc.frame()); err != nil {
 				t.Fatal(err)
 			}
-			// Stage 1 waits for stage 0's activation of step 10, micro-batch 1.
-			_, err := tr.Recv(testCtx(t), pipeline.Key{Step: 10, Micro: 1, Kind: pipeline.Activation})
-			var pe *PeerError
-			if !errors.As(err, &pe) || pe.Peer != c.ids[tc.from] || !errors.Is(err, tc.want) {
-				t.Fatalf("Recv after a bad frame: %v; want a *PeerError naming %s wrapping %v", err, c.ids[tc.from], tc.want)
-			}
+			recvFailsNaming(t, tr, c.ids[tc.from], tc.want)
 			// The transport stays failed.
 			if _, err := tr.Recv(testCtx(t), pipeline.Key{Step: 10, Kind: pipeline.Gradient}); err == nil {
 				t.Fatal("a failed transport received again")
@@ -304,10 +316,7 @@ func TestBadRecordsOverADirectLinkFailNamingThePeer(t *testing.T) {
 	c := newCluster(t, 2)
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			digest := "rec" + string(rune('a'+i))
-			p := c.pipe(1)
-			p.Digest = digest
-			tr := c.open(t, 1, p)
+			tr, digest := caseTransport(t, c, "rec", i)
 			ctx := testCtx(t)
 			st, err := c.hosts[0].NewStream(ctx, c.hosts[1].ID(), ID)
 			if err != nil {
@@ -322,11 +331,7 @@ func TestBadRecordsOverADirectLinkFailNamingThePeer(t *testing.T) {
 			if err := link.WriteFrame(tc.record); err != nil {
 				t.Fatal(err)
 			}
-			_, err = tr.Recv(ctx, pipeline.Key{Step: 10, Micro: 1, Kind: pipeline.Activation})
-			var pe *PeerError
-			if !errors.As(err, &pe) || pe.Peer != c.ids[0] || !errors.Is(err, tc.want) {
-				t.Fatalf("Recv after a bad record: %v; want a *PeerError naming %s wrapping %v", err, c.ids[0], tc.want)
-			}
+			recvFailsNaming(t, tr, c.ids[0], tc.want)
 		})
 	}
 }
