@@ -13,6 +13,8 @@ dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || need+=(dataset-fashion-mnist)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v tc >/dev/null 2>&1 || need+=(iproute2)
 command -v iptables >/dev/null 2>&1 || need+=(iptables) # bench/nat.sh: the NAT routers
+command -v curl >/dev/null 2>&1 || need+=(curl) # bench/nat.sh: the peers' local API
+command -v jq >/dev/null 2>&1 || need+=(jq)     # bench/nat.sh (run by CI), bench/pipeline.sh: JSON figures
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
 # The PyTorch bridge's tests and demo: Debian's python3 with torch 1.13 (CPU).
