@@ -78,12 +78,13 @@
 # hosts share a swarm key and run
 #   p2ptrain bench allreduce --expect N --size S --codec C --schedule S --rounds N --json
 #     --listen /ip4/10.77.0.(10+i)/tcp/4001 --swarm-key K (--open with --open) --identity F --name hi
-#     --cluster netns-bench --mdns=false --link-rate <its rate> [--bootstrap <host 1>] [extra flags]
+#     --cluster netns-bench --mdns=false --link-rate <its goodput> [--bootstrap <host 1>] [extra flags]
 # Each prints one JSON object {"size_bytes","codec","schedule","peers","median_s",
 # "algbw_gbps","busbw_gbps","wire_bytes_per_peer","ideal_s","efficiency"} on stdout
 # and exits; the script prints each host's line, then a summary line with busbw over
 # the slowest link's rate (gbps read as Gbit/s), the efficiency: the ideal (the
-# most bytes a host sent, at its shaped rate) over the median time, and
+# most bytes a host sent, at its link's TCP goodput: see goodput_rate) over the
+# median time, and
 # cpu_s_per_gb: the CPU time (user + system) a daemon used over the timed rounds
 # per GB of buffer all-reduced, the mean over the hosts. With --gloo, each gloo
 # rank's JSON line ("impl":"gloo") follows, then a line "gloo: ..." with its
@@ -190,6 +191,16 @@ rate_bps() {
 		m["bit"] = 1; m[""] = 1; m["kbit"] = 1e3; m["mbit"] = 1e6; m["gbit"] = 1e9; m["tbit"] = 1e12
 		if (!(u in m) || v <= 0) exit 1
 		printf "%.0f\n", v * m[u] }'
+}
+
+# goodput_rate prints, for a tc rate R, the TCP payload rate a link shaped to R
+# carries at this MTU, in tc units ("95640687bit" for 100mbit at 1500): each
+# frame of MTU+14 bytes (tc counts the Ethernet header) carries MTU−52 bytes
+# of payload (IPv4 20, TCP 20, timestamps 12), 1448/1514 = 0.956 at 1500.
+# --check measures it: 95.7–95.8 Mbit/s on a 100mbit link. No TCP sender, gloo
+# included, can move more, so it is the link-limited ideal's rate.
+goodput_rate() { # rate
+	awk -v bps="$(rate_bps "$1")" -v m="$mtu" 'BEGIN { printf "%.0fbit\n", bps * (m - 52) / (m + 14) }'
 }
 
 # size_bytes prints a size like 64MiB, 4MB, 512KiB, 1GiB or 1000 in bytes.
@@ -544,10 +555,8 @@ start_daemon() { # host
 		args+=(--swarm-key "$work/swarm.key")
 	fi
 	[ "$has_identity" = 0 ] || args+=(--identity "$work/h$i.identity")
-	# The shaped rate gives the link-limited ideal and the efficiency
-	# (payload at the shaped rate: veth's segmentation offload leaves htb
-	# few headers to count; a 100mbit host sent 101 Mbit/s of frames).
-	! grep -q -- "-link-rate" <<<"$help_out" || args+=(--link-rate "${rate_list[i - 1]}")
+	# The link's TCP goodput gives the link-limited ideal and the efficiency.
+	! grep -q -- "-link-rate" <<<"$help_out" || args+=(--link-rate "$(goodput_rate "${rate_list[i - 1]}")")
 	[ "$i" = 1 ] || args+=(--bootstrap "$boot")
 	args+=("${extra[@]//\{host\}/h$i}")
 	echo "ip netns exec $(host_ns "$i") $binary ${args[*]}" >"$work/h$i.cmd"
