@@ -26,6 +26,7 @@ import contextlib
 import math
 import os
 import threading
+import warnings
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Tuple, Union
 
@@ -40,6 +41,9 @@ from ._wire import Message, Region, region_over, scratch_region, socket_path
 __all__ = ["Collective", "DistributedOptimizer", "Stateful"]
 
 Loss = Union[float, torch.Tensor, None]
+
+# Collective._synced's value for a step that synchronize() saw answered without an average.
+_SKIPPED: Message = {"status": "skipped"}
 
 
 class Stateful(Protocol):
@@ -83,6 +87,23 @@ def _read_file(path: str, nbytes: int) -> bytearray:
     return data
 
 
+def _scheduler_attached(optimizer: Any) -> bool:
+    """Whether an LR scheduler was built on ``optimizer`` (torch's schedulers count its steps)."""
+    return hasattr(optimizer, "_step_count")
+
+
+def _check_scheduler(scheduler: Any) -> None:
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise TypeError(
+            "scheduler= takes a scheduler stepped once per optimizer step; ReduceLROnPlateau steps on "
+            "a metric: pass it as extra_state= and call scheduler.step(metric) yourself when step() "
+            "returns True, with a metric every replica computes alike"
+        )
+    for method in ("step", "state_dict", "load_state_dict"):
+        if not callable(getattr(scheduler, method, None)):
+            raise TypeError(f"scheduler= needs a {method}() method; {type(scheduler).__name__} has none")
+
+
 def _grad_hook(collective: "weakref.ref[Collective]", index: int) -> Callable[..., None]:
     """A hook for a parameter's gradient accumulator that does not keep the collective alive."""
 
@@ -110,8 +131,12 @@ class Collective:
             sent as ``str(value)``; the key ``"optimizer"`` defaults to the optimizer's class name.
         socket: the daemon's socket (else ``$P2PTRAIN_SOCKET``, else the default for port 7420).
         bucket_cap_mb: the bucket size cap, in MiB.
-        extra_state: an object with ``state_dict()``/``load_state_dict()`` (an LR scheduler, say)
-            whose state travels with the model's when a peer joins late or the cluster restores.
+        scheduler: an LR scheduler (``torch.optim.lr_scheduler``, built on ``optimizer``) that
+            :meth:`step` steps after every applied update, and only then, so that its learning rate
+            follows the cluster's step count; its state travels with the model's. Do not call its
+            ``step()`` yourself: the next update raises :class:`~p2ptrain.P2PTrainError` if it moved.
+        extra_state: an object with ``state_dict()``/``load_state_dict()`` whose state travels with
+            the model's when a peer joins late or the cluster restores.
         timeout: seconds to wait for any one answer from the daemon (``None``: no limit); when it
             passes, the session ends with :class:`RunStopped`. A step the daemon retries after a
             peer died takes longer than usual, so keep it generous.
@@ -125,11 +150,18 @@ class Collective:
         settings: Optional[Mapping[str, Any]] = None,
         socket: Optional[Union[str, "os.PathLike[str]"]] = None,
         bucket_cap_mb: float = 25.0,
+        scheduler: Optional[Any] = None,
         extra_state: Optional[Stateful] = None,
         timeout: Optional[float] = None,
     ) -> None:
+        if scheduler is not None:
+            _check_scheduler(scheduler)
         self._model = model
         self._optimizer = optimizer
+        self._scheduler = scheduler
+        self._scheduler_mark = self._scheduler_epoch()
+        self._warned_scheduler = False
+        self._wrapper: Optional[torch.optim.Optimizer] = None  # a DistributedOptimizer around optimizer
         self._extra = extra_state
         self._layout = Layout(model, bucket_cap_mb)
         self._settings = _settings_strings(settings, optimizer)
@@ -143,6 +175,9 @@ class Collective:
         self._closed = False
         self._finished = False
         self._step = 0
+        # After synchronize(): the averaged answer whose update step() applies next, or SKIPPED
+        # when the step was answered otherwise (restored, finished); None before.
+        self._synced: Optional[Message] = None
         self._syncing = True
         self._new_round()
         self._accumulators: List[Any] = []
@@ -162,9 +197,15 @@ class Collective:
         return self._finished
 
     @property
-    def peer(self) -> Optional[str]:
-        """The daemon's peer ID, once the session is open."""
-        return self._session.welcome.peer if self._session is not None else None
+    def peer(self) -> str:
+        """The daemon's peer ID. The session must be open: call :meth:`connect` first.
+
+        Raises :class:`~p2ptrain.P2PTrainError` before the session opens (a ``None`` here once
+        seeded every process's batches alike).
+        """
+        if self._session is None:
+            raise P2PTrainError("the peer ID is known once the session is open: call connect() first")
+        return self._session.welcome.peer
 
     @property
     def total_steps(self) -> Optional[int]:
@@ -295,6 +336,11 @@ class Collective:
         if not self._syncing or self._finished or self._closed or self._failure is not None:
             return
         with self._ending_on_error():
+            if self._synced is not None:
+                raise P2PTrainError(
+                    f"a backward pass between synchronize() and step() in step {self._step}: "
+                    "call step() after synchronize() before the next backward"
+                )
             bucket = self._layout.bucket_of[index]
             if bucket < self._next_bucket:
                 raise P2PTrainError(
@@ -319,40 +365,100 @@ class Collective:
 
     # --- the step --------------------------------------------------------------------------------
 
+    def synchronize(self, loss: Loss = None) -> bool:
+        """Finish this step's exchange: hand over what is left, wait, and put the average in ``p.grad``.
+
+        Call it between ``backward()`` and :meth:`step` to work on the averaged gradients first, as
+        gradient clipping must (``clip_grad_norm_`` before it would clip the local gradients, which
+        the averages then replace)::
+
+            loss.backward()
+            if col.synchronize():
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            col.step()
+
+        Returns ``True`` when the averaged gradients are in ``p.grad`` (:meth:`step` then applies
+        them), ``False`` when the step was answered otherwise (the cluster restored another state
+        or the run finished; :meth:`step` then returns ``False``). A second call before
+        :meth:`step` returns the first one's answer. Raises what :meth:`step` raises.
+        """
+        self._check_usable()
+        if self._synced is not None:
+            return self._synced is not _SKIPPED
+        if self._finished:
+            return False
+        self._warn_unstepped_scheduler()
+        with self._ending_on_error():
+            self._send_buckets(complete_only=False)
+            assert self._session is not None and self._session.shm is not None
+            answer = self._session.wait(self._step, _loss_value(loss))
+            self._new_round()
+            if answer["status"] == "averaged":
+                self._layout.read_grads(self._session.shm.grads.tensor)
+                self._synced = answer
+                return True
+            self._synced = _SKIPPED
+            if answer["status"] == "restore":
+                self._restore(answer)
+            else:
+                self._finished = True
+            return False
+
     def step(self, loss: Loss = None) -> bool:
         """Finish this step with the peers: hand over what is left, wait, and act on the answer.
 
         Returns ``True`` when the averaged gradient was applied (``optimizer.step()`` ran on it, in
-        ``p.grad``), ``False`` when it was not: the cluster restored another state (loaded into
-        the model, optimizer and ``extra_state``; this step's gradients are dropped) or the run
-        finished (:attr:`finished` is then true). ``loss`` (a float or a scalar tensor) is only
-        reported to the daemon.
+        ``p.grad``, then the ``scheduler``'s step), ``False`` when it was not: the cluster restored
+        another state (loaded into the model, optimizer, ``scheduler`` and ``extra_state``; this
+        step's gradients are dropped) or the run finished (:attr:`finished` is then true).
+        ``loss`` (a float or a scalar tensor) is only reported to the daemon. After
+        :meth:`synchronize`, it applies (or skips) what that call received.
 
         Raises :class:`LayoutMismatch` when the daemon stopped the run over differing settings and
         :class:`RunStopped` when it stopped it otherwise or a connection was lost.
         """
+        if self._synced is None and not self.synchronize(loss):
+            self._synced = None
+            return False
         self._check_usable()
-        if self._finished:
+        answer, self._synced = self._synced, None
+        if answer is _SKIPPED:
             return False
+        assert answer is not None
         with self._ending_on_error():
-            self._send_buckets(complete_only=False)
-            assert self._session is not None
-            answer = self._session.wait(self._step, _loss_value(loss))
-            self._new_round()
-            if answer["status"] == "averaged":
-                return self._apply(answer)
-            if answer["status"] == "restore":
-                return self._restore(answer)
-            self._finished = True
-            return False
+            return self._apply(answer)
+
+    def _scheduler_epoch(self) -> Any:
+        return getattr(self._scheduler, "last_epoch", None)
+
+    def _warn_unstepped_scheduler(self) -> None:
+        """Warn once when an LR scheduler is built on the optimizer but not passed as ``scheduler=``."""
+        if self._warned_scheduler or self._scheduler is not None or self._extra is not None:
+            return
+        if _scheduler_attached(self._optimizer) or (self._wrapper is not None and _scheduler_attached(self._wrapper)):
+            self._warned_scheduler = True
+            warnings.warn(
+                "an LR scheduler is built on this optimizer but not passed as scheduler=: stepped "
+                "by the script, its learning rate does not follow the steps the cluster restores "
+                "or skips, and the replicas fork (pass scheduler=sched and drop sched.step())",
+                stacklevel=4,
+            )
 
     def _apply(self, answer: Message) -> bool:
         session = self._session
         assert session is not None and session.shm is not None
         step = self._step
-        self._layout.read_grads(session.shm.grads.tensor)
+        if self._scheduler is not None and self._scheduler_epoch() != self._scheduler_mark:
+            raise P2PTrainError(
+                f"the LR scheduler moved from epoch {self._scheduler_mark} to {self._scheduler_epoch()} "
+                "outside the Collective: with scheduler= it is stepped after each applied update; "
+                "remove the script's scheduler.step()"
+            )
         with self._lock:
             self._optimizer.step()
+            if self._scheduler is not None:
+                self._scheduler.step()
+                self._scheduler_mark = self._scheduler_epoch()
             self._step = step + 1
             self._lock.notify_all()
             digest = self._layout.param_hash(session.shm.params) if answer["want_hash"] else None
@@ -390,6 +496,7 @@ class Collective:
             "step": self._step,
             "optimizer": self._optimizer.state_dict(),
             "extra": self._extra.state_dict() if self._extra is not None else None,
+            "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
             "buffers": self._buffers(),
         }
 
@@ -399,6 +506,9 @@ class Collective:
         self._optimizer.load_state_dict(extra["optimizer"])
         if self._extra is not None and extra.get("extra") is not None:
             self._extra.load_state_dict(extra["extra"])
+        if self._scheduler is not None and extra.get("scheduler") is not None:
+            self._scheduler.load_state_dict(extra["scheduler"])
+            self._scheduler_mark = self._scheduler_epoch()
         if extra.get("buffers"):
             self._model.load_state_dict(extra["buffers"], strict=False)
 
@@ -444,6 +554,7 @@ class Collective:
                 "optimizer": self._optimizer.state_dict(),
                 "step": self._step,
                 "extra": self._extra.state_dict() if self._extra is not None else None,
+                "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
             }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -458,6 +569,9 @@ class Collective:
             self._optimizer.load_state_dict(state_dict["optimizer"])
             if self._extra is not None and state_dict.get("extra") is not None:
                 self._extra.load_state_dict(state_dict["extra"])
+            if self._scheduler is not None and state_dict.get("scheduler") is not None:
+                self._scheduler.load_state_dict(state_dict["scheduler"])
+                self._scheduler_mark = self._scheduler_epoch()
             self._step = int(state_dict["step"])
 
 
@@ -474,6 +588,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # Optimizer.__init__ is not called: the state lives in the wrapped optimizer.
         self.optimizer = optimizer
         self.collective = Collective(model, optimizer, **kwargs)
+        self.collective._wrapper = self
 
     @property  # type: ignore[override]
     def param_groups(self) -> List[Dict[str, Any]]:
@@ -494,6 +609,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def finished(self) -> bool:
         """Whether the run reached its length."""
         return self.collective.finished
+
+    def synchronize(self, loss: Loss = None) -> bool:
+        """Wait for the averaged gradients and put them in ``p.grad`` before :meth:`step`.
+
+        For gradient clipping: ``loss.backward(); opt.synchronize(); clip_grad_norm_(...);
+        opt.step()``. See :meth:`Collective.synchronize`.
+        """
+        return self.collective.synchronize(loss)
+
+    def no_sync(self) -> "contextlib.AbstractContextManager[None]":
+        """Accumulate gradients over backward passes inside it; see :meth:`Collective.no_sync`."""
+        return self.collective.no_sync()
 
     def step(self, closure: Optional[Callable[[], Any]] = None, *, loss: Loss = None) -> Any:
         """Average the gradients with the peers and, unless the cluster restored or finished, apply them.

@@ -7,6 +7,7 @@ import os
 import struct
 import threading
 import unittest
+import warnings
 from typing import Any, List, Optional
 
 import torch
@@ -138,6 +139,15 @@ class ConnectingTest(DaemonTest):
         self.assertEqual(self.daemon.param_region(), float32_bytes(flat_values(model, hello)))
         self.assertEqual((col.peer, col.total_steps), ("12D3KooWFake", 100))
         self.assertEqual(col.buckets[0], ["c.bias"])
+
+    def test_peer_is_refused_before_the_session_opens(self) -> None:
+        model = Net()
+        col = self.collective(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        with self.assertRaises(P2PTrainError) as caught:
+            col.peer
+        self.assertIn("connect()", str(caught.exception))
+        col.connect()
+        self.assertEqual(col.peer, "12D3KooWFake")
 
     def test_refused_hello(self) -> None:
         for kind in ("layout", "version", "busy"):
@@ -299,6 +309,114 @@ class StepTest(DaemonTest):
         backward(model)
         self.assertTrue(col.step())
         self.assertEqual(self.daemon.expect("wait", 2)[1]["step"], 7)
+
+    def donor_state(self, lr_steps: int) -> dict:
+        """A restore answer for step 7 from a donor whose StepLR has stepped ``lr_steps`` times."""
+        donor = Net(seed=7)
+        donor_opt = torch.optim.SGD(donor.parameters(), lr=0.1)
+        donor_sched = torch.optim.lr_scheduler.StepLR(donor_opt, step_size=1, gamma=0.5)
+        for _ in range(lr_steps):
+            donor_opt.step()
+            donor_sched.step()
+        donor_col = Collective(donor, donor_opt, socket=self.daemon.path, scheduler=donor_sched)
+        self.addCleanup(donor_col.close)
+        donor_col.load_state_dict({**donor_col.state_dict(), "step": 7})
+        path = os.path.join(self.daemon.dir, "state")
+        written = donor_col.write_state(7, path, scratch_region(donor_col._layout.numel))
+        assert written.sizes is not None
+        params_bytes, extra_bytes = written.sizes
+        return {"status": "restore", "step": 7, "path": path, "params_bytes": params_bytes, "extra_bytes": extra_bytes}
+
+    def test_the_scheduler_steps_after_each_applied_update_only(self) -> None:
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        col = self.collective(model, opt, scheduler=sched)
+        restore = self.donor_state(lr_steps=3)
+        self.daemon.answer(averaged(), fixed(restore), averaged())
+        backward(model)
+        self.assertTrue(col.step())
+        self.assertEqual((sched.last_epoch, opt.param_groups[0]["lr"]), (1, 0.05))
+        opt.zero_grad()
+        backward(model)
+        self.assertFalse(col.step())  # restored: the donor's scheduler, not stepped again
+        self.assertEqual((sched.last_epoch, opt.param_groups[0]["lr"]), (3, 0.0125))
+        backward(model)
+        self.assertTrue(col.step())
+        self.assertEqual((sched.last_epoch, opt.param_groups[0]["lr"]), (4, 0.00625))
+        self.assertEqual(col.state_dict()["scheduler"]["last_epoch"], 4)
+
+    def test_a_scheduler_stepped_outside_is_refused(self) -> None:
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        col = self.collective(model, opt, scheduler=sched)
+        backward(model)
+        self.assertTrue(col.step())
+        sched.step()  # the script's own call, as before the conversion
+        opt.zero_grad()
+        backward(model)
+        with self.assertRaises(P2PTrainError) as caught:
+            col.step()
+        self.assertIn("remove the script's scheduler.step()", str(caught.exception))
+
+    def test_a_metric_scheduler_is_refused(self) -> None:
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with self.assertRaises(TypeError) as caught:
+            Collective(model, opt, socket=self.daemon.path, scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(opt))
+        self.assertIn("ReduceLROnPlateau", str(caught.exception))
+
+    def test_a_scheduler_left_out_is_warned_about(self) -> None:
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        col = self.collective(model, opt)
+        torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+        backward(model)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertTrue(col.step())
+        self.assertEqual(len(caught), 1)
+        self.assertIn("scheduler=", str(caught[0].message))
+
+    def test_synchronize_puts_the_average_in_grad_before_step(self) -> None:
+        model, reference = Net(), Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+        col = self.collective(model, opt)
+        backward(model)
+        self.assertTrue(col.synchronize())
+        self.assertTrue(col.synchronize())  # a second call repeats the answer: one wait only
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+        self.assertTrue(col.step())
+        backward(reference)
+        halve_grads(reference)
+        self.assertAlmostEqual(float(norm), float(torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.01)), places=6)
+        ref_opt.step()
+        assert_same_params(self, model, reference)
+        self.assertEqual(len(self.daemon.expect("wait")), 1)
+        self.assertEqual(col.completed_steps, 1)
+
+    def test_synchronize_on_a_restore_makes_step_skip(self) -> None:
+        model = Net()
+        col = self.collective(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        self.daemon.answer(fixed(self.donor_state(lr_steps=0)))
+        backward(model)
+        self.assertFalse(col.synchronize())
+        self.assertFalse(col.step())
+        self.assertEqual(col.completed_steps, 7)
+        backward(model)  # the next step goes on as usual
+        self.assertTrue(col.step())
+        self.assertEqual([m["step"] for m in self.daemon.expect("wait", 2)], [0, 7])
+
+    def test_a_backward_between_synchronize_and_step_is_refused(self) -> None:
+        model = Net()
+        col = self.collective(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        backward(model)
+        self.assertTrue(col.synchronize())
+        with self.assertRaises(P2PTrainError) as caught:
+            backward(model, 1)
+        self.assertIn("between synchronize() and step()", str(caught.exception))
 
     def test_finished(self) -> None:
         model = Net()
@@ -503,16 +621,16 @@ class ExclusionTest(DaemonTest):
 class DistributedOptimizerTest(DaemonTest):
     def test_step_averages_then_applies(self) -> None:
         model, reference = Net(), Net()
-        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, socket=self.daemon.path)
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(inner, step_size=1, gamma=0.5)
+        opt = DistributedOptimizer(inner, model, socket=self.daemon.path, scheduler=sched)
         self.addCleanup(opt.close)
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)  # it is an Optimizer
         ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
         ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
         for step in range(2):
             opt.zero_grad()
             backward(model, step)
-            opt.step()
-            sched.step()
+            opt.step()  # steps sched too
             ref_opt.zero_grad()
             backward(reference, step)
             halve_grads(reference)
@@ -524,6 +642,34 @@ class DistributedOptimizerTest(DaemonTest):
         self.assertFalse(opt.finished)
         self.assertEqual(opt.state_dict()["param_groups"][0]["lr"], 0.025)
         self.assertIn("SGD", repr(opt))
+
+    def test_a_scheduler_built_on_the_wrapper_is_warned_about(self) -> None:
+        model = Net()
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, socket=self.daemon.path)
+        self.addCleanup(opt.close)
+        torch.optim.lr_scheduler.StepLR(opt, step_size=1)  # it is an Optimizer, so this works
+        backward(model)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        self.assertEqual([str(w.message)[:24] for w in caught], ["an LR scheduler is built"])
+
+    def test_synchronize_and_no_sync_are_the_collectives(self) -> None:
+        model, reference = Net(), Net()
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, socket=self.daemon.path)
+        self.addCleanup(opt.close)
+        with opt.no_sync():
+            backward(model, 0)
+        backward(model, 1)
+        self.assertTrue(opt.synchronize())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+        opt.step()
+        backward(reference, 0)
+        backward(reference, 1)
+        halve_grads(reference)
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.01)
+        torch.optim.SGD(reference.parameters(), lr=0.1).step()
+        assert_same_params(self, model, reference)
 
     def test_closure(self) -> None:
         model = Net()
