@@ -141,7 +141,20 @@ func checkSettings(mine Settings, self string, members []gossip.Member, ep gossi
 		if len(odd) == 0 {
 			return nil, nil
 		}
-		return odd, fmt.Errorf("train: members %s announce other training settings; training without them", strings.Join(odd, ", "))
+		var why string
+		if o := held[odd[0]]; o != nil {
+			why = fmt.Sprintf(" (%s: %s)", odd[0], strings.Join(mine.diff(o), "; "))
+		}
+		return odd, fmt.Errorf("train: members %s announce other training settings%s; training without them", strings.Join(odd, ", "), why)
 	}
-	return nil, fmt.Errorf("%w (%d of %d members hold the others): %s", ErrSettingsDiffer, bestN, len(ep.Order), strings.Join(mine.diff(best), "; "))
+	return nil, fmt.Errorf("%w (the cluster's are held by %d of the epoch's %d members%s): %s", ErrSettingsDiffer, bestN, len(ep.Order), tieNote(bestN, len(ep.Order)), strings.Join(mine.diff(best), "; "))
+}
+
+// tieNote explains, for a settings conflict that n of w members decided,
+// why a half prevails: ties go to the coordinator's settings.
+func tieNote(n, w int) string {
+	if 2*n == w {
+		return ", the coordinator's half: ties go to it"
+	}
+	return ""
 }

@@ -82,9 +82,13 @@ func TestCheckSettings(t *testing.T) {
 	if err == nil || errors.Is(err, ErrSettingsDiffer) || !slices.Equal(exclude, []string{"a"}) {
 		t.Fatalf("majority: %v, %v; want an error and a to exclude", err, exclude)
 	}
+	if !strings.Contains(err.Error(), "(a: train.momentum = 0.9 here, 0.5 there)") {
+		t.Fatalf("majority: %v; want the key that differs named", err)
+	}
 	// A tie goes to the coordinator's settings.
 	two := gossip.Epoch{Number: 5, Order: []string{"a", "b"}, Coordinator: "a"}
-	if _, err := checkSettings(good, "b", settingsMembers(map[string]Settings{"a": odd, "b": good}), two); !errors.Is(err, ErrSettingsDiffer) {
+	_, err = checkSettings(good, "b", settingsMembers(map[string]Settings{"a": odd, "b": good}), two)
+	if !errors.Is(err, ErrSettingsDiffer) || !strings.Contains(err.Error(), "1 of the epoch's 2 members, the coordinator's half: ties go to it") {
 		t.Fatalf("tie, not the coordinator: %v", err)
 	}
 	if odd, err := checkSettings(good, "b", settingsMembers(map[string]Settings{"a": good, "b": good, "c": good}), ep); err != nil || odd != nil {
