@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -69,7 +72,7 @@ func startAPI(addr string, n *Node, log *zap.Logger) (*apiServer, error) {
 	mux.Handle("GET "+web.AssetPrefix, page)
 	s := &apiServer{
 		ln: ln,
-		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		srv: &http.Server{Handler: rebindGuard(mux, hostname()), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 			WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10},
 		done: make(chan struct{}),
 	}
@@ -91,4 +94,43 @@ func (s *apiServer) close() error {
 	err := s.srv.Shutdown(ctx)
 	<-s.done
 	return err
+}
+
+// rebindGuard answers only requests addressed to an IP address, to
+// localhost (or a name under .localhost) or to this machine's own name
+// (self; "" for none): a web page on a name its owner points at 127.0.0.1
+// (DNS rebinding) sends its own name as the Host and so cannot read the
+// API from a browser on this machine. Anything else gets 421 Misdirected
+// Request with the reason.
+func rebindGuard(next http.Handler, self string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !localHost(r.Host, self) {
+			http.Error(w, fmt.Sprintf("p2ptrain's local API answers requests for an IP address, localhost or %q, not %q (a guard against DNS rebinding; reach it through ssh -L)", self, r.Host), http.StatusMisdirectedRequest)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// localHost reports whether a request's Host header (with or without a
+// port) names an IP address, localhost, a name under .localhost, or self.
+func localHost(hostport, self string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	return host == "localhost" || strings.HasSuffix(host, ".localhost") || (self != "" && host == strings.ToLower(self))
+}
+
+// hostname is this machine's name, or "" when the system has none.
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return ""
+	}
+	return h
 }

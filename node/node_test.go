@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -287,6 +288,31 @@ func TestAPI(t *testing.T) {
 	for _, want := range []string{"p2ptrain_alive_peers 1", "p2ptrain_ring_epoch ", `p2ptrain_gossip_messages_total{direction="out"}`} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+// TestAPIRefusesRequestsForOtherNames: a page whose name resolves to this
+// machine (DNS rebinding) gets 421 and nothing else; requests for an
+// address, localhost or the machine's name are answered.
+func TestAPIRefusesRequestsForOtherNames(t *testing.T) {
+	h := rebindGuard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "status") }), "Lab-7")
+	for host, want := range map[string]int{
+		"127.0.0.1:7420": http.StatusOK, "[::1]:7420": http.StatusOK, "10.0.0.5": http.StatusOK,
+		"localhost:7420": http.StatusOK, "LOCALHOST.": http.StatusOK, "grafana.localhost:7420": http.StatusOK,
+		"lab-7:7420":            http.StatusOK,
+		"attacker.example:7420": http.StatusMisdirectedRequest, "attacker.example": http.StatusMisdirectedRequest,
+		"localhost.attacker.example": http.StatusMisdirectedRequest, "": http.StatusMisdirectedRequest,
+	} {
+		r := httptest.NewRequest("GET", "/status", nil)
+		r.Host = host
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		if rec.Code != want {
+			t.Errorf("Host %q: %d, want %d", host, rec.Code, want)
+		}
+		if want != http.StatusOK && (rec.Body.String() == "status" || !strings.Contains(rec.Body.String(), "DNS rebinding")) {
+			t.Errorf("Host %q: body %q", host, rec.Body.String())
 		}
 	}
 }
