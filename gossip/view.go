@@ -775,8 +775,9 @@ func (v *View) needsEpoch(live []string) bool {
 // startStep is the step at which the new ring should begin.
 //
 // It proposes only with a quorum: a majority of the last committed ring's
-// members that have not departed cleanly must be live, so that of two sides of a
-// partition at most one trains on (a minority waits; Waiting says why).
+// members that have not departed cleanly and of those that joined since
+// must be live, so that of two sides of a partition at most one trains on
+// (a minority waits; Waiting says why; see quorum).
 //
 // Proposal runs the planner on the caller's goroutine; Service uses Draft,
 // Draft.Plan and Complete instead, so that planning holds no lock.
@@ -821,18 +822,29 @@ func (v *View) Commit(number uint64) {
 
 // quorum reports whether live holds a majority of the members of the last
 // committed ring (the current epoch before any commit), not counting those
-// that departed cleanly. Counting the committed ring, not the latest
-// epoch, keeps a quorum from shrinking through epochs that never trained:
-// a coordinator that still believes in a member across a partition may
+// that departed cleanly, together with the live members that joined since
+// (not in that ring). Counting the committed ring, not the latest epoch,
+// keeps a quorum from shrinking through epochs that never trained: a
+// coordinator that still believes in a member across a partition may
 // propose a ring with it, and a majority of that ring is not a majority of
-// the ring that trained. live is sorted.
+// the ring that trained. A member that crashed keeps counting until a ring
+// without it commits (were it dropped when declared dead or forgotten, each
+// side of a partition would drop the other and train alone), so a newcomer
+// counts as a member too: otherwise a survivor of a ring that lost half of
+// its members could never go on. (One of two, the other killed, with a
+// newcomer whose peer ID sorted after its own, counted 1 of 2 and proposed
+// nothing, and the newcomer followed it.) live is sorted.
 func (v *View) quorum(live []string) error {
-	base, have := 0, 0
+	base, have, known := 0, 0, 0
 	ring := v.epoch
 	if v.committed.Number != 0 {
 		ring = v.committed
 	}
 	for _, id := range ring.Order {
+		_, isLive := slices.BinarySearch(live, id)
+		if isLive {
+			known++
+		}
 		if m := v.members[id]; m != nil && m.State == Left {
 			continue
 		}
@@ -840,11 +852,19 @@ func (v *View) quorum(live []string) error {
 			continue
 		}
 		base++
-		if _, ok := slices.BinarySearch(live, id); ok {
+		if isLive {
 			have++
 		}
 	}
+	// Epoch orders list no member twice: the rest of live joined since.
+	joined := len(live) - known
+	base += joined
+	have += joined
 	if need := base/2 + 1; base > 0 && have < need {
+		if joined > 0 {
+			return fmt.Errorf("no quorum: %d of the %d members (the %d of epoch %d, the last ring that trained, and %d that joined since) are reachable, %d needed",
+				have, base, base-joined, ring.Number, joined, need)
+		}
 		return fmt.Errorf("no quorum: %d of the %d members of epoch %d (the last ring that trained) are reachable, %d needed",
 			have, base, ring.Number, need)
 	}

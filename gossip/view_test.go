@@ -748,6 +748,93 @@ func TestQuorumCountsTheLastCommittedRing(t *testing.T) {
 	}
 }
 
+// TestQuorumCountsNewcomers: a survivor that lost the quorum of its ring
+// (one of two, the other crashed) goes on with a newcomer, whatever the
+// order of the three peer IDs: the members that joined since the last
+// committed ring count toward its quorum, voters and reachable alike. Until
+// then the survivor proposes nothing alone. (When the newcomer's ID sorted
+// after the survivor's, the survivor counted 1 of the 2 members of its
+// ring, the newcomer followed it, and neither proposed a ring: training
+// stalled for as long as the dead member stayed away.)
+func TestQuorumCountsNewcomers(t *testing.T) {
+	for _, ids := range [][3]string{ // survivor, crashed, newcomer
+		{"a", "b", "c"}, {"a", "c", "b"}, {"b", "a", "c"},
+		{"b", "c", "a"}, {"c", "a", "b"}, {"c", "b", "a"},
+	} {
+		survivor, crashed, newcomer := ids[0], ids[1], ids[2]
+		t.Run(strings.Join(ids[:], ""), func(t *testing.T) {
+			pair := []string{survivor, crashed}
+			slices.Sort(pair)
+			c := newCluster(survivor, crashed)
+			c.round(time.Second)
+			trained := c.agree(t, pair)
+			for _, v := range c.views {
+				v.Commit(trained.Number)
+			}
+			c.down[crashed] = true
+			for range 4 {
+				c.round(2 * time.Second)
+			}
+			s := c.views[survivor]
+			if st := stateOf(s, crashed); st != Dead {
+				t.Fatalf("the crashed member is %v", st)
+			}
+			if e := s.Epoch(); e.Number != trained.Number {
+				t.Fatalf("the survivor went on alone in epoch %d %v", e.Number, e.Order)
+			}
+			if w := s.Waiting(); !strings.Contains(w, "no quorum: 1 of the 2 members") {
+				t.Fatalf("Waiting() = %q", w)
+			}
+			c.views[newcomer] = NewView(hb(newcomer, 0), testTiming, c.now)
+			for range 3 {
+				c.round(time.Second)
+			}
+			want := []string{survivor, newcomer}
+			slices.Sort(want)
+			if e := c.agree(t, want); e.Number <= trained.Number {
+				t.Fatalf("epoch %d, want one after %d", e.Number, trained.Number)
+			}
+			if w := s.Waiting(); w != "" {
+				t.Fatalf("Waiting() = %q after the ring re-formed", w)
+			}
+		})
+	}
+}
+
+// TestQuorumNewcomersDoNotMakeAMinorityAMajority: newcomers count as
+// members, not as a bonus: the one survivor of a ring of three, with one
+// newcomer, holds 2 of 4 and proposes nothing (nor blames its coordinator
+// for waiting); a second newcomer makes 3 of 5.
+func TestQuorumNewcomersDoNotMakeAMinorityAMajority(t *testing.T) {
+	c := newCluster("a", "b", "c")
+	c.round(time.Second)
+	trained := c.agree(t, []string{"a", "b", "c"})
+	for _, v := range c.views {
+		v.Commit(trained.Number)
+	}
+	c.down["b"], c.down["c"] = true, true
+	for range 3 {
+		c.round(2 * time.Second)
+	}
+	c.views["d"] = NewView(hb("d", 0), testTiming, c.now)
+	for range 5 * int(testTiming.FailAfter/time.Second) {
+		c.round(time.Second)
+	}
+	if e := c.views["a"].Epoch(); e.Number != trained.Number {
+		t.Fatalf("a and one newcomer went on in epoch %d %v", e.Number, e.Order)
+	}
+	if w := c.views["a"].Waiting(); !strings.Contains(w, "no quorum: 2 of the 4 members") {
+		t.Fatalf("Waiting() = %q", w)
+	}
+	if x := c.views["d"].OwnExclusions(); len(x) != 0 {
+		t.Fatalf("the newcomer without a quorum excluded %v", x)
+	}
+	c.views["e"] = NewView(hb("e", 0), testTiming, c.now)
+	c.round(time.Second)
+	c.round(time.Second)
+	c.agree(t, []string{"a", "d", "e"})
+}
+
 // TestUnreachableMemberIsNotExcluded: a member the failure detector holds
 // dead when the trainer blames it (it missed train.ready_timeout, or its
 // frames never came) is cut off, not misbehaving: it is not excluded, and
