@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strings"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -27,24 +28,55 @@ func WriteSwarmKey(path string) error {
 
 // LoadSwarmKey reads a private-network key file. Like ssh with a private
 // key, it refuses a file that other users may read or write: whoever reads
-// the key is a member of the cluster.
+// the key is a member of the cluster. A base16 key must be exactly 64 hex
+// digits (libp2p's decoder reads the first 32 bytes and ignores the rest,
+// so a mangled key would quietly be another key).
 func LoadSwarmKey(path string) (pnet.PSK, error) {
-	fi, err := os.Stat(path)
+	b, err := readPrivate(path, "swarm key", "anyone who reads it can join the cluster")
 	if err != nil {
-		return nil, fmt.Errorf("node: read swarm key: %w", err)
+		return nil, err
 	}
-	if m := fi.Mode().Perm(); m&0o077 != 0 {
-		return nil, fmt.Errorf("node: swarm key %s has mode %#o, open to other users: anyone who reads it can join the cluster (run chmod 600 %s)", path, m, path)
+	bad := func(why string) error {
+		return fmt.Errorf("node: swarm key %s is not a libp2p PSK v1 key (make one with `p2ptrain keygen --swarm-key FILE`): %s", path, why)
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("node: read swarm key: %w", err)
+	lines := strings.SplitN(string(b), "\n", 3)
+	if len(lines) == 3 && strings.TrimSpace(lines[1]) == "/base16/" {
+		key := strings.TrimRight(lines[2], " \t\r\n")
+		if strings.ContainsAny(key, "\n") {
+			return nil, bad("more than one line after /base16/")
+		}
+		if len(key) != 64 {
+			return nil, bad(fmt.Sprintf("its key has %d characters, want 64 hex digits (32 bytes)", len(key)))
+		}
+		if _, err := hex.DecodeString(key); err != nil {
+			return nil, bad(fmt.Sprintf("its key is not hex: %v", err))
+		}
 	}
 	psk, err := pnet.DecodeV1PSK(bytes.NewReader(b))
 	if err != nil {
-		return nil, fmt.Errorf("node: swarm key %s is not a libp2p PSK v1 key (make one with `p2ptrain keygen --swarm-key FILE`): %w", path, err)
+		return nil, bad(err.Error())
 	}
 	return psk, nil
+}
+
+// readPrivate reads a key file that must be a regular file no other user
+// may read or write (what: its kind; risk: what a reader could do).
+func readPrivate(path, what, risk string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("node: read %s: %w", what, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("node: %s %s is not a regular file (%s)", what, path, fi.Mode().Type())
+	}
+	if m := fi.Mode().Perm(); m&0o077 != 0 {
+		return nil, fmt.Errorf("node: %s %s has mode %#o, open to other users: %s (run chmod 600 %s)", what, path, m, risk, path)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("node: read %s: %w", what, err)
+	}
+	return b, nil
 }
 
 // WriteIdentity creates a new Ed25519 identity at path with mode 0600 and
@@ -65,11 +97,12 @@ func WriteIdentity(path string) (peer.ID, error) {
 	return id, writeNew(path, b)
 }
 
-// LoadIdentity reads an identity written by WriteIdentity.
+// LoadIdentity reads an identity written by WriteIdentity; like
+// LoadSwarmKey, it refuses a file other users may read or write.
 func LoadIdentity(path string) (crypto.PrivKey, error) {
-	b, err := os.ReadFile(path)
+	b, err := readPrivate(path, "identity", "anyone who reads it can act as this peer")
 	if err != nil {
-		return nil, fmt.Errorf("node: read identity: %w", err)
+		return nil, err
 	}
 	priv, err := crypto.UnmarshalPrivateKey(b)
 	if err != nil {
