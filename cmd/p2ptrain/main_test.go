@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -207,6 +208,21 @@ func TestStatusWithoutPeer(t *testing.T) {
 	code, _, stderr := runCLI(t, "status", "--api", "127.0.0.1:1")
 	if code != 1 || !strings.Contains(stderr, "no p2ptrain peer answering at 127.0.0.1:1") {
 		t.Fatalf("code %d stderr %q", code, stderr)
+	}
+}
+
+// TestStatusReadsTheAPIAddress: the URL a peer prints is taken as its
+// HOST:PORT; anything that is not HOST:PORT is a usage error naming it.
+func TestStatusReadsTheAPIAddress(t *testing.T) {
+	code, _, stderr := runCLI(t, "status", "--api", "http://127.0.0.1:1/")
+	if code != 1 || !strings.Contains(stderr, "no p2ptrain peer answering at 127.0.0.1:1 ") {
+		t.Fatalf("a URL: code %d stderr %q", code, stderr)
+	}
+	for _, bad := range []string{"", "garbage", "127.0.0.1", ":7420", "127.0.0.1:99999", "127.0.0.1:http"} {
+		code, _, stderr := runCLI(t, "status", "--api", bad)
+		if code != 2 || !strings.Contains(stderr, "--api: ") || !strings.Contains(stderr, strconv.Quote(bad)) {
+			t.Errorf("--api %q: code %d stderr %q", bad, code, stderr)
+		}
 	}
 }
 

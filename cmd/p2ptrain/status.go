@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -20,6 +22,11 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	addr, err := apiAddress(*api)
+	if err != nil {
+		return usagef("status: --api: %v", err)
+	}
+	*api = addr
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+*api+"/status", nil)
@@ -99,4 +106,18 @@ func trainLine(st node.Status) string {
 	}
 	return fmt.Sprintf("train    step %d  loss %s  accuracy %s  %s samples/s  codec %s  %s/step sent  params %s",
 		st.Step, f(st.Loss, "%.4f", 1), f(st.Accuracy, "%.2f%%", 100), f(st.SamplesPerS, "%.0f", 1), st.Codec, bytes, hash)
+}
+
+// apiAddress reads --api: HOST:PORT, or the URL a peer prints for its API
+// (http://HOST:PORT/), as HOST:PORT.
+func apiAddress(s string) (string, error) {
+	t := strings.TrimSuffix(strings.TrimPrefix(s, "http://"), "/")
+	host, port, err := net.SplitHostPort(t)
+	if err != nil || host == "" {
+		return "", fmt.Errorf("%q is not HOST:PORT (e.g. 127.0.0.1:7420)", s)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return "", fmt.Errorf("%q: port %q is not a number from 1 to 65535", s, port)
+	}
+	return t, nil
 }
