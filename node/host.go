@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
@@ -163,7 +164,11 @@ func newHost(p hostParams) (host.Host, *connmgr.BasicConnMgr, error) {
 	h, err := libp2p.New(opts...)
 	if err != nil {
 		rm.Close()
-		return nil, nil, fmt.Errorf("node: start libp2p host: %w", err)
+		hint := ""
+		if strings.Contains(err.Error(), "address already in use") { // the swarm's error keeps only the text
+			hint = "; another process holds the port: pick another with --listen"
+		}
+		return nil, nil, fmt.Errorf("node: start libp2p host on node.listen %v%s: %w", p.listen, hint, err)
 	}
 	return h, cm, nil
 }

@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"math"
 	"os"
 	"time"
 
@@ -148,7 +150,10 @@ func newLogger(cfg config.Log, stderr io.Writer) (*zap.Logger, error) {
 	libp2pLevel := max(level, zapcore.WarnLevel)
 	gologshim.SetDefaultHandler(zapslog.NewHandler(
 		zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(stderr)), libp2pLevel),
-		zapslog.WithName("libp2p")))
+		zapslog.WithName("libp2p"),
+		// libp2p's errors are reported again, with context, by the
+		// error they cause: a stack trace of its internals helps nobody.
+		zapslog.AddStacktraceAt(slog.Level(math.MaxInt32))))
 	return log, nil
 }
 

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -223,6 +225,24 @@ func TestStatusReadsTheAPIAddress(t *testing.T) {
 		if code != 2 || !strings.Contains(stderr, "--api: ") || !strings.Contains(stderr, strconv.Quote(bad)) {
 			t.Errorf("--api %q: code %d stderr %q", bad, code, stderr)
 		}
+	}
+}
+
+// TestJoinOnAPortInUseSaysWhich: a listen port another process holds
+// fails naming node.listen and the fix, without libp2p's stack traces.
+func TestJoinOnAPortInUseSaysWhich(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	code, _, stderr := runCLI(t, "join", "--listen", fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", port), "--api", "", "--mdns=false")
+	if code != 1 || !strings.Contains(stderr, "node.listen") || !strings.Contains(stderr, "another process holds the port") {
+		t.Fatalf("code %d stderr %q", code, stderr)
+	}
+	if strings.Contains(stderr, "runtime.main") || strings.Contains(stderr, ".go:") {
+		t.Fatalf("a stack trace in %q", stderr)
 	}
 }
 
