@@ -123,18 +123,13 @@ func New(ctx context.Context, cfg config.Config, log *zap.Logger) (*Node, error)
 		return nil, err
 	}
 	treatAsPublic(publicNets)
-	var boot []peer.AddrInfo
-	for _, s := range cfg.Node.Bootstrap {
-		a, _ := config.ParseBootstrapAddr(s) // validated above
-		info, err := peer.AddrInfoFromP2pAddr(a)
-		if err != nil {
-			return nil, fmt.Errorf("node: bootstrap address %s: %w", s, err)
-		}
-		boot = append(boot, *info)
-	}
 	self, err := peer.IDFromPrivateKey(identity)
 	if err != nil {
 		return nil, fmt.Errorf("node: peer ID of the identity: %w", err)
+	}
+	boot, err := bootstrapPeers(cfg.Node.Bootstrap, self, log)
+	if err != nil {
+		return nil, err
 	}
 	n := &Node{cfg: cfg, psk: psk, log: log, bw: metrics.NewBandwidthCounter(), history: telemetry.NewHistory(historyRecords),
 		relays: &relaySource{self: self, bootstrap: boot}}
@@ -423,6 +418,30 @@ func (n *Node) protectNeighbors(e gossip.Epoch) {
 	for _, p := range next {
 		n.cm.Protect(p, "ring")
 	}
+}
+
+// bootstrapPeers reads node.bootstrap. An entry naming this peer itself
+// is left out (one config file for every machine lists the first one's
+// address on the first one too), and one without a transport address
+// (only /p2p/ID) is refused: there is nothing to dial.
+func bootstrapPeers(addrs []string, self peer.ID, log *zap.Logger) ([]peer.AddrInfo, error) {
+	var boot []peer.AddrInfo
+	for _, s := range addrs {
+		a, _ := config.ParseBootstrapAddr(s) // validated above
+		info, err := peer.AddrInfoFromP2pAddr(a)
+		if err != nil {
+			return nil, fmt.Errorf("node: bootstrap address %s: %w", s, err)
+		}
+		if len(info.Addrs) == 0 {
+			return nil, fmt.Errorf("node: bootstrap address %s has only a peer ID: want its address too, /ip4/HOST/tcp/PORT/p2p/ID", s)
+		}
+		if info.ID == self {
+			log.Info("a bootstrap address is this peer's own; left out", zap.String("addr", s))
+			continue
+		}
+		boot = append(boot, *info)
+	}
+	return boot, nil
 }
 
 // bootstrap connects to one bootstrap peer, retrying with backoff, and
