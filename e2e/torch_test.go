@@ -240,8 +240,10 @@ func TestTorchBridgeStartsFromOneState(t *testing.T) {
 func TestTorchBridgeKilledPeer(t *testing.T) {
 	requireTorch(t)
 	const steps = 300
-	peers := startTorchCluster(t, 2, torchRun{steps: steps, minPeers: 2})
-	peers = joinPaused(t, peers, torchRun{steps: steps, minPeers: 2})
+	// A scheduler and clipping: the retried step moves neither twice.
+	r := torchRun{steps: steps, minPeers: 2, script: []string{"--schedule", "cosine", "--clip-norm", "1.0"}}
+	peers := startTorchCluster(t, 2, r)
+	peers = joinPaused(t, peers, r)
 	joiner := peers[2]
 	waitScriptStep(t, joiner, peers[0].step()+20)
 	joiner.kill()
@@ -294,8 +296,11 @@ func joinPaused(t *testing.T, peers []*torchPeer, r torchRun) []*torchPeer {
 func TestTorchBridgeLateJoiner(t *testing.T) {
 	requireTorch(t)
 	const steps = 300
-	peers := startTorchCluster(t, 2, torchRun{steps: steps, minPeers: 2})
-	peers = joinPaused(t, peers, torchRun{steps: steps, minPeers: 2})
+	// The LR scheduler's state travels with the model's: a joiner whose
+	// cosine schedule started at step 0 would fork the replicas.
+	r := torchRun{steps: steps, minPeers: 2, script: []string{"--schedule", "cosine", "--clip-norm", "1.0"}}
+	peers := startTorchCluster(t, 2, r)
+	peers = joinPaused(t, peers, r)
 	sameHashes(t, peers, steps)
 	if !strings.Contains(peers[2].d.stder.String(), "training state synchronised") {
 		t.Fatal("the joiner did not adopt a peer's state")

@@ -134,6 +134,9 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256, help="mlp: hidden width")
     ap.add_argument("--width", type=int, default=8, help="resnet: channels of the first stage (a multiple of 4)")
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
+                    help="learning rate: constant, or cosine annealing to 0 over the run")
+    ap.add_argument("--clip-norm", type=float, default=0.0, help="clip the averaged gradient to this norm (0: no clipping)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--init-seed", type=int, help="seed of the initial parameters (default --seed; not a "
                     "cluster setting: at step 0 every peer starts from the coordinator's parameters)")
@@ -171,7 +174,8 @@ def main() -> None:
     # The device type is part of the settings: a GPU and a CPU round the same update differently, so
     # a cluster that mixes them would fork; the daemons refuse the mix at join, naming it.
     settings = {"model": shape, "lr": args.lr, "batch": args.batch, "seed": args.seed,
-                "train_samples": args.train_samples, "device": device.type}
+                "train_samples": args.train_samples, "device": device.type,
+                "schedule": args.schedule, "clip_norm": args.clip_norm}
 
     if args.ddp or args.local:
         run_baseline(args, model, opt, x, y, tx, ty)
@@ -180,6 +184,8 @@ def main() -> None:
     import p2ptrain.torch as p2p                                                       # p2ptrain
     col = p2p.Collective(model, opt, settings=settings, socket=args.socket)           # p2ptrain
     col.connect()
+    if args.schedule == "cosine":  # the length of the run is the daemon's train.steps           # p2ptrain
+        col.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=col.total_steps)  # p2ptrain
     # Each process draws its own batches: the peer ID seeds them.
     rng = torch.Generator().manual_seed(args.seed ^ int(hashlib.sha256(col.peer.encode()).hexdigest()[:8], 16))
     start, loss = time.monotonic(), float("nan")
@@ -188,6 +194,8 @@ def main() -> None:
         opt.zero_grad()
         out = F.cross_entropy(model(x[idx]), y[idx])
         out.backward()
+        if args.clip_norm and col.synchronize(out.item()):  # the averages are in p.grad    # p2ptrain
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_norm)
         if col.step(out.item()):                                                      # p2ptrain (was opt.step())
             loss = out.item()
             s = col.completed_steps
@@ -215,13 +223,18 @@ def run_baseline(args: argparse.Namespace, model: torch.nn.Module, opt: torch.op
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     rng = torch.Generator().manual_seed(args.seed * 1000 + int(rank))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps) if args.schedule == "cosine" else None
     start = time.monotonic()
     for s in range(1, args.steps + 1):
         idx = torch.randint(len(x), (args.batch,), generator=rng).to(x.device)
         opt.zero_grad()
         out = F.cross_entropy(ddp(x[idx]), y[idx])
         out.backward()
+        if args.clip_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_norm)
         opt.step()
+        if sched is not None:
+            sched.step()
         if s % 50 == 0:
             print(f"step {s} loss {out.item():.4f} {(time.monotonic() - start) / s * 1000:.1f} ms/step", flush=True)
     test_loss, acc = evaluate(model, tx, ty)

@@ -213,6 +213,24 @@ class Collective:
         return self._session.welcome.steps if self._session is not None else None
 
     @property
+    def scheduler(self) -> Optional[Any]:
+        """The LR scheduler :meth:`step` steps (the ``scheduler`` argument), or ``None``.
+
+        Settable, for a scheduler that needs :attr:`total_steps` (known once the session is open):
+        ``col.connect(); col.scheduler = CosineAnnealingLR(opt, T_max=col.total_steps)``. Set it
+        before the first step, on every peer alike.
+        """
+        return self._scheduler
+
+    @scheduler.setter
+    def scheduler(self, scheduler: Optional[Any]) -> None:
+        if scheduler is not None:
+            _check_scheduler(scheduler)
+        with self._lock:
+            self._scheduler = scheduler
+            self._scheduler_mark = self._scheduler_epoch()
+
+    @property
     def socket_path(self) -> str:
         """The daemon's socket this collective connects to."""
         return self._socket_path
