@@ -565,10 +565,12 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.Node.API != "" {
-		host, _, err := net.SplitHostPort(c.Node.API)
+		host, port, err := net.SplitHostPort(c.Node.API)
 		switch {
 		case err != nil:
 			bad("node.api", "%q is not HOST:PORT (use \"\" to turn the API off)", c.Node.API)
+		case !validPort(port):
+			bad("node.api", "%q: port %s is not a number in 0..65535", c.Node.API, port)
 		case !c.Node.APIPublic && !loopbackHost(host):
 			bad("node.api", "%q is not a loopback address; the API has no authentication: set node.api_public = true (--api-public) to serve it there anyway", c.Node.API)
 		}
@@ -612,6 +614,18 @@ func (c *Config) Validate() error {
 		checkDuration(bad, "allreduce.frame_timeout", ftm, 100*time.Millisecond, time.Hour)
 	}
 	c.Train.validate(bad)
+	if mp := c.Node.MaxPeers; mp >= 1 && mp <= 1024 {
+		// A member connects to at most node.max_peers others: a ring epoch
+		// holds at most max_peers + 1 members.
+		if c.Train.MinPeers > mp+1 {
+			bad("train.min_peers", "%d members cannot form a ring epoch with node.max_peers = %d (each member connects to at most %d others: at most %d members)",
+				c.Train.MinPeers, mp, mp, mp+1)
+		}
+		if s := c.Train.PipelineStages; !s.Auto() && int(s) > mp+1 {
+			bad("train.pipeline_stages", "%d stages need %d members; node.max_peers = %d allows at most %d (each member connects to at most %d others)",
+				s, s, mp, mp+1, mp)
+		}
+	}
 	if c.Train.PipelineStages.Auto() && compress.Validate(c.Allreduce.Codec) == nil {
 		if _, err := pipeline.CodecCostOf(c.Allreduce.Codec); err != nil {
 			bad("allreduce.codec", "train.pipeline_stages = auto projects each layout's all-reduce from the codec's size: %v", err)
@@ -652,7 +666,18 @@ func ParseListenAddr(s string) (ma.Multiaddr, error) {
 	if _, err := a.ValueForProtocol(ma.P_TCP); err != nil {
 		return nil, fmt.Errorf("%q is not a TCP address (p2ptrain listens on TCP, e.g. /ip4/0.0.0.0/tcp/4001)", s)
 	}
+	// libp2p's TCP transport takes an IP or DNS name and a TCP port, and
+	// nothing after them (no /ws, no /p2p/<peer-id>).
+	if len(a) != 2 || !slices.Contains([]int{ma.P_IP4, ma.P_IP6, ma.P_DNS, ma.P_DNS4, ma.P_DNS6}, a[0].Code()) || a[1].Code() != ma.P_TCP {
+		return nil, fmt.Errorf("%q is not a plain TCP address: write /ip4/HOST/tcp/PORT, /ip6/HOST/tcp/PORT or /dns4/NAME/tcp/PORT and nothing after it (e.g. /ip4/0.0.0.0/tcp/4001)", s)
+	}
 	return a, nil
+}
+
+// validPort reports whether port (from HOST:PORT) is a TCP port number.
+func validPort(port string) bool {
+	_, err := strconv.ParseUint(port, 10, 16)
+	return err == nil
 }
 
 // ParseBootstrapAddr parses a bootstrap multiaddr, which must name the peer.
@@ -668,6 +693,10 @@ func ParseBootstrapAddr(s string) (ma.Multiaddr, error) {
 }
 
 func (a *Allreduce) validateRobust(bad func(key, format string, args ...any)) {
+	// τ is only used with centered_clip, but NaN or ±Inf is never meant.
+	if tau := a.RobustTau; math.IsNaN(tau) || math.IsInf(tau, 0) || (a.Robust == RobustCenteredClip && !(tau > 0)) {
+		bad("allreduce.robust_tau", "%g must be a positive number", tau)
+	}
 	switch a.Robust {
 	case RobustOff:
 		return
@@ -675,9 +704,6 @@ func (a *Allreduce) validateRobust(bad func(key, format string, args ...any)) {
 	default:
 		bad("allreduce.robust", "%q is not one of %s, %s", a.Robust, RobustOff, RobustCenteredClip)
 		return
-	}
-	if !(a.RobustTau > 0) || math.IsInf(a.RobustTau, 0) {
-		bad("allreduce.robust_tau", "%g must be a positive number", a.RobustTau)
 	}
 	if a.RobustIters < 1 || a.RobustIters > 100 {
 		bad("allreduce.robust_iters", "%d is outside 1..100", a.RobustIters)
@@ -739,14 +765,14 @@ func (t *Train) validate(bad func(key, format string, args ...any)) {
 	if !slices.Contains(model.OptimizerNames(), t.Optimizer) {
 		bad("train.optimizer", "%q is not one of %s", t.Optimizer, strings.Join(model.OptimizerNames(), ", "))
 	}
-	if t.Momentum < 0 || t.Momentum >= 1 {
+	if !(t.Momentum >= 0 && t.Momentum < 1) {
 		bad("train.momentum", "%g must be in [0, 1)", t.Momentum)
 	}
-	if t.WeightDecay < 0 || t.WeightDecay >= 1 {
+	if !(t.WeightDecay >= 0 && t.WeightDecay < 1) {
 		bad("train.weight_decay", "%g must be in [0, 1)", t.WeightDecay)
 	}
-	if t.ClipNorm < 0 {
-		bad("train.clip_norm", "%g must not be negative", t.ClipNorm)
+	if !(t.ClipNorm >= 0) || math.IsInf(t.ClipNorm, 1) {
+		bad("train.clip_norm", "%g must be a finite number, at least 0 (0: off)", t.ClipNorm)
 	}
 	if !(t.Dropout >= 0 && t.Dropout < 1) {
 		bad("train.dropout", "%g must be in [0, 1)", t.Dropout)

@@ -48,14 +48,12 @@ func ParsePublicNet(s string) (netip.Prefix, error) {
 // ParseAnnounceAddr parses one node.announce entry: a TCP multiaddr of an
 // IP or DNS name, without /p2p (the peer adds its own ID).
 func ParseAnnounceAddr(s string) (ma.Multiaddr, error) {
-	a, err := ParseListenAddr(s)
-	if err != nil {
-		return nil, err
+	if a, err := ma.NewMultiaddr(s); err == nil {
+		if _, err := a.ValueForProtocol(ma.P_P2P); err == nil {
+			return nil, fmt.Errorf("%q ends in /p2p/...: announce the address only, the peer adds its ID", s)
+		}
 	}
-	if _, err := a.ValueForProtocol(ma.P_P2P); err == nil {
-		return nil, fmt.Errorf("%q ends in /p2p/...: announce the address only, the peer adds its ID", s)
-	}
-	return a, nil
+	return ParseListenAddr(s)
 }
 
 // validateNAT checks the NAT traversal keys of [node].
