@@ -40,6 +40,7 @@ type unknownKeys []string
 func (u unknownKeys) Error() string { return strings.Join(u, "\n") }
 
 func decodeConfig(data []byte, cfg *config.Config) error {
+	data = bytes.TrimPrefix(data, []byte("\uFEFF")) // a UTF-8 byte-order mark some editors write
 	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
 	err := dec.Decode(cfg)
 	var strict *toml.StrictMissingError

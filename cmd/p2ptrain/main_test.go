@@ -246,6 +246,15 @@ func TestJoinOnAPortInUseSaysWhich(t *testing.T) {
 	}
 }
 
+// TestConfigFileWithAByteOrderMark: a UTF-8 BOM (some editors write one)
+// is not taken for the start of a key.
+func TestConfigFileWithAByteOrderMark(t *testing.T) {
+	cfg, err := loadConfig(writeFile(t, "bom.toml", "\uFEFF[train]\nsteps = 5\n"))
+	if err != nil || cfg.Train.Steps != 5 {
+		t.Fatalf("steps %d, %v", cfg.Train.Steps, err)
+	}
+}
+
 // TestShippedConfigIsDefaults checks that config.toml at the repository root
 // parses and documents exactly the built-in defaults.
 func TestShippedConfigIsDefaults(t *testing.T) {

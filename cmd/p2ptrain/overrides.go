@@ -190,6 +190,11 @@ func (k configKey) set(cfg *config.Config, raw, source string) error {
 	var tmp config.Config
 	dec := toml.NewDecoder(strings.NewReader(k.name + " = " + lit + "\n")).DisallowUnknownFields()
 	if err := dec.Decode(&tmp); err != nil {
+		if kind := k.typ.Kind(); k.typ.PkgPath() == "" && (kind == reflect.Bool || kind >= reflect.Int && kind <= reflect.Float64) {
+			// go-toml's parse error ("expected keyword \"true\"") says nothing useful about a
+			// plain scalar; a type of the config's own (a duration) explains itself.
+			return fmt.Errorf("%s: %s takes %s, not %q", source, k.name, describeType(k.typ), strings.TrimSpace(raw))
+		}
 		return fmt.Errorf("%s: %s takes %s: %s", source, k.name, describeType(k.typ), strings.TrimPrefix(err.Error(), "toml: "))
 	}
 	reflect.ValueOf(cfg).Elem().FieldByIndex(k.index).Set(reflect.ValueOf(tmp).FieldByIndex(k.index))

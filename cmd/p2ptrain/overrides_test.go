@@ -126,6 +126,7 @@ func TestOverrideErrors(t *testing.T) {
 		want string
 	}{
 		{"train.steps=abc", "--set train.steps=abc: train.steps takes an integer"},
+		{"train.steps=ten", `train.steps takes an integer, not "ten"`}, // TOML's parser read a "t" as true's start
 		{"train.steps=1.5", "train.steps takes an integer"},
 		{"train.seed=-1", "train.seed takes a non-negative integer"},
 		{"node.open=yes", "node.open takes true or false"},
