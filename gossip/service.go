@@ -72,7 +72,8 @@ type Stats struct {
 	// EpochsRejected counts epochs the view refused (View.Rejections).
 	EpochsRejected uint64
 	// Waiting says why this peer, as coordinator, proposes no epoch
-	// although membership changed (View.Waiting); "" when nothing holds it.
+	// although membership changed, or why it refuses its coordinator's
+	// epoch for want of a quorum (View.Waiting); "" when nothing holds it.
 	Waiting string
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -179,6 +180,14 @@ type View struct {
 	lastRejection error
 	// waiting says why the coordinator proposes nothing ("" when it may).
 	waiting string
+	// refusal is the latest epoch refused for want of a quorum (adoptable)
+	// and why, until an epoch is adopted: its coordinator's heartbeats carry
+	// it every interval, and it is counted and logged once; Waiting reports
+	// it while that coordinator is this view's.
+	refusal struct {
+		epoch Epoch
+		why   string
+	}
 	// excluded holds the members this peer keeps out of ring epochs (and
 	// does not follow as coordinator) until their back-off ends; now is the
 	// latest time the view was told, against which back-offs are judged.
@@ -361,12 +370,13 @@ func (v *View) Leave(l Leave, now time.Time) []Event {
 // Offer considers an epoch carried by a message that from signed: a
 // proposal, or a copy in from's heartbeat (from is the local peer for its
 // own proposals). It adopts e if e is newer than the current epoch, from is
-// e's coordinator, and that coordinator is one this view follows (see
-// checkProposer). A copy that another member forwards is only a hint of
-// the numbering. Numbers beyond the bounds (MaxEpochNumber, MaxEpochJump)
-// and proposals from a coordinator this view does not follow are refused
-// and counted (Rejections); a member vouching for a forged number of its
-// own making is excluded too (excludeForger).
+// e's coordinator, that coordinator is one this view follows (see
+// checkProposer), and e keeps a quorum by this view's own count (see
+// adoptable). A copy that another member forwards is only a hint of the
+// numbering. Numbers beyond the bounds (MaxEpochNumber, MaxEpochJump),
+// proposals from a coordinator this view does not follow and epochs
+// without a quorum are refused and counted (Rejections); a member vouching
+// for a forged number of its own making is excluded too (excludeForger).
 func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
 	v.advance(now)
 	if e.Number <= v.epoch.Number && !e.newer(v.epoch) {
@@ -405,6 +415,14 @@ func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
 			x.until = v.now // the back-off ends; its count still doubles the next one
 		}
 	}
+	if err := v.adoptable(e); err != nil {
+		if !e.Equal(v.refusal.epoch) || err.Error() != v.refusal.why {
+			v.refusal.epoch, v.refusal.why = cloneEpoch(e), err.Error()
+			v.reject(from, e, err)
+		}
+		return nil
+	}
+	v.refusal.epoch, v.refusal.why = Epoch{}, ""
 	v.epoch = cloneEpoch(e)
 	v.stalled.since = now // the coordinator moved: its time to propose starts again
 	out := cloneEpoch(e)
@@ -447,6 +465,35 @@ func (v *View) excludeEvent(peer, reason string) []Event {
 		return nil
 	}
 	return []Event{{Exclusion: &ExclusionChange{Peer: peer, For: d, Reason: reason}}}
+}
+
+// adoptable refuses an epoch that another member proposed unless it keeps
+// a quorum by this view's own count: its members must include a majority of
+// the base that quorum counts, the last committed ring's members that did
+// not depart cleanly and the ringable members that joined since, e's
+// coordinator among them (its proposal says it trains now, even before its
+// heartbeat arrives). Held are the members of that base that e lists, not
+// those this view holds live: its failure detection may lag the
+// proposer's, and a member missing from e is out of the ring either way.
+// A newcomer that knows no ring that trained counts a quorum of anything
+// it hears; the members it lists must not follow it into a minority. (Of a
+// ring {A, B, C} partitioned {A, B} | {C}, a newcomer with the lowest peer
+// ID on C's side proposed {N, C}, C adopted it, and both sides trained.) A
+// view's first epoch is adopted without a count (it knows no ring), and so
+// are its own proposals (Proposal counted them).
+func (v *View) adoptable(e Epoch) error {
+	if e.Coordinator == v.self || v.epoch.Number == 0 {
+		return nil
+	}
+	live := v.ringable()
+	if i, ok := slices.BinarySearch(live, e.Coordinator); !ok {
+		live = slices.Insert(live, i, e.Coordinator)
+	}
+	q := v.count(live, e.Order)
+	if q.ok() {
+		return nil
+	}
+	return fmt.Errorf("%w: no quorum: it lists %d of %s, %d needed", ErrEpochRejected, q.have, q.members(), q.need())
 }
 
 // checkNumber refuses an epoch number that would let the numbering wrap or
@@ -682,7 +729,9 @@ func (v *View) reject(from string, e Epoch, err error) {
 func (v *View) Rejections() (uint64, error) { return v.rejected, v.lastRejection }
 
 // Waiting returns why this view, as coordinator, proposes no epoch although
-// membership changed ("" when nothing holds it back).
+// membership changed, or, when another member coordinates, why it refused
+// that coordinator's latest epoch for want of a quorum (adoptable) while no
+// epoch has been adopted since ("" when nothing holds it back).
 func (v *View) Waiting() string { return v.waiting }
 
 // Tick advances failure detection to now.
@@ -795,6 +844,10 @@ func (v *View) Proposal(startStep uint64) (Epoch, bool) {
 func (v *View) proposable() ([]string, bool) {
 	v.waiting = ""
 	if !v.coordinates() {
+		if r := v.refusal; r.why != "" && v.Coordinator() == r.epoch.Coordinator {
+			v.waiting = fmt.Sprintf("refusing epoch %d of coordinator %s: %s", r.epoch.Number, r.epoch.Coordinator,
+				strings.TrimPrefix(r.why, ErrEpochRejected.Error()+": "))
+		}
 		return nil, false
 	}
 	live := v.ringable()
@@ -835,15 +888,62 @@ func (v *View) Commit(number uint64) {
 // newcomer whose peer ID sorted after its own, counted 1 of 2 and proposed
 // nothing, and the newcomer followed it.) live is sorted.
 func (v *View) quorum(live []string) error {
-	base, have, known := 0, 0, 0
+	if q := v.count(live, nil); !q.ok() {
+		return fmt.Errorf("no quorum: %d of %s are reachable, %d needed", q.have, q.members(), q.need())
+	}
+	return nil
+}
+
+// quorumCount is a count of the quorum's base (see count): base members,
+// joined of them not in epoch ring (the last committed ring's number, the
+// current epoch's before any commit), and have of them held.
+type quorumCount struct {
+	ring               uint64
+	base, joined, have int
+}
+
+func (q quorumCount) need() int { return q.base/2 + 1 }
+
+func (q quorumCount) ok() bool { return q.base == 0 || q.have >= q.need() }
+
+// members describes the base: "the 4 members (the 3 of epoch 7, ...)".
+func (q quorumCount) members() string {
+	if q.joined > 0 {
+		return fmt.Sprintf("the %d members (the %d of epoch %d, the last ring that trained, and %d that joined since)",
+			q.base, q.base-q.joined, q.ring, q.joined)
+	}
+	return fmt.Sprintf("the %d members of epoch %d (the last ring that trained)", q.base, q.ring)
+}
+
+// count counts the quorum's base given live, the members this view counts
+// live (sorted): the last committed ring's members (the current epoch's
+// before any commit) that did not depart cleanly, and the live members that
+// joined since (not in that ring). Held are, with order nil, the live
+// members of the base (quorum), and otherwise the members of the base that
+// order lists (adoptable). It makes no copy for quorum, which every gossip
+// message asks of a coordinator.
+func (v *View) count(live, order []string) quorumCount {
 	ring := v.epoch
 	if v.committed.Number != 0 {
 		ring = v.committed
 	}
+	var listed []string
+	if order != nil {
+		listed = slices.Sorted(slices.Values(order))
+	}
+	has := func(ids []string, id string) bool {
+		_, ok := slices.BinarySearch(ids, id)
+		return ok
+	}
+	q := quorumCount{ring: ring.Number}
+	known, knownListed := 0, 0 // members of the ring that are live, and of those listed
 	for _, id := range ring.Order {
-		_, isLive := slices.BinarySearch(live, id)
+		isLive := has(live, id)
 		if isLive {
 			known++
+			if order != nil && has(listed, id) {
+				knownListed++
+			}
 		}
 		if m := v.members[id]; m != nil && m.State == Left {
 			continue
@@ -851,24 +951,26 @@ func (v *View) quorum(live []string) error {
 		if _, left := v.leftSeq[id]; left {
 			continue
 		}
-		base++
-		if isLive {
-			have++
+		q.base++
+		if order == nil && isLive || order != nil && has(listed, id) {
+			q.have++
 		}
 	}
 	// Epoch orders list no member twice: the rest of live joined since.
-	joined := len(live) - known
-	base += joined
-	have += joined
-	if need := base/2 + 1; base > 0 && have < need {
-		if joined > 0 {
-			return fmt.Errorf("no quorum: %d of the %d members (the %d of epoch %d, the last ring that trained, and %d that joined since) are reachable, %d needed",
-				have, base, base-joined, ring.Number, joined, need)
-		}
-		return fmt.Errorf("no quorum: %d of the %d members of epoch %d (the last ring that trained) are reachable, %d needed",
-			have, base, ring.Number, need)
+	q.joined = len(live) - known
+	q.base += q.joined
+	if order == nil {
+		q.have += q.joined
+		return q
 	}
-	return nil
+	liveListed := 0
+	for _, id := range listed {
+		if has(live, id) {
+			liveListed++
+		}
+	}
+	q.have += liveListed - knownListed // the newcomers listed
+	return q
 }
 
 // Replan returns the epoch the local peer should propose now, if it is the

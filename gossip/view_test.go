@@ -835,6 +835,159 @@ func TestQuorumNewcomersDoNotMakeAMinorityAMajority(t *testing.T) {
 	c.agree(t, []string{"a", "d", "e"})
 }
 
+// TestAdoptionNeedsQuorumAcrossAPartition: a newcomer with the lowest peer
+// ID that joins the minority of a partition proposes a ring of itself and
+// the minority (it knows no ring that trained, so it counts a quorum of
+// anything); the minority member refuses it, by its own count (2 of the 4
+// members: its ring of three and the newcomer), says why, and counts the
+// refusal once however often the newcomer's heartbeats carry it. On
+// healing, the minority and the newcomer adopt one ring with the majority.
+// (The minority member adopted the newcomer's ring: both sides of the
+// partition trained, and the replicas forked.)
+func TestAdoptionNeedsQuorumAcrossAPartition(t *testing.T) {
+	c := newCluster("b", "c", "d")
+	c.round(time.Second)
+	trained := c.agree(t, []string{"b", "c", "d"})
+	for _, v := range c.views {
+		v.Commit(trained.Number)
+	}
+	// {b, c} | {d}
+	majority := &cluster{views: map[string]*View{"b": c.views["b"], "c": c.views["c"]}, now: c.now, seq: c.seq, down: map[string]bool{}}
+	minority := &cluster{views: map[string]*View{"d": c.views["d"]}, now: c.now, seq: c.seq, down: map[string]bool{}}
+	for range 4 {
+		majority.round(2 * time.Second)
+		minority.round(2 * time.Second)
+	}
+	maj := majority.agree(t, []string{"b", "c"})
+	for _, v := range majority.views {
+		v.Commit(maj.Number)
+	}
+	d := c.views["d"]
+	if w := d.Waiting(); !strings.Contains(w, "no quorum: 1 of the 3 members") {
+		t.Fatalf("the minority's Waiting() = %q", w)
+	}
+	// The newcomer a joins the minority's side.
+	a := NewView(hb("a", 0), testTiming, minority.now)
+	c.views["a"], minority.views["a"] = a, a
+	for range 3 {
+		majority.round(time.Second)
+		minority.round(time.Second)
+	}
+	if e := a.Epoch(); !slices.Equal(e.Order, []string{"a", "d"}) {
+		t.Fatalf("the newcomer is in epoch %d %v, want its own [a d]", e.Number, e.Order)
+	}
+	if e := d.Epoch(); e.Number != trained.Number {
+		t.Fatalf("the minority member went on in epoch %d %v while the majority trains in %d %v", e.Number, e.Order, maj.Number, maj.Order)
+	}
+	n, err := d.Rejections()
+	if n == 0 || !errors.Is(err, ErrEpochRejected) || !strings.Contains(err.Error(), "no quorum: it lists 2 of the 4 members") {
+		t.Fatalf("%d rejections, the last %v", n, err)
+	}
+	if w := d.Waiting(); !strings.Contains(w, "no quorum: it lists 2 of the 4 members") || !strings.Contains(w, fmt.Sprint(a.Epoch().Number)) {
+		t.Fatalf("the minority's Waiting() = %q", w)
+	}
+	for range 3 {
+		majority.round(time.Second)
+		minority.round(time.Second)
+	}
+	if again, _ := d.Rejections(); again != n {
+		t.Fatalf("the same refusal counted %d times", again-n+1)
+	}
+	if x := d.OwnExclusions(); len(x) != 0 {
+		t.Fatalf("the minority member excluded %v", x)
+	}
+	majority.agree(t, []string{"b", "c"})
+	// Heal: one ring of all four, the minority adopting it.
+	c.now, c.seq = majority.now, max(majority.seq, minority.seq) // both sides' clocks moved alike
+	for range 2 {
+		c.round(time.Second)
+	}
+	healed := c.agree(t, []string{"a", "b", "c", "d"})
+	if healed.Number <= maj.Number {
+		t.Fatalf("healed epoch %d, want one after the majority's %d", healed.Number, maj.Number)
+	}
+	for id, v := range c.views {
+		if w := v.Waiting(); w != "" {
+			t.Fatalf("%s still waits after the heal: %q", id, w)
+		}
+	}
+}
+
+// TestAdoptionCountsNewcomers: a member checks the quorum of every epoch
+// that another member proposes by its own count, the last ring it trained
+// in and the members that joined since, the proposer among them (its
+// proposal says it trains now, even before its first heartbeat arrives).
+// The survivor of a ring of two adopts a newcomer's ring of the two of
+// them (2 of 3) whatever the IDs; the survivor of a ring of three does not
+// (2 of 4) until a second newcomer is in it (3 of 5). A member's first
+// epoch is adopted as before: it knows no ring to count.
+func TestAdoptionCountsNewcomers(t *testing.T) {
+	ring := func(ids ...string) (*View, Epoch) {
+		v := NewView(hb(ids[0], 0), testTiming, t0)
+		e := Epoch{Number: 4, Order: slices.Sorted(slices.Values(ids)), Coordinator: slices.Min(ids)}
+		for _, id := range ids[1:] {
+			v.Heartbeat(hb(id, 1), t0)
+		}
+		v.Offer(e, e.Coordinator, t0)
+		v.Commit(e.Number)
+		if v.Epoch().Number != e.Number || v.committed.Number != e.Number {
+			t.Fatalf("%s did not adopt and commit %+v", ids[0], e)
+		}
+		v.Tick(t0.Add(testTiming.FailAfter)) // the others crash
+		for _, id := range ids[1:] {
+			if st := stateOf(v, id); st != Dead {
+				t.Fatalf("%s is %v", id, st)
+			}
+		}
+		return v, e
+	}
+	now := t0.Add(testTiming.FailAfter)
+	// Survivor b of {b, c}; newcomer a, unheard of before its proposal.
+	b, trained := ring("b", "c")
+	e := Epoch{Number: trained.Number + 1, Order: []string{"a", "b"}, Coordinator: "a"}
+	b.Offer(e, "a", now)
+	if !b.Epoch().Equal(e) {
+		t.Fatalf("the survivor of two refused a newcomer's ring: %v", b.lastRejection)
+	}
+	// Survivor b of {b, c, d}: one newcomer is not enough, two are.
+	b, trained = ring("b", "c", "d")
+	b.Heartbeat(hb("a", 1), now)
+	e = Epoch{Number: trained.Number + 1, Order: []string{"a", "b"}, Coordinator: "a"}
+	b.Offer(e, "a", now)
+	if got := b.Epoch(); got.Number != trained.Number {
+		t.Fatalf("the survivor of three adopted %v with one newcomer", got.Order)
+	}
+	if _, err := b.Rejections(); err == nil || !strings.Contains(err.Error(), "no quorum: it lists 2 of the 4 members (the 3 of epoch 4, the last ring that trained, and 1 that joined since), 3 needed") {
+		t.Fatalf("the refusal: %v", err)
+	}
+	b.Heartbeat(hb("e", 1), now)
+	e = Epoch{Number: trained.Number + 2, Order: []string{"a", "b", "e"}, Coordinator: "a"}
+	b.Offer(e, "a", now)
+	if !b.Epoch().Equal(e) {
+		t.Fatalf("the survivor of three refused a ring with two newcomers: %v", b.lastRejection)
+	}
+	// A newcomer that another's ring leaves out counts against it: b hears
+	// a and e, and a proposes a ring without e (2 of 4).
+	b, trained = ring("b", "c")
+	b.Heartbeat(hb("a", 1), now)
+	b.Heartbeat(hb("e", 1), now)
+	e = Epoch{Number: trained.Number + 1, Order: []string{"a", "b"}, Coordinator: "a"}
+	b.Offer(e, "a", now)
+	if got := b.Epoch(); got.Number != trained.Number {
+		t.Fatalf("b adopted %v, 2 of the 4 members it counts", got.Order)
+	}
+	// A first epoch is adopted whatever it lists.
+	x := NewView(hb("x", 0), testTiming, t0)
+	for _, id := range []string{"b", "c", "d"} {
+		x.Heartbeat(hb(id, 1), t0)
+	}
+	first := Epoch{Number: 1, Order: []string{"a"}, Coordinator: "a"}
+	x.Offer(first, "a", t0)
+	if !x.Epoch().Equal(first) {
+		t.Fatalf("a first epoch was refused: %v", x.lastRejection)
+	}
+}
+
 // TestUnreachableMemberIsNotExcluded: a member the failure detector holds
 // dead when the trainer blames it (it missed train.ready_timeout, or its
 // frames never came) is cut off, not misbehaving: it is not excluded, and

@@ -61,16 +61,34 @@ func orderedIdentities(t *testing.T, n int, seed uint64) ([]string, []peer.ID) {
 // and the newcomer followed it. With a newcomer of lower ID, which proposed
 // itself, they did.)
 func TestSurvivorResumesWithANewcomerOfHigherID(t *testing.T) {
-	keys, ids := orderedIdentities(t, 3, 8)
 	// As in the report: the survivor has the lowest ID, the newcomer the highest.
+	survivorResumes(t, 0, 1, 2)
+}
+
+// TestSurvivorResumesWithANewcomerOfLowerID: the same with a newcomer whose
+// peer ID sorts first. It coordinates and proposes the ring of the two of
+// them, with no ring of its own to count; the survivor adopts it by its own
+// count of the quorum (2 of 3: its ring of two and the newcomer), which a
+// member now checks for every epoch another proposes.
+func TestSurvivorResumesWithANewcomerOfLowerID(t *testing.T) {
+	survivorResumes(t, 1, 2, 0)
+}
+
+// survivorResumes runs a ring of two that trained, of the identities
+// survivor and victim (indexes in peer-ID order), kills the victim, checks
+// that the survivor waits, and starts a newcomer of identity newcomer,
+// with which the survivor must form a ring.
+func survivorResumes(t *testing.T, survivorKey, victimKey, newcomerKey int) {
+	t.Helper()
+	keys, ids := orderedIdentities(t, 3, 8)
 	survivorCfg := testConfig()
-	survivorCfg.Node.Identity = keys[0]
+	survivorCfg.Node.Identity = keys[survivorKey]
 	survivor := startNode(t, survivorCfg, nil)
 	boot := survivor.AddrStrings()[0]
 	victimCfg := testConfig(boot)
-	victimCfg.Node.Identity = keys[1]
+	victimCfg.Node.Identity = keys[victimKey]
 	victim := startNode(t, victimCfg, nil)
-	if survivor.ID() != ids[0] || victim.ID() != ids[1] {
+	if survivor.ID() != ids[survivorKey] || victim.ID() != ids[victimKey] {
 		t.Fatalf("identities not used: %s %s", survivor.ID(), victim.ID())
 	}
 	eventually(t, 15*time.Second, "the pair agrees", func() error {
@@ -97,7 +115,7 @@ func TestSurvivorResumesWithANewcomerOfHigherID(t *testing.T) {
 	}
 
 	newcomerCfg := testConfig(boot)
-	newcomerCfg.Node.Identity = keys[2]
+	newcomerCfg.Node.Identity = keys[newcomerKey]
 	newcomer := startNode(t, newcomerCfg, nil)
 	took := eventually(t, 10*time.Second, "the survivor and the newcomer form a ring", func() error {
 		return agreeOn([]*Node{survivor, newcomer}, []peer.ID{survivor.ID(), newcomer.ID()})
@@ -105,5 +123,8 @@ func TestSurvivorResumesWithANewcomerOfHigherID(t *testing.T) {
 	t.Logf("ring re-formed %s after the newcomer started", took)
 	if w := survivor.Gossip().Stats().Waiting; w != "" {
 		t.Fatalf("the survivor still waits: %q", w)
+	}
+	if _, e := survivor.Gossip().Snapshot(); e.Coordinator != slices.Min([]string{survivor.ID().String(), newcomer.ID().String()}) {
+		t.Fatalf("epoch %d proposed by %s, want the lower ID of the two", e.Number, e.Coordinator)
 	}
 }
