@@ -70,8 +70,9 @@ type RingStatus struct {
 	LinkCodecs []string `json:"link_codecs,omitempty"`
 	FinalCodec string   `json:"final_codec,omitempty"`
 	// Waiting says why this peer, as coordinator, proposes no new epoch
-	// although membership changed (e.g. no quorum); absent when nothing
-	// holds it back.
+	// although membership changed (e.g. no quorum), or why it refuses its
+	// coordinator's latest epoch (it lists no quorum by this peer's count);
+	// absent when nothing holds it back.
 	Waiting string `json:"waiting,omitempty"`
 	// EpochsRejected counts epochs this peer refused to adopt (numbers out
 	// of bounds, proposers it does not follow).
