@@ -1,10 +1,15 @@
 package data
 
 import (
+	"compress/gzip"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
+
+	"github.com/p2ptrain/p2ptrain/gpu"
+	"github.com/p2ptrain/p2ptrain/model"
 )
 
 // This file checks that a dataset can be loaded without loading it, so a
@@ -13,10 +18,88 @@ import (
 // CheckFashionMNIST reports whether LoadFashionMNIST(dir) would find the
 // Fashion-MNIST files, reading only their IDX headers: each of the four
 // files exists (plain or .gz) and starts with a valid header, images are
-// n×rows×cols and labels n, with the same n. dir "" searches like
+// n×rows×cols and labels n, with the same n, and an uncompressed file is
+// as long as its header declares. dir "" searches like
 // FindFashionMNIST. A missing directory or file is an ErrNoDataset error,
-// a bad header an ErrBadIDX one; every bad header is reported.
+// a bad header or size an ErrBadIDX one; every bad header is reported.
 func CheckFashionMNIST(dir string) error {
+	return checkFashion(dir, nil)
+}
+
+// CheckFashionMNISTFor is CheckFashionMNIST for training model name
+// (model.Names; "mlp" or "cnn"): it also reports, as a *ShapeError, image
+// files whose images do not have the shape the model takes
+// (model.Model.InputShape).
+func CheckFashionMNISTFor(dir, name string) error {
+	input, err := modelInput(name)
+	if err != nil {
+		return err
+	}
+	return checkFashion(dir, func(path string, dims []int) error {
+		if fitsInput(dims[1], dims[2], input) {
+			return nil
+		}
+		return &ShapeError{Path: path, Rows: dims[1], Cols: dims[2], Model: name, Input: input}
+	})
+}
+
+// ShapeError reports an image file whose images do not fit the model.
+type ShapeError struct {
+	// Path is the image file.
+	Path string
+	// Rows and Cols are its images' shape.
+	Rows, Cols int
+	// Model is the model's name and Input its per-sample input shape.
+	Model string
+	Input []int
+}
+
+func (e *ShapeError) Error() string {
+	var need string
+	switch in := e.Input; len(in) {
+	case 3:
+		need = fmt.Sprintf("%d×%d", in[0], in[1])
+		if in[2] != 1 {
+			need += fmt.Sprintf("×%d", in[2])
+		}
+	case 1:
+		need = fmt.Sprintf("%d pixels an image", in[0])
+		if s := int(math.Sqrt(float64(in[0]))); s*s == in[0] {
+			need = fmt.Sprintf("%d×%d (%d pixels)", s, s, in[0])
+		}
+	default:
+		need = fmt.Sprintf("inputs of shape %v", in)
+	}
+	return fmt.Sprintf("%s: images are %d×%d, %s needs %s", e.Path, e.Rows, e.Cols, e.Model, need)
+}
+
+// fitsInput reports whether single-channel rows×cols images (a Dataset's
+// samples) are inputs of shape input: an image of the shape for a
+// convolutional model, its pixels' count for a dense one.
+func fitsInput(rows, cols int, input []int) bool {
+	switch len(input) {
+	case 3:
+		return rows == input[0] && cols == input[1] && input[2] == 1
+	case 1:
+		return rows*cols == input[0]
+	}
+	return false
+}
+
+// modelInput returns the per-sample input shape of model name, asking a
+// smallest instance of it on the CPU.
+func modelInput(name string) ([]int, error) {
+	m, err := model.New(name, model.Config{Hidden: []int{1}, MaxBatch: 1}, []gpu.Device{gpu.NewCPU(0)}, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	return m.InputShape(), nil
+}
+
+// checkFashion is CheckFashionMNIST; fit, when not nil, checks the
+// dimensions (n×rows×cols) of each image file with a valid header.
+func checkFashion(dir string, fit func(path string, dims []int) error) error {
 	if dir == "" {
 		var err error
 		if dir, err = FindFashionMNIST(); err != nil {
@@ -51,12 +134,17 @@ func CheckFashionMNIST(dir string) error {
 		case len(lab) != 1 || lab[0] != img[0]:
 			errs = append(errs, fmt.Errorf("%s: %w: dimensions %v, want [%d] (a label per image)", paths[i+1], ErrBadIDX, lab, img[0]))
 		}
+		if ierr == nil && len(img) == 3 && fit != nil {
+			errs = append(errs, fit(paths[i], img))
+		}
 	}
 	return errors.Join(errs...)
 }
 
 // idxFileDims returns the dimensions the header of IDX file p (plain or
-// gzip-compressed) declares.
+// gzip-compressed) declares. An uncompressed file must hold exactly the
+// bytes its header declares (ReadIDX's verdict, from the file's size); a
+// compressed one is not decompressed past its header.
 func idxFileDims(p string) ([]int, error) {
 	f, err := os.Open(p)
 	if err != nil {
@@ -68,9 +156,22 @@ func idxFileDims(p string) ([]int, error) {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	defer s.Close()
-	dims, _, err := readIDXHeader(s)
+	dims, total, err := readIDXHeader(s)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	if _, compressed := s.(*gzip.Reader); !compressed {
+		st, err := f.Stat()
+		if err != nil {
+			return nil, fmt.Errorf("data: %w", err)
+		}
+		want := int64(4+4*len(dims)) + int64(total)
+		switch size := st.Size(); {
+		case size < want:
+			return nil, fmt.Errorf("%s: %w: truncated: the file has %d bytes, its header %v declares %d", p, ErrBadIDX, size, dims, want)
+		case size > want:
+			return nil, fmt.Errorf("%s: %w: the file has %d bytes, %d more than the %d its header %v declares", p, ErrBadIDX, size, size-want, want, dims)
+		}
 	}
 	return dims, nil
 }

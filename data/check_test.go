@@ -104,3 +104,74 @@ func TestCheckGoSource(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCheckFashionMNISTFileSize: an uncompressed IDX file whose size
+// contradicts its header (truncated, or with bytes past the declared
+// data) is rejected, naming the file and both sizes; LoadFashionMNIST
+// would refuse it too.
+func TestCheckFashionMNISTFileSize(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		size int64
+		want []string
+	}{
+		{"truncated", 100, []string{"truncated", "has 100 bytes", "declares 7856"}},
+		{"trailing bytes", 7856 + 3, []string{"has 7859 bytes", "3 more than the 7856"}},
+	} {
+		dir := t.TempDir()
+		writeFashion(t, dir, false, 10, 5)
+		p := filepath.Join(dir, "train-images-idx3-ubyte") // 16 header bytes + 10×28×28
+		if err := os.Truncate(p, tc.size); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := LoadFashionMNIST(dir); err == nil {
+			t.Fatalf("%s: LoadFashionMNIST accepts the file", tc.name)
+		}
+		err := CheckFashionMNIST(dir)
+		if !errors.Is(err, ErrBadIDX) {
+			t.Errorf("%s: error %v, want %v", tc.name, err, ErrBadIDX)
+			continue
+		}
+		for _, w := range append(tc.want, p+":") {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error %q lacks %q", tc.name, err, w)
+			}
+		}
+	}
+}
+
+// TestCheckFashionMNISTForModel: images of a shape the model does not take
+// are rejected before training (the step would fail, and be retried, on
+// every batch), naming the file, the images' shape and the model's; images
+// of the right shape pass for every image model.
+func TestCheckFashionMNISTForModel(t *testing.T) {
+	good := t.TempDir()
+	writeFashion(t, good, true, 10, 5)
+	for _, m := range []string{"mlp", "cnn"} {
+		if err := CheckFashionMNISTFor(good, m); err != nil {
+			t.Errorf("%s, 28×28 images: %v", m, err)
+		}
+	}
+	small := t.TempDir()
+	writeFashion(t, small, true, 10, 5)
+	p := filepath.Join(small, "train-images-idx3-ubyte.gz")
+	if err := os.WriteFile(p, gz(idxBytes([]int{10, 2, 2}, make([]byte, 40))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckFashionMNIST(small); err != nil {
+		t.Fatalf("without a model 2×2 images are valid IDX: %v", err)
+	}
+	for m, want := range map[string]string{
+		"mlp": p + ": images are 2×2, mlp needs 28×28 (784 pixels)",
+		"cnn": p + ": images are 2×2, cnn needs 28×28",
+	} {
+		err := CheckFashionMNISTFor(small, m)
+		var se *ShapeError
+		if !errors.As(err, &se) || err.Error() != want {
+			t.Errorf("%s: error %v, want %q", m, err, want)
+		}
+	}
+	if err := CheckFashionMNISTFor(good, "nope"); err == nil {
+		t.Error("an unknown model passes")
+	}
+}

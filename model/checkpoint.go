@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -229,6 +230,39 @@ func LoadLatestCheckpoint(dir string, wantHash *[32]byte) (*Checkpoint, error) {
 		return nil, fmt.Errorf("model: checkpoint dir: %w", err)
 	}
 	return ReadCheckpoint(CheckpointPath(dir, steps[len(steps)-1]), wantHash)
+}
+
+// LatestCheckpoint returns the path of the checkpoint with the highest step
+// in dir and the step it holds, reading only its header (its magic and
+// step; ReadCheckpoint verifies the rest). It returns ErrNoCheckpoint
+// (wrapped) when there is none, and ErrBadCheckpoint when the header is
+// not a checkpoint's.
+func LatestCheckpoint(dir string) (path string, step int64, err error) {
+	steps, err := listCheckpoints(dir)
+	if errors.Is(err, fs.ErrNotExist) || (err == nil && len(steps) == 0) {
+		return "", 0, fmt.Errorf("%w in %s", ErrNoCheckpoint, dir)
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("model: checkpoint dir: %w", err)
+	}
+	path = CheckpointPath(dir, steps[len(steps)-1])
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, fmt.Errorf("model: %w", err)
+	}
+	defer f.Close()
+	var head [len(ckptMagic) + 8]byte
+	if _, err := io.ReadFull(f, head[:]); err != nil {
+		return "", 0, fmt.Errorf("%s: %w: reading its header: %v", path, ErrBadCheckpoint, err)
+	}
+	if string(head[:len(ckptMagic)]) != ckptMagic {
+		return "", 0, fmt.Errorf("%s: %w: wrong magic", path, ErrBadCheckpoint)
+	}
+	step = int64(binary.LittleEndian.Uint64(head[len(ckptMagic):]))
+	if step < 0 {
+		return "", 0, fmt.Errorf("%s: %w: negative step", path, ErrBadCheckpoint)
+	}
+	return path, step, nil
 }
 
 // Checkpoint captures the model's parameters and o's state after step

@@ -301,17 +301,31 @@ func (t *Trainer) buildCodecs() error {
 	return nil
 }
 
-// resume restores the latest checkpoint of train.checkpoint_dir, if any.
+// resume restores the latest checkpoint of train.checkpoint_dir, if any,
+// after checking that checkpoints can be written there (CheckCheckpointDir).
+// A checkpoint past train.steps is refused: the run would have nothing
+// to train, and no other member can hold its state.
 func (t *Trainer) resume(ctx context.Context) error {
-	if t.cfg.CheckpointDir == "" {
+	dir := t.cfg.CheckpointDir
+	if dir == "" {
 		return nil
 	}
-	c, err := model.LoadLatestCheckpoint(t.cfg.CheckpointDir, &t.cfgHash)
+	if err := checkpointDirWritable(dir); err != nil {
+		return fmt.Errorf("train: train.checkpoint_dir: %w", err)
+	}
+	path, step, err := model.LatestCheckpoint(dir)
 	switch {
 	case errors.Is(err, model.ErrNoCheckpoint):
 		return nil
 	case err != nil:
-		return fmt.Errorf("train: resume from %s: %w", t.cfg.CheckpointDir, err)
+		return fmt.Errorf("train: resume from %s: %w", dir, err)
+	}
+	if err := checkpointWithin(path, step, t.cfg.Steps, t.cfg.SyncEvery); err != nil {
+		return fmt.Errorf("train: train.checkpoint_dir: %w", err)
+	}
+	c, err := model.ReadCheckpoint(path, &t.cfgHash)
+	if err != nil {
+		return fmt.Errorf("train: resume from %s: %w", dir, err)
 	}
 	if err := t.restore(ctx, c); err != nil {
 		return fmt.Errorf("train: resume from %s: %w", t.cfg.CheckpointDir, err)
@@ -417,7 +431,9 @@ func (t *Trainer) serveState(from string, step uint64) ([]byte, error) {
 }
 
 // Run trains until train.steps, then evaluates and returns the result. It
-// returns early with ctx's error.
+// returns early with ctx's error. When train.checkpoint_dir is set and
+// the final checkpoint could not be written, it returns the result with
+// an error.
 func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	if err := t.resume(ctx); err != nil {
 		return Result{}, err
@@ -1155,7 +1171,7 @@ func (t *Trainer) afterStep(ctx context.Context) error {
 		t.payload.Check = &ParamCheck{Step: t.step, Hash: t.hash, Stage: t.heldStage()} // published after the step: the others compare promptly
 	}
 	if t.cfg.CheckpointDir != "" && t.cfg.CheckpointEvery > 0 && s%t.cfg.CheckpointEvery == 0 {
-		t.checkpoint()
+		_ = t.checkpoint() // logged; the final checkpoint's failure fails the run
 	}
 	return nil
 }
@@ -1188,22 +1204,24 @@ func (t *Trainer) evaluate() (model.Stats, error) {
 	return st, nil
 }
 
-func (t *Trainer) checkpoint() {
+// checkpoint writes the state after t.step steps into
+// train.checkpoint_dir. A failure is logged and returned: a periodic
+// checkpoint's does not stop the run, the final one's fails it (finish).
+func (t *Trainer) checkpoint() error {
 	t.mu.Lock()
 	c, err := t.l.State(t.step)
 	t.mu.Unlock()
-	if err != nil {
-		t.log.Error("checkpoint failed", zap.Error(err))
-		return
+	if err == nil {
+		c.ConfigHash = t.cfgHash
+		var path string
+		if path, err = model.WriteCheckpoint(t.cfg.CheckpointDir, c, 0); err == nil {
+			t.log.Info("checkpoint written", zap.String("path", path), zap.Uint64("step", t.step))
+			t.event(telemetry.EventCheckpoint, "", path)
+			return nil
+		}
 	}
-	c.ConfigHash = t.cfgHash
-	path, err := model.WriteCheckpoint(t.cfg.CheckpointDir, c, 0)
-	if err != nil {
-		t.log.Error("checkpoint failed", zap.Error(err))
-		return
-	}
-	t.log.Info("checkpoint written", zap.String("path", path), zap.Uint64("step", t.step))
-	t.event(telemetry.EventCheckpoint, "", path)
+	t.log.Error("checkpoint failed", zap.Uint64("step", t.step), zap.String("dir", t.cfg.CheckpointDir), zap.Error(err))
+	return err
 }
 
 // checkParams compares this peer's last parameter hash with the
@@ -1251,7 +1269,10 @@ func (t *Trainer) checkParams(ep gossip.Epoch) bool {
 // complete here and fail elsewhere (a newer epoch cancelled it there): when
 // the members of an epoch this peer is in agree on an earlier state by
 // majority (chooseState), this peer's last step does not count, and finish
-// returns that epoch with errMajorityBehind for Run to train in again.
+// returns that epoch with errMajorityBehind for Run to train in again
+// (not an epoch this peer gave up entering: it waits for a newer one).
+// When the final checkpoint could not be written it returns the result
+// with an error, once it stopped serving the final state.
 func (t *Trainer) finish(ctx context.Context) (Result, gossip.Epoch, error) {
 	if err := t.checkFinite(ctx); err != nil {
 		return Result{}, gossip.Epoch{}, err
@@ -1266,8 +1287,9 @@ func (t *Trainer) finish(ctx context.Context) (Result, gossip.Epoch, error) {
 		// A done line with test_loss=NaN would pass for a result.
 		return Result{}, gossip.Epoch{}, fmt.Errorf("%w: its loss after step %d is %v although every parameter is finite (lower train.lr, set train.clip_norm, or set allreduce.robust against a member's huge gradients)", errDiverged, t.step, st.Loss)
 	}
+	var ckptErr error
 	if t.cfg.CheckpointDir != "" {
-		t.checkpoint()
+		ckptErr = t.checkpoint()
 	}
 	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.hash, Retries: t.retries, Resyncs: t.syncs}
 	if t.pipelined() {
@@ -1297,12 +1319,15 @@ func (t *Trainer) finish(ctx context.Context) (Result, gossip.Epoch, error) {
 				done = false
 			}
 		}
-		if t.payload.Ready.In(ep) && majorityBehind(ep, members, t.self, t.payload.Ready, uint64(t.cfg.Steps)) {
+		if ep.Number >= t.minEpoch && t.payload.Ready.In(ep) && majorityBehind(ep, members, t.self, t.payload.Ready, uint64(t.cfg.Steps)) {
 			return res, ep, errMajorityBehind
 		}
 		if done || !ctxutil.Sleep(ctx, pollInterval) {
 			break
 		}
+	}
+	if ckptErr != nil {
+		return res, gossip.Epoch{}, fmt.Errorf("train: the run finished (%s), but its final checkpoint, of step %d, could not be written: %w", res, t.step, ckptErr)
 	}
 	return res, gossip.Epoch{}, nil
 }

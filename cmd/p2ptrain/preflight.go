@@ -13,6 +13,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/gpu/cuda"
 	"github.com/p2ptrain/p2ptrain/model"
 	"github.com/p2ptrain/p2ptrain/node"
+	"github.com/p2ptrain/p2ptrain/train"
 )
 
 // preflight checks what config.Validate cannot see in the values alone:
@@ -20,8 +21,11 @@ import (
 // opened, so a peer with a bad configuration exits 2 before it starts and
 // announces itself. It reads the swarm key and the identity (as node.New
 // will), and for a peer that trains with the built-in trainer finds its
-// dataset (IDX headers, or the corpus's size; a small corpus is loaded)
-// and its devices (CUDA's driver and libraries, and the GPU indices).
+// dataset (IDX headers, plain files' sizes and the images' shape against
+// the model's input, or the corpus's size; a small corpus is loaded)
+// and its devices (CUDA's driver and libraries, and the GPU indices); for
+// any trainer, train.checkpoint_dir (created if missing, writable, its
+// latest checkpoint not past train.steps).
 // Every problem is reported, each naming its key; values Validate rejects
 // are left to it.
 func preflight(cfg config.Config) error {
@@ -38,6 +42,9 @@ func preflight(cfg config.Config) error {
 	}
 	if cfg.Train.Steps > 0 && cfg.Train.Trainer == config.TrainerBuiltin {
 		errs = append(errs, checkDataset(cfg.Train), checkDevices(cfg.Train.Devices))
+	}
+	if cfg.Train.Steps > 0 {
+		errs = append(errs, train.CheckCheckpointDir(cfg.Train))
 	}
 	return errors.Join(errs...)
 }
@@ -68,7 +75,7 @@ func checkDataset(t config.Train) error {
 			return keyError("train.data", err)
 		}
 	case slices.Contains(model.Names(), t.Model):
-		if err := data.CheckFashionMNIST(t.DataDir); err != nil {
+		if err := data.CheckFashionMNISTFor(t.DataDir, t.Model); err != nil {
 			if t.DataDir == "" && errors.Is(err, data.ErrNoDataset) {
 				err = fmt.Errorf("%w, or set train.data_dir", err)
 			}
