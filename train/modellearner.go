@@ -99,6 +99,10 @@ func NewModelLearner(cfg config.Train, bucketBytes int, train, test *data.Datase
 		l.Close()
 		return nil, err
 	}
+	if err := l.dataset.fits(cfg.Model, l.m.InputShape()); err != nil {
+		l.Close()
+		return nil, err
+	}
 	l.opt, err = model.NewOptimizer(model.OptimConfig{
 		Name: cfg.Optimizer, LR: cfg.LR, Momentum: cfg.Momentum, WeightDecay: cfg.WeightDecay,
 		WarmupSteps: int64(cfg.WarmupSteps), TotalSteps: int64(cfg.Steps), ClipNorm: cfg.ClipNorm,
@@ -112,6 +116,39 @@ func NewModelLearner(cfg config.Train, bucketBytes int, train, test *data.Datase
 		l.layouts = append(l.layouts, compress.Layout{Shapes: b.Shapes()})
 	}
 	return l, nil
+}
+
+// fits refuses image datasets whose samples are not the size of the
+// model's input (name's): every step would fail on them, and be retried
+// for ever.
+func (d *dataset) fits(name string, input []int) error {
+	want := 1
+	for _, n := range input {
+		want *= n
+	}
+	for _, set := range []struct {
+		what string
+		ds   *data.Dataset
+	}{{"training", trainImages(d.train)}, {"test", testImages(d.test)}} {
+		if set.ds != nil && set.ds.SampleLen() != want {
+			return fmt.Errorf("%w: the %s images have %d values each, %s takes inputs of shape %v (%d values)", ErrLearner, set.what, set.ds.SampleLen(), name, input, want)
+		}
+	}
+	return nil
+}
+
+// trainImages is the Fashion-MNIST training set behind s, nil for text.
+func trainImages(s source) *data.Dataset {
+	if img, ok := s.(imageSource); ok {
+		return img.Dataset
+	}
+	return nil
+}
+
+// testImages is the Fashion-MNIST test set behind s, nil for text.
+func testImages(s model.Samples) *data.Dataset {
+	ds, _ := s.(*data.Dataset)
+	return ds
 }
 
 // loadImages takes train and test, or loads Fashion-MNIST from
