@@ -17,7 +17,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	switch args[0] {
 	case "codecs":
-		return cmdBenchCodecs(args[1:], stdout, stderr)
+		return cmdBenchCodecs(ctx, args[1:], stdout, stderr)
 	case "allreduce":
 		return cmdBenchAllreduce(ctx, args[1:], stdout, stderr)
 	case "train":
@@ -34,7 +34,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // cmdBenchCodecs runs `p2ptrain bench codecs`: every codec (or the --codecs
 // list) on a seeded gradient-like input, as a table or a JSON list.
-func cmdBenchCodecs(args []string, stdout, stderr io.Writer) error {
+// SIGINT or SIGTERM stops it at once.
+func cmdBenchCodecs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench codecs", stdout)
 	size := &sizeFlag{n: codecbench.DefaultSize}
 	fs.Var(size, "size", "number of float32 `VALUES` to encode (e.g. 4096, 1Mi)")
@@ -55,7 +56,18 @@ func cmdBenchCodecs(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usagef("bench codecs: --codecs: %v", err)
 	}
-	rs, err := codecbench.Run(codecbench.Config{Size: size.n, Repeats: *repeats, Codecs: specs})
+	if err := checkMemory("bench codecs", fmt.Sprintf("--size %s", formatQuantity(size.n, false)),
+		codecBenchCopies*4*float64(size.n), "the input, its decoding and the codecs' state", "lower --size"); err != nil {
+		return err
+	}
+	var rs []codecbench.Result
+	err = interruptible(ctx, func() (err error) {
+		rs, err = codecbench.Run(codecbench.Config{Size: size.n, Repeats: *repeats, Codecs: specs})
+		return err
+	})
+	if interrupted(ctx, stderr, "bench codecs") {
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/p2ptrain/p2ptrain/allreduce"
 	"github.com/p2ptrain/p2ptrain/allreduce/allreducebench"
 	"github.com/p2ptrain/p2ptrain/compress"
+	"github.com/p2ptrain/p2ptrain/config"
 )
 
 // benchAllreduceFlags are the flags of `p2ptrain bench allreduce`: the
@@ -88,6 +89,9 @@ func cmdBenchAllreduce(ctx context.Context, args []string, stdout, stderr io.Wri
 	if err := f.validate(); err != nil {
 		return err
 	}
+	if err := f.checkMemory(); err != nil {
+		return err
+	}
 	stop, err := startCPUProfile(f.cpuProfile)
 	if err != nil {
 		return err
@@ -97,7 +101,33 @@ func cmdBenchAllreduce(ctx context.Context, args []string, stdout, stderr io.Wri
 	} else {
 		err = f.runCluster(ctx, stdout, stderr)
 	}
+	if interrupted(ctx, stderr, "bench allreduce") {
+		err = nil // SIGINT, SIGTERM: the peers were stopped (a cluster member left); main exits 130 or 143
+	}
 	return errors.Join(err, stop())
+}
+
+// checkMemory refuses a run whose buffers would not fit in this machine's
+// memory: every simulated peer's (--inproc), or this member's.
+func (f *benchAllreduceFlags) checkMemory() error {
+	spec, err := f.codecSpec()
+	if err != nil {
+		return usagef("bench allreduce: --codec: %v", err)
+	}
+	copies := float64(allreducePeerCopies)
+	if c, err := compress.New(spec, compress.Options{Layout: compress.FlatLayout(0)}); err == nil && c.Class() == compress.ClassLowRank {
+		copies = allreduceLowRankCopies
+	}
+	peers, what := 1, fmt.Sprintf("--size %s", formatQuantity(f.size.n, true))
+	if f.inproc {
+		peers, what = f.peers, fmt.Sprintf("--inproc --peers %d --size %s", f.peers, formatQuantity(f.size.n, true))
+	}
+	need := float64(peers)*copies*float64(f.size.n) + float64(peers)*float64(peers-1)/2*allreducePairBytes
+	hint := "lower --size"
+	if f.inproc {
+		hint = "lower --size or --peers"
+	}
+	return checkMemory("bench allreduce", what, need, "the peers' buffers, the codecs' state and the frames in flight", hint)
 }
 
 // startCPUProfile starts Go's CPU profiler writing to path ("" profiles
@@ -160,9 +190,11 @@ func (f *benchAllreduceFlags) validate() error {
 		if stray != "" {
 			return usagef("%s: --%s starts a real peer; it does not apply with --inproc", cmd, stray)
 		}
+		if err := flagLimits(cmd, func(c *config.Config) { c.Node.MaxPeers = f.peers },
+			flagLimit{"node.max_peers", "--peers", fromDefault(set["peers"])}); err != nil {
+			return err // at most node.max_peers' largest value: the ring of a real cluster is as large
+		}
 		switch {
-		case f.peers <= 0:
-			return usagef("%s: --peers must be positive, got %d", cmd, f.peers)
 		case len(f.bandwidth.rates) > 1 && len(f.bandwidth.rates) != f.peers:
 			return usagef("%s: --bandwidth has %d rates for %d peers (give one, or one per peer)", cmd, len(f.bandwidth.rates), f.peers)
 		case f.latency < 0:
@@ -181,6 +213,12 @@ func (f *benchAllreduceFlags) validate() error {
 	switch {
 	case f.expect <= 0:
 		return usagef("%s: --expect N (the number of peers to wait for) is required without --inproc, got %d", cmd, f.expect)
+	case f.expect > 1:
+		if err := flagLimits(cmd, func(c *config.Config) { c.Node.MaxPeers = f.expect }, flagLimit{"node.max_peers", "--expect", ""}); err != nil {
+			return err
+		}
+	}
+	switch {
 	case f.timeout <= 0:
 		return usagef("%s: --timeout must be positive, got %v", cmd, f.timeout)
 	case f.peer.steps != 0:
@@ -211,17 +249,21 @@ func (f *benchAllreduceFlags) runInproc(ctx context.Context, stdout io.Writer) e
 	if err != nil {
 		return usagef("bench allreduce: --codec: %v", err)
 	}
-	res, err := allreducebench.Run(ctx, allreducebench.Options{
-		Peers:      f.peers,
-		SizeBytes:  f.size.n,
-		Codec:      spec,
-		Schedule:   f.schedule,
-		Rounds:     f.rounds,
-		Bandwidth:  f.bandwidth.rates,
-		Latency:    f.latency,
-		ChunkBytes: f.chunk.n,
-		Buckets:    f.buckets,
-		LinkCodecs: f.links,
+	var res allreducebench.Result
+	err = interruptible(ctx, func() (err error) {
+		res, err = allreducebench.Run(ctx, allreducebench.Options{
+			Peers:      f.peers,
+			SizeBytes:  f.size.n,
+			Codec:      spec,
+			Schedule:   f.schedule,
+			Rounds:     f.rounds,
+			Bandwidth:  f.bandwidth.rates,
+			Latency:    f.latency,
+			ChunkBytes: f.chunk.n,
+			Buckets:    f.buckets,
+			LinkCodecs: f.links,
+		})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("bench allreduce: %w", err)

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/data"
 	"github.com/p2ptrain/p2ptrain/gpu"
 	"github.com/p2ptrain/p2ptrain/model"
@@ -37,6 +38,9 @@ type trainBenchResult struct {
 // cmdBenchTrain runs `p2ptrain bench train`: local training steps (forward,
 // backward, the host optimizer and the copy of the parameters back to every
 // device) on each device set given, without peers, and prints samples/s.
+// Sizes the configuration refuses (train.batch_size above 4096 …) and sets
+// that would not fit in memory are usage errors; SIGINT or SIGTERM stops
+// it at once.
 func cmdBenchTrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench train", stdout)
 	var sets stringList
@@ -52,21 +56,55 @@ func cmdBenchTrain(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *batch <= 0 || *steps <= 0 || *warmup < 0 {
-		return usagef("bench train: --batch-size and --steps must be positive and --warmup not negative")
+	const cmd = "bench train"
+	switch {
+	case *steps <= 0:
+		return usagef("%s: --steps must be positive, got %d", cmd, *steps)
+	case *warmup < 0:
+		return usagef("%s: --warmup must not be negative, got %d", cmd, *warmup)
 	}
 	if len(sets) == 0 {
 		sets = stringList{"cpu"}
 	}
-	var results []trainBenchResult
-	for _, set := range sets {
+	// The bounds of train.batch_size and train.model, and each set's
+	// devices as train.devices; then whether each set fits in memory.
+	given := setFlags(fs)
+	deviceSets := make([][]string, len(sets))
+	for k, set := range sets {
 		specs := strings.Split(set, ",")
 		for i := range specs {
 			specs[i] = strings.TrimSpace(specs[i])
 		}
-		r, err := benchTrain(ctx, specs, *name, *batch, *warmup, *steps, *data)
+		deviceSets[k] = specs
+		if err := flagLimits(cmd, func(c *config.Config) {
+			c.Train.BatchSize, c.Train.Model, c.Train.Devices = *batch, *name, specs
+		}, flagLimit{"train.batch_size", "--batch-size", fromDefault(given["batch-size"])},
+			flagLimit{"train.model", "--model", fromDefault(given["model"])}, flagLimit{"train.devices", "--devices " + set, fromDefault(given["devices"])}); err != nil {
+			return err
+		}
+	}
+	for k, specs := range deviceSets {
+		need, _, err := modelBytes(*name, model.Config{}, *batch, cpuDevices(specs))
 		if err != nil {
-			return fmt.Errorf("bench train --devices %s: %w", set, err)
+			return usagef("%s: --model %s: %v", cmd, *name, err)
+		}
+		what := fmt.Sprintf("--model %s --batch-size %d --devices %s", *name, *batch, sets[k])
+		if err := checkMemory(cmd, what, need, modelMemory, "lower --batch-size"); err != nil {
+			return err
+		}
+	}
+	var results []trainBenchResult
+	for k, specs := range deviceSets {
+		var r trainBenchResult
+		err := interruptible(ctx, func() (err error) {
+			r, err = benchTrain(ctx, specs, *name, *batch, *warmup, *steps, *data)
+			return err
+		})
+		if interrupted(ctx, stderr, cmd) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("bench train --devices %s: %w", sets[k], err)
 		}
 		results = append(results, r)
 	}

@@ -97,7 +97,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "plot":
 		err = cmdPlot(args[1:], stdout)
 	case "plan":
-		err = cmdPlan(args[1:], stdout, stderr)
+		err = cmdPlan(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "p2ptrain", version())
 		return 0

@@ -30,23 +30,24 @@ const envPrefix = "P2PTRAIN_"
 // with what each does; TestOtherEnvComplete keeps this list, those docs
 // and the repository's uses in step.
 var otherEnv = []string{
-	"P2PTRAIN_CHAOS_LOGS",      // e2e/chaos: keep every process's output in this directory
-	"P2PTRAIN_CHAOS_TABLE",     // e2e/chaos: write the results table to this file
-	"P2PTRAIN_CUBLAS_LIB",      // gpu/cuda: the cuBLAS library file or directory
-	"P2PTRAIN_CUDA_CACHE",      // gpu/cuda: the compiled-kernel cache directory ("off": none)
-	"P2PTRAIN_CUDA_LIB",        // gpu/cuda: the CUDA driver library file or directory
-	"P2PTRAIN_CUDA_TEST_CHILD", // gpu/cuda tests: marks the loader test's child process
-	"P2PTRAIN_DATA",            // data: the Fashion-MNIST directory searched first
-	"P2PTRAIN_EPOCHS",          // data's Fashion-MNIST benchmark: epochs
-	"P2PTRAIN_LR",              // data's Fashion-MNIST benchmark: learning rate
-	"P2PTRAIN_MODEL",           // data's Fashion-MNIST benchmark: model
-	"P2PTRAIN_NVRTC_LIB",       // gpu/cuda: the NVRTC library file or directory
-	"P2PTRAIN_OPT",             // data's Fashion-MNIST benchmark: optimizer
-	"P2PTRAIN_REQUIRE_GPU",     // GPU tests: 1 fails them instead of skipping without a GPU
-	"P2PTRAIN_SCALE_TABLE",     // allreducebench: 1 runs TestScaleTable (scripts/scale-table.sh)
-	"P2PTRAIN_SKIP_BROWSER",    // e2e: 1 skips the page's browser test without chromium
-	"P2PTRAIN_SOCKET",          // python/: the daemon's socket for a PyTorch script
-	"P2PTRAIN_TEST_LOG",        // tests: log level of in-process test peers
+	"P2PTRAIN_CHAOS_LOGS",       // e2e/chaos: keep every process's output in this directory
+	"P2PTRAIN_CHAOS_TABLE",      // e2e/chaos: write the results table to this file
+	"P2PTRAIN_CUBLAS_LIB",       // gpu/cuda: the cuBLAS library file or directory
+	"P2PTRAIN_CUDA_CACHE",       // gpu/cuda: the compiled-kernel cache directory ("off": none)
+	"P2PTRAIN_CUDA_LIB",         // gpu/cuda: the CUDA driver library file or directory
+	"P2PTRAIN_CUDA_TEST_CHILD",  // gpu/cuda tests: marks the loader test's child process
+	"P2PTRAIN_DATA",             // data: the Fashion-MNIST directory searched first
+	"P2PTRAIN_EPOCHS",           // data's Fashion-MNIST benchmark: epochs
+	"P2PTRAIN_LR",               // data's Fashion-MNIST benchmark: learning rate
+	"P2PTRAIN_MODEL",            // data's Fashion-MNIST benchmark: model
+	"P2PTRAIN_NVRTC_LIB",        // gpu/cuda: the NVRTC library file or directory
+	"P2PTRAIN_OPT",              // data's Fashion-MNIST benchmark: optimizer
+	"P2PTRAIN_REQUIRE_GPU",      // GPU tests: 1 fails them instead of skipping without a GPU
+	"P2PTRAIN_SCALE_TABLE",      // allreducebench: 1 runs TestScaleTable (scripts/scale-table.sh)
+	"P2PTRAIN_SIGNAL_TEST_ARGS", // cmd/p2ptrain tests: the command a signal test's child runs
+	"P2PTRAIN_SKIP_BROWSER",     // e2e: 1 skips the page's browser test without chromium
+	"P2PTRAIN_SOCKET",           // python/: the daemon's socket for a PyTorch script
+	"P2PTRAIN_TEST_LOG",         // tests: log level of in-process test peers
 }
 
 // configKey is one key of the configuration: a leaf of config.Config.

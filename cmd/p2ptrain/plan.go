@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -13,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/gpu"
 	"github.com/p2ptrain/p2ptrain/model"
 	"github.com/p2ptrain/p2ptrain/pipeline"
@@ -83,8 +85,11 @@ type planLayout struct {
 
 // cmdPlan runs `p2ptrain plan`: it times the model's layers on a local
 // device and projects the step time of pure data parallelism and of every
-// hybrid layout of stages × replicas (docs/pipeline.md).
-func cmdPlan(args []string, stdout, stderr io.Writer) error {
+// hybrid layout of stages × replicas (docs/pipeline.md). Sizes the
+// configuration refuses (the [train.gpt] ranges, node.max_peers …) and a
+// model that would not fit in memory are usage errors; SIGINT or SIGTERM
+// stops it at once.
+func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("plan", stdout)
 	name := fs.String("model", "gpt", "`MODEL`: "+strings.Join(model.Names(), ", "))
 	presets := slices.Sorted(func(yield func(string) bool) {
@@ -126,23 +131,66 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	given := setFlags(fs)
 	cfg := model.Config{}
+	// The gpt's shape: the preset's, each --gpt-* flag given replacing its
+	// field, within the ranges of [train.gpt]; --model as train.model.
+	limits := []flagLimit{{"train.model", "--model", fromDefault(given["model"])}}
 	if *name == "gpt" {
 		base, ok := gptPresets[*preset]
 		if !ok {
 			return usagef("plan: unknown --preset %q (want %s)", *preset, strings.Join(presets, ", "))
 		}
-		for _, f := range []struct{ dst, v *int }{{&base.Layers, &g.Layers}, {&base.DModel, &g.DModel}, {&base.Heads, &g.Heads},
-			{&base.Context, &g.Context}, {&base.Vocab, &g.Vocab}} {
-			if *f.v != 0 {
+		for _, f := range []struct {
+			dst, v    *int
+			flag, key string
+		}{{&base.Layers, &g.Layers, "gpt-layers", "layers"}, {&base.DModel, &g.DModel, "gpt-d-model", "d_model"}, {&base.Heads, &g.Heads, "gpt-heads", "heads"},
+			{&base.Context, &g.Context, "gpt-context", "context"}, {&base.Vocab, &g.Vocab, "gpt-vocab", "vocab"}} {
+			from := ""
+			if given[f.flag] {
 				*f.dst = *f.v
+			} else {
+				from = "--preset " + *preset
 			}
+			limits = append(limits, flagLimit{"train.gpt." + f.key, "--" + f.flag, from})
 		}
 		cfg.GPT = base
 	}
+	if err := flagLimits("plan", func(c *config.Config) {
+		c.Train.Model = *name
+		if *name == "gpt" {
+			c.Train.GPT = config.GPT{Layers: cfg.GPT.Layers, DModel: cfg.GPT.DModel, Heads: cfg.GPT.Heads, Context: cfg.GPT.Context, Vocab: cfg.GPT.Vocab}
+		}
+	}, limits...); err != nil {
+		return err
+	}
+	// --peers within node.max_peers' range, --time-batch within
+	// train.batch_size's (it is a peer's batch).
+	if *timeBatch < 0 {
+		return usagef("plan: --time-batch must not be negative, got %d", *timeBatch)
+	}
+	if err := flagLimits("plan", func(c *config.Config) {
+		c.Node.MaxPeers = *peers
+		if *timeBatch != 0 {
+			c.Train.BatchSize = *timeBatch
+		}
+	}, flagLimit{"node.max_peers", "--peers", fromDefault(given["peers"])}, flagLimit{"train.batch_size", "--time-batch", ""}); err != nil {
+		return err
+	}
+	if _, err := gpu.ParseSpec(*device); err != nil {
+		return usagef("plan: --device: %v", err)
+	}
+	for _, c := range []struct {
+		flag string
+		v    int
+	}{{"--batch", *batch}, {"--micro", *micro}, {"--reps", *reps}} {
+		if c.v < 1 {
+			return usagef("plan: %s must be positive, got %d", c.flag, c.v)
+		}
+	}
 	switch {
-	case *peers < 1 || *batch < 1 || *micro < 1 || *reps < 1 || *timeBatch < 0 || *top < 0:
-		return usagef("plan: --peers, --batch, --micro and --reps must be positive, --time-batch and --top not negative")
+	case *top < 0:
+		return usagef("plan: --top must not be negative, got %d", *top)
 	case link.rate <= 0:
 		return usagef("plan: --link must be a rate, not unlimited")
 	case *rtt < 0:
@@ -203,18 +251,41 @@ func cmdPlan(args []string, stdout, stderr io.Writer) error {
 	var costs []pipeline.LayerCost
 	var devName string
 	var cpu *planCPU
-	if *layerTimes != "" {
-		infos, costs, devName, n, cpu, err = loadLayerTimes(*name, cfg, *layerTimes)
-		if err == nil && measure != nil {
-			var c planCPU
-			c, err = measureCPU(context.Background(), nil, *optimizer, specs, cpu)
-			cpu = &c
+	if *layerTimes == "" {
+		need, params, err := modelBytes(*name, cfg, n, cpuDevices([]string{*device}))
+		if err != nil {
+			return usagef("plan: %v", err)
 		}
-	} else {
+		what := "--model " + *name
+		if *name == "gpt" {
+			what = fmt.Sprintf("%s (%s parameters, context %d)", describeFlags(fs, "model", "preset", "gpt-layers", "gpt-d-model", "gpt-heads", "gpt-context", "gpt-vocab"),
+				formatCount(params), cfg.GPT.Context)
+		}
+		what += fmt.Sprintf(" timed on %d samples (--time-batch) on --device %s", n, *device)
+		if err := checkMemory("plan", what, need, modelMemory, "choose a smaller model or time fewer samples (--time-batch)"); err != nil {
+			return err
+		}
+	}
+	// Timing the layers and the processor may take long (--reps): SIGINT
+	// and SIGTERM leave it behind.
+	err = interruptible(ctx, func() (err error) {
+		if *layerTimes != "" {
+			infos, costs, devName, n, cpu, err = loadLayerTimes(*name, cfg, *layerTimes)
+			if err == nil && measure != nil {
+				var c planCPU
+				c, err = measureCPU(ctx, nil, *optimizer, specs, cpu)
+				cpu = &c
+			}
+			return err
+		}
 		var times []model.LayerTime
-		if infos, times, devName, cpu, err = timeLayers(*name, cfg, *device, n, *reps, measure); err == nil {
+		if infos, times, devName, cpu, err = timeLayers(ctx, *name, cfg, *device, n, *reps, measure); err == nil {
 			costs, err = pipeline.Costs(infos, times, n)
 		}
+		return err
+	})
+	if interrupted(ctx, stderr, "plan") {
+		return nil
 	}
 	if err != nil {
 		return err
@@ -319,6 +390,31 @@ func linkActCosts(acts []pipeline.CodecCost, mode string, cpu *planCPU) ([]pipel
 	return out, nil
 }
 
+// formatCount writes n with an SI prefix, e.g. "7.42M", "12.9G".
+func formatCount(n int) string {
+	v := float64(n)
+	for _, p := range []string{"", "k", "M", "G"} {
+		if v < 1000 || p == "G" {
+			return fmt.Sprintf("%.3g%s", v, p)
+		}
+		v /= 1000
+	}
+	return ""
+}
+
+// describeFlags writes the flags of names that fs was given, with their
+// values, e.g. "--preset small --gpt-heads 1".
+func describeFlags(fs *flag.FlagSet, names ...string) string {
+	given := setFlags(fs)
+	var parts []string
+	for _, n := range names {
+		if f := fs.Lookup(n); f != nil && (given[n] || n == "preset") {
+			parts = append(parts, "--"+n+" "+f.Value.String())
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
 // describeModel names the model and its shape.
 func describeModel(name, preset string, cfg model.Config) string {
 	if name != "gpt" {
@@ -338,7 +434,7 @@ type cpuRequest struct {
 // timeLayers builds model name on device spec for batches of n samples and
 // times its layers on a random batch, and with cpu the processor figures
 // (nil without).
-func timeLayers(name string, cfg model.Config, spec string, n, reps int, cpu *cpuRequest) ([]model.LayerInfo, []model.LayerTime, string, *planCPU, error) {
+func timeLayers(ctx context.Context, name string, cfg model.Config, spec string, n, reps int, cpu *cpuRequest) ([]model.LayerInfo, []model.LayerTime, string, *planCPU, error) {
 	infos, err := model.Layers(name, cfg)
 	if err != nil {
 		return nil, nil, "", nil, err
@@ -361,7 +457,7 @@ func timeLayers(name string, cfg model.Config, spec string, n, reps int, cpu *cp
 	if cpu == nil {
 		return infos, times, devs[0].Name(), nil, nil
 	}
-	c, err := measureCPU(context.Background(), m, cpu.optimizer, cpu.specs, nil)
+	c, err := measureCPU(ctx, m, cpu.optimizer, cpu.specs, nil)
 	if err != nil {
 		return nil, nil, "", nil, err
 	}

@@ -141,7 +141,7 @@ func TestPlanErrors(t *testing.T) {
 		}
 	}
 	code, _, errOut := runCLI(t, "plan", "--model", "gpt", "--preset", "tiny", "--gpt-heads", "3", "--reps", "1")
-	if code != 1 || !strings.Contains(errOut, "Heads 3") {
+	if code != 2 || !strings.Contains(errOut, "--gpt-d-model: 64 is not a multiple of --gpt-heads (3)") {
 		t.Errorf("64 wide, 3 heads: exit %d, %q", code, errOut)
 	}
 }
