@@ -41,12 +41,34 @@ func preflight(cfg config.Config) error {
 		}
 	}
 	if cfg.Train.Steps > 0 && cfg.Train.Trainer == config.TrainerBuiltin {
-		errs = append(errs, checkDataset(cfg.Train), checkDevices(cfg.Train.Devices))
+		errs = append(errs, checkDataset(cfg.Train), checkDevices(cfg.Train.Devices), checkModelMemory(cfg.Train))
 	}
 	if cfg.Train.Steps > 0 {
 		errs = append(errs, train.CheckCheckpointDir(cfg.Train))
 	}
 	return errors.Join(errs...)
+}
+
+// checkModelMemory refuses a data-parallel model (one pipeline stage)
+// that would not fit in this machine's memory (modelBytes, with the whole
+// train.batch_size on this peer's devices, as when it trains alone): the
+// peer ran out of memory after it had announced itself.
+func checkModelMemory(t config.Train) error {
+	if s := t.PipelineStages; s.Auto() || int(s) > 1 || !slices.Contains(model.Names(), t.Model) {
+		return nil
+	}
+	devs := max(1, len(t.Devices))
+	g := t.GPT
+	mcfg := model.Config{Hidden: t.Hidden, GPT: model.GPTConfig{Layers: g.Layers, DModel: g.DModel, Heads: g.Heads, Context: g.Context, Vocab: g.Vocab}}
+	need, _, err := modelBytes(t.Model, mcfg, (t.BatchSize+devs-1)/devs, cpuDevices(t.Devices))
+	if err != nil {
+		return nil // Validate reports the model's own errors
+	}
+	what := fmt.Sprintf("train.model = %q with train.batch_size = %d", t.Model, t.BatchSize)
+	if t.Model == "gpt" {
+		what += fmt.Sprintf(" and [train.gpt] layers %d, d_model %d, heads %d, context %d", g.Layers, g.DModel, g.Heads, g.Context)
+	}
+	return checkMemory("train.batch_size", what, need, modelMemory, "lower train.batch_size (or the model's size), or split the model with train.pipeline_stages")
 }
 
 // keyError names key in err, dropping the package prefix ("node: ") its

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/model"
 )
 
@@ -81,5 +82,37 @@ func TestPreflightCheckpointDirAndImages(t *testing.T) {
 	// A checkpoint at train.steps (a finished run) passes.
 	if _, err := resolveArgs(t, append(slices.Clone(external), "--steps", "6", "--set", "train.checkpoint_dir="+ckpt)...); err != nil {
 		t.Errorf("checkpoint at train.steps: %v", err)
+	}
+}
+
+// TestPreflightRefusesAModelBeyondMemory: a data-parallel model whose
+// estimate exceeds the memory available is refused naming
+// train.batch_size; the defaults of every model, and the shipped gpt
+// example, fit in 4 GiB; a pipelined model is left to its stages.
+func TestPreflightRefusesAModelBeyondMemory(t *testing.T) {
+	withMachineMemory(t, 4<<30, 8<<30)
+	for _, name := range model.Names() {
+		c := config.DefaultConfig().Train
+		c.Model = name
+		if err := checkModelMemory(c); err != nil {
+			t.Errorf("%s's defaults: %v", name, err)
+		}
+	}
+	small, err := loadConfig("../../examples/gpt-small.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkModelMemory(small.Train); err != nil {
+		t.Errorf("examples/gpt-small.toml: %v", err)
+	}
+	big := config.DefaultConfig().Train
+	big.Model, big.BatchSize, big.GPT.Context = "gpt", 4096, 16384
+	err = checkModelMemory(big)
+	if err == nil || !strings.Contains(err.Error(), "train.batch_size: ") || !strings.Contains(err.Error(), "context 16384 would need about") {
+		t.Fatalf("a gpt of context 16384, batch 4096: %v", err)
+	}
+	big.PipelineStages = 2
+	if err := checkModelMemory(big); err != nil {
+		t.Errorf("2 pipeline stages: %v", err)
 	}
 }
