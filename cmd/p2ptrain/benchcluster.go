@@ -40,8 +40,9 @@ import (
 //  3. The measurement session in that order: one warm-up round, then --rounds
 //     timed rounds, each after a barrier (a tiny fp32 all-reduce) so that
 //     every peer starts it together.
-//  4. A last all-reduce averages every peer's round times, so every peer prints
-//     the same figures (nccl-tests also averages over ranks).
+//  4. A last all-reduce gathers every peer's round times, and each round
+//     counts as long as its slowest peer took, so every peer prints the
+//     same figures.
 //
 // The benchmark's transports do not use the gossip epoch numbers, which may
 // move on while peers start (the coordinator re-plans a ring of unchanged
@@ -203,7 +204,7 @@ type clusterBench struct {
 // errMembersChanged reports that the ring's members changed during the benchmark.
 var errMembersChanged = errors.New("the ring's members changed mid-benchmark (a peer left, died or joined)")
 
-// run performs steps 2–4 of the benchmark and returns the averaged result.
+// run performs steps 2–4 of the benchmark and returns the result.
 func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 	b.self = allreduce.PeerID(b.n.ID().String())
 	b.members = slices.Sorted(slices.Values(b.ep.Order))
@@ -573,9 +574,9 @@ func (b *clusterBench) allReduce(ctx context.Context, s *allreduce.Session, data
 	return out, nil
 }
 
-// measure runs the warm-up and timed rounds (step 3) and the averaging of
-// the times (step 4) on the measurement session; it returns the averaged
-// time of each timed round in seconds, the bytes this peer sent per timed
+// measure runs the warm-up and timed rounds (step 3) and the gathering of
+// the times (step 4) on the measurement session; it returns the slowest
+// peer's time of each timed round in seconds, the bytes this peer sent per timed
 // round and the CPU time this process used over the timed rounds (counted
 // like the bytes, from barrier to barrier).
 func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr allreduce.EpochTransport, rank int, links []*allreduce.LinkCodecs) ([]float64, float64, time.Duration, error) {
@@ -659,13 +660,35 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 	if err := context.Cause(ctx); errors.Is(err, errMembersChanged) {
 		return nil, 0, 0, err
 	}
-	avg, err := b.allReduce(ctx, s, times)
+	res, err := b.slowest(ctx, s, rank, times)
 	if err != nil {
-		return nil, 0, 0, b.explain(ctx, "averaging the round times", err)
-	}
-	res := make([]float64, len(avg))
-	for i, t := range avg {
-		res[i] = float64(t)
+		return nil, 0, 0, b.explain(ctx, "gathering the round times", err)
 	}
 	return res, sentPerRound, cpu, nil
+}
+
+// slowest returns, for each timed round, the longest time any peer took
+// (times are this peer's, rank its rank): a round is done when every peer
+// has its result. (Their mean, used before, let a link-bound round read
+// faster than its link: a peer's own time ends when its result is in,
+// while its last frames may still wait in its socket buffer for the next
+// peer; on the slow link of 1 × 100 Mbit/s + 3 × 1 Gbit/s the ring read
+// 1.03 of TCP's goodput.) Each peer all-reduces its times in its own rank's
+// slots, the others' zero, so the average times the peer count is every
+// peer's times.
+func (b *clusterBench) slowest(ctx context.Context, s *allreduce.Session, rank int, times []float32) ([]float64, error) {
+	w := len(s.Ring().Peers)
+	all := make([]float32, w*len(times))
+	copy(all[rank*len(times):], times)
+	avg, err := b.allReduce(ctx, s, all)
+	if err != nil {
+		return nil, err
+	}
+	res := make([]float64, len(times))
+	for p := range w {
+		for i := range times {
+			res[i] = max(res[i], float64(avg[p*len(times)+i])*float64(w))
+		}
+	}
+	return res, nil
 }
