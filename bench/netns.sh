@@ -677,9 +677,13 @@ for l in "${lines[@]}"; do
 done
 [ "$peers" = "$hosts" ] || say "warning: the daemons report $peers peers, $hosts hosts ran"
 [ "$agree" = yes ] || say "warning: the hosts report different median times"
-printf 'summary: hosts=%s rates=%s delay=%s loss=%s size=%s codec=%s schedule=%s rounds=%s median_s=%s algbw_gbps=%s busbw_gbps=%s wire_bytes_per_peer=%s ideal_s=%s efficiency=%s busbw/slowest_link=%s cpu_s_per_gb=%s hosts_agree=%s wall_s=%s\n' \
+# Each host's own median (its round ends when its result is in; median_s's
+# when every host's is), host 1 first: how far they lie below median_s
+# shows the stragglers.
+own=$(for l in "${lines[@]}"; do json_field own_median_s <<<"$l"; done | awk '{ printf "%s%.3f", (NR > 1 ? "," : ""), $1 }')
+printf 'summary: hosts=%s rates=%s delay=%s loss=%s size=%s codec=%s schedule=%s rounds=%s median_s=%s own_medians_s=%s algbw_gbps=%s busbw_gbps=%s wire_bytes_per_peer=%s ideal_s=%s efficiency=%s busbw/slowest_link=%s cpu_s_per_gb=%s hosts_agree=%s wall_s=%s\n' \
 	"$hosts" "$(IFS=,; echo "${rate_list[*]}")" "${delay:-0}" "${loss:-0%}" "$size" "$codec" "$schedule" \
-	"$rounds" "$median" "$algbw" "$busbw" "${wire:--}" "${ideal:--}" "${efficiency:--}" \
+	"$rounds" "$median" "${own:--}" "$algbw" "$busbw" "${wire:--}" "${ideal:--}" "${efficiency:--}" \
 	"$(awk -v g="$busbw" -v b="$min_bps" 'BEGIN { printf "%.3f\n", g * 1e9 / b }')" "${cpu:--}" "$agree" \
 	"$((SECONDS - start_s))"
 

@@ -57,6 +57,10 @@ type Result struct {
 	Schedule  string  `json:"schedule"`
 	Peers     int     `json:"peers"`
 	MedianS   float64 `json:"median_s"`
+	// OwnMedianS is, in a cluster, this peer's own median round time (its
+	// round ends when its result is in; MedianS's when every peer's is):
+	// how far it lies below MedianS shows the stragglers (0: not measured).
+	OwnMedianS float64 `json:"own_median_s,omitempty"`
 	// AlgBWGbps is size / median time, in Gbit/s.
 	AlgBWGbps float64 `json:"algbw_gbps"`
 	// BusBWGbps is AlgBW · 2(W−1)/W (the nccl-tests convention), in Gbit/s.

@@ -251,7 +251,7 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 		tr.Reset(err)
 		return allreducebench.Result{}, fmt.Errorf("bench allreduce: --link-codecs: %w", err)
 	}
-	times, sent, cpu, err := b.measure(ctx, s, tr, rank, links)
+	times, own, sent, cpu, err := b.measure(ctx, s, tr, rank, links)
 	if err != nil {
 		s.Close()
 		tr.Reset(err)
@@ -281,6 +281,7 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 	if b.linkRate > 0 {
 		ideal = sent / b.linkRate
 	}
+	res.OwnMedianS = own
 	return res.WithWire(sent, ideal).WithCPU(cpu, b.rounds), nil
 }
 
@@ -576,10 +577,10 @@ func (b *clusterBench) allReduce(ctx context.Context, s *allreduce.Session, data
 
 // measure runs the warm-up and timed rounds (step 3) and the gathering of
 // the times (step 4) on the measurement session; it returns the slowest
-// peer's time of each timed round in seconds, the bytes this peer sent per timed
+// peer's time of each timed round in seconds, this peer's own median, the bytes this peer sent per timed
 // round and the CPU time this process used over the timed rounds (counted
 // like the bytes, from barrier to barrier).
-func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr allreduce.EpochTransport, rank int, links []*allreduce.LinkCodecs) ([]float64, float64, time.Duration, error) {
+func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr allreduce.EpochTransport, rank int, links []*allreduce.LinkCodecs) ([]float64, float64, float64, time.Duration, error) {
 	n := b.size / 4
 	bounds := make([]int, b.buckets+1)
 	for i := range bounds {
@@ -596,7 +597,7 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 		c, err := compress.New(b.spec, compress.Options{Layout: compress.FlatLayout(bounds[i+1] - bounds[i]),
 			Seed: uint64(rank + 1), SharedSeed: 7})
 		if err != nil {
-			return nil, 0, 0, fmt.Errorf("bench allreduce: --codec: %w", err)
+			return nil, 0, 0, 0, fmt.Errorf("bench allreduce: --codec: %w", err)
 		}
 		codecs[i] = c
 	}
@@ -616,7 +617,7 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 		}
 		before := tr.Sent()
 		if _, err := b.allReduce(ctx, s, barrier); err != nil {
-			return nil, 0, 0, b.explain(ctx, "the barrier before "+what, err)
+			return nil, 0, 0, 0, b.explain(ctx, "the barrier before "+what, err)
 		}
 		switch round {
 		case -1:
@@ -638,14 +639,14 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 			}
 		}
 		if err := rd.Wait(); err != nil {
-			return nil, 0, 0, b.explain(ctx, what, err)
+			return nil, 0, 0, 0, b.explain(ctx, what, err)
 		}
 		if round >= 0 {
 			times[round] = float32(time.Since(start).Seconds())
 		}
 	}
 	if _, err := b.allReduce(ctx, s, barrier); err != nil {
-		return nil, 0, 0, b.explain(ctx, "the barrier after the timed rounds", err)
+		return nil, 0, 0, 0, b.explain(ctx, "the barrier after the timed rounds", err)
 	}
 	cpu = allreducebench.ProcessCPU() - cpu
 	// This peer's own bytes: with proportional shares or per-link codecs
@@ -658,13 +659,17 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 	// last bytes: the epoch change that follows is no failure.
 	b.armed.Store(false)
 	if err := context.Cause(ctx); errors.Is(err, errMembersChanged) {
-		return nil, 0, 0, err
+		return nil, 0, 0, 0, err
+	}
+	own := make([]float64, len(times))
+	for i, t := range times {
+		own[i] = float64(t)
 	}
 	res, err := b.slowest(ctx, s, rank, times)
 	if err != nil {
-		return nil, 0, 0, b.explain(ctx, "gathering the round times", err)
+		return nil, 0, 0, 0, b.explain(ctx, "gathering the round times", err)
 	}
-	return res, sentPerRound, cpu, nil
+	return res, allreducebench.Median(own), sentPerRound, cpu, nil
 }
 
 // slowest returns, for each timed round, the longest time any peer took
