@@ -162,7 +162,9 @@ func checkAllreduceJSON(t *testing.T, line string, peers, size int) map[string]a
 	}
 	keys := make([]string, 0, len(r))
 	for k := range r {
-		keys = append(keys, k)
+		if k != "own_median_s" { // a cluster member's own; checked by the cluster test
+			keys = append(keys, k)
+		}
 	}
 	slices.Sort(keys)
 	want := []string{"algbw_gbps", "busbw_gbps", "codec", "cpu_s_per_gb", "median_s", "peers", "schedule", "size_bytes", "wire_bytes_per_peer"}
@@ -210,7 +212,7 @@ func shared(t *testing.T, line string) string {
 	if err := json.Unmarshal([]byte(line), &r); err != nil {
 		t.Fatalf("not a JSON object: %v\n%s", err, line)
 	}
-	for _, k := range []string{"wire_bytes_per_peer", "ideal_s", "efficiency", "cpu_s_per_gb"} {
+	for _, k := range []string{"wire_bytes_per_peer", "ideal_s", "efficiency", "cpu_s_per_gb", "own_median_s"} {
 		delete(r, k)
 	}
 	b, _ := json.Marshal(r)
@@ -397,12 +399,19 @@ func TestBenchAllreduceCluster(t *testing.T) {
 						t.Errorf("peer %d: %.0f bytes on the wire per round, want %.0f plus headers", i, w, want)
 					}
 				}
+				// A round lasts as long as its slowest peer took: no peer's own
+				// median exceeds the round's.
+				own, ok := r["own_median_s"].(float64)
+				if med := r["median_s"].(float64); !ok || !(own > 0) || own > med*(1+1e-5) {
+					t.Errorf("peer %d: own_median_s %v, median_s %v: want 0 < own ≤ median", i, r["own_median_s"], med)
+				}
 				if r["codec"] != tt.codec || !strings.HasPrefix(r["schedule"].(string), tt.schedule) {
 					t.Errorf("peer %d: codec %v schedule %v, want %s %s", i, r["codec"], r["schedule"], tt.codec, tt.schedule)
 				}
 			}
-			// The round times are averaged over the peers: every peer prints the
-			// same figures, except what it sent itself (and so its link's ideal).
+			// A round's time is its slowest peer's: every peer prints the same
+			// figures, except its own median and what it sent itself (and so
+			// its link's ideal).
 			if shared(t, lines[1]) != shared(t, lines[0]) || shared(t, lines[2]) != shared(t, lines[0]) {
 				t.Errorf("peers disagree:\n%s\n%s\n%s", lines[0], lines[1], lines[2])
 			}
