@@ -36,6 +36,25 @@ func newCluster(ids ...string) *cluster {
 	return c
 }
 
+// partition splits c's views into two clusters that hear only their own
+// side (their clocks start at c's), and runs both sides apart for four
+// rounds of 2 s.
+func (c *cluster) partition(a, b []string) (*cluster, *cluster) {
+	side := func(ids []string) *cluster {
+		s := &cluster{views: map[string]*View{}, now: c.now, seq: c.seq, down: map[string]bool{}}
+		for _, id := range ids {
+			s.views[id] = c.views[id]
+		}
+		return s
+	}
+	sa, sb := side(a), side(b)
+	for range 4 {
+		sa.round(2 * time.Second)
+		sb.round(2 * time.Second)
+	}
+	return sa, sb
+}
+
 // round delivers one heartbeat from every live view to every other, then lets
 // coordinators propose, repeating deliveries until no proposal is left.
 func (c *cluster) round(d time.Duration) {
@@ -535,12 +554,7 @@ func TestProposalNeedsQuorum(t *testing.T) {
 	c.round(time.Second)
 	first := c.agree(t, []string{"a", "b", "c"})
 	// Partition {a, b} | {c}: simulate by running the two sides apart.
-	majority := &cluster{views: map[string]*View{"a": c.views["a"], "b": c.views["b"]}, now: c.now, seq: c.seq, down: map[string]bool{}}
-	minority := &cluster{views: map[string]*View{"c": c.views["c"]}, now: c.now, seq: c.seq, down: map[string]bool{}}
-	for range 4 {
-		majority.round(2 * time.Second)
-		minority.round(2 * time.Second)
-	}
+	majority, _ := c.partition([]string{"a", "b"}, []string{"c"})
 	maj := majority.agree(t, []string{"a", "b"})
 	if got := c.views["c"].Epoch(); got.Number != first.Number {
 		t.Fatalf("the isolated peer moved to epoch %d %v", got.Number, got.Order)
@@ -852,12 +866,7 @@ func TestAdoptionNeedsQuorumAcrossAPartition(t *testing.T) {
 		v.Commit(trained.Number)
 	}
 	// {b, c} | {d}
-	majority := &cluster{views: map[string]*View{"b": c.views["b"], "c": c.views["c"]}, now: c.now, seq: c.seq, down: map[string]bool{}}
-	minority := &cluster{views: map[string]*View{"d": c.views["d"]}, now: c.now, seq: c.seq, down: map[string]bool{}}
-	for range 4 {
-		majority.round(2 * time.Second)
-		minority.round(2 * time.Second)
-	}
+	majority, minority := c.partition([]string{"b", "c"}, []string{"d"})
 	maj := majority.agree(t, []string{"b", "c"})
 	for _, v := range majority.views {
 		v.Commit(maj.Number)

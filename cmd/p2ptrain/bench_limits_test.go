@@ -40,17 +40,19 @@ func TestBenchLimits(t *testing.T) {
 		{[]string{"bench", "allreduce", "--inproc", "--peers", "1025", "--size", "4"}, []string{"--peers: 1025 is outside 1..1024"}},
 		{[]string{"bench", "allreduce", "--expect", "1025"}, []string{"--expect: 1025 is outside 1..1024"}},
 	} {
-		code, stdout, stderr := runCLI(t, tc.args...)
-		if code != 2 || stdout != "" {
-			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit 2 and nothing on stdout", strings.Join(tc.args, " "), code, stdout, stderr)
-			continue
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(stderr, w) {
-				t.Errorf("%s: stderr %q lacks %q", strings.Join(tc.args, " "), stderr, w)
-			}
-		}
+		runWantingUsageError(t, tc.args, tc.want...)
 	}
+}
+
+// runWantingUsageError runs the CLI with args and checks that it exits 2
+// with nothing on stdout and every string of want in its stderr.
+func runWantingUsageError(t *testing.T, args []string, want ...string) {
+	t.Helper()
+	code, stdout, stderr := runCLI(t, args...)
+	if stdout != "" {
+		t.Errorf("%s: stdout %q, want nothing", strings.Join(args, " "), stdout)
+	}
+	wantUsageError(t, code, stderr, want)
 }
 
 // TestBenchMemoryEstimates checks that runs within the flags' limits that
@@ -75,16 +77,7 @@ func TestBenchMemoryEstimates(t *testing.T) {
 			[]string{"--inproc --peers 8 --size 1GiB would need about 96.4 GiB"}},
 		{[]string{"bench", "allreduce", "--expect", "2", "--size", "1GiB"}, []string{"bench allreduce: --size 1GiB would need about 8.4 GiB"}},
 	} {
-		code, stdout, stderr := runCLI(t, tc.args...)
-		if code != 2 || stdout != "" {
-			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit 2 and nothing on stdout", strings.Join(tc.args, " "), code, stdout, stderr)
-			continue
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(stderr, w) {
-				t.Errorf("%s: stderr %q lacks %q", strings.Join(tc.args, " "), stderr, w)
-			}
-		}
+		runWantingUsageError(t, tc.args, tc.want...)
 	}
 	// What fits runs.
 	if code, _, stderr := runCLI(t, "bench", "train", "--batch-size", "8", "--steps", "1", "--warmup", "0", "--data", "synthetic"); code != 0 {

@@ -34,16 +34,7 @@ func TestPlanLimits(t *testing.T) {
 		{[]string{"--time-batch", "-1"}, []string{"plan: --time-batch must not be negative, got -1"}},
 		{[]string{"--top", "-1"}, []string{"plan: --top must not be negative, got -1"}},
 	} {
-		code, stdout, stderr := runCLI(t, append([]string{"plan"}, tc.args...)...)
-		if code != 2 || stdout != "" {
-			t.Errorf("plan %s: exit %d, stdout %q, stderr %q; want exit 2 and nothing on stdout", strings.Join(tc.args, " "), code, stdout, stderr)
-			continue
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(stderr, w) {
-				t.Errorf("plan %s: stderr %q lacks %q", strings.Join(tc.args, " "), stderr, w)
-			}
-		}
+		runWantingUsageError(t, append([]string{"plan"}, tc.args...), tc.want...)
 	}
 }
 
