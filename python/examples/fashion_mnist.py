@@ -194,9 +194,12 @@ def main() -> None:
         opt.zero_grad()
         out = F.cross_entropy(model(x[idx]), y[idx])
         out.backward()
-        if args.clip_norm and col.synchronize(out.item()):  # the averages are in p.grad    # p2ptrain
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_norm)
-        if col.step(out.item()):                                                      # p2ptrain (was opt.step())
+        report = out.item()  # the loss the daemon shows, sent with the wait for the averages
+        if args.clip_norm:
+            if col.synchronize(report):  # the averages are now in p.grad                   # p2ptrain
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_norm)
+            report = None  # synchronize() sent it
+        if col.step(report):                                                          # p2ptrain (was opt.step())
             loss = out.item()
             s = col.completed_steps
             if s % 50 == 0:

@@ -160,7 +160,10 @@ class Collective:
         self._optimizer = optimizer
         self._scheduler = scheduler
         self._scheduler_mark = self._scheduler_epoch()
+        # A checkpoint's scheduler state loaded before the scheduler was set (see load_state_dict).
+        self._pending_scheduler_state: Optional[Dict[str, Any]] = None
         self._warned_scheduler = False
+        self._warned_loss = False
         self._wrapper: Optional[torch.optim.Optimizer] = None  # a DistributedOptimizer around optimizer
         self._extra = extra_state
         self._layout = Layout(model, bucket_cap_mb)
@@ -228,6 +231,9 @@ class Collective:
             _check_scheduler(scheduler)
         with self._lock:
             self._scheduler = scheduler
+            if scheduler is not None and self._pending_scheduler_state is not None:
+                scheduler.load_state_dict(self._pending_scheduler_state)
+            self._pending_scheduler_state = None
             self._scheduler_mark = self._scheduler_epoch()
 
     @property
@@ -354,6 +360,8 @@ class Collective:
         if not self._syncing or self._finished or self._closed or self._failure is not None:
             return
         with self._ending_on_error():
+            if self._synced is _SKIPPED:
+                self._synced = None  # synchronize() said False and the script went on without step()
             if self._synced is not None:
                 raise P2PTrainError(
                     f"a backward pass between synchronize() and step() in step {self._step}: "
@@ -391,13 +399,15 @@ class Collective:
         the averages then replace)::
 
             loss.backward()
-            if col.synchronize():
+            if col.synchronize(loss):
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             col.step()
 
         Returns ``True`` when the averaged gradients are in ``p.grad`` (:meth:`step` then applies
         them), ``False`` when the step was answered otherwise (the cluster restored another state
-        or the run finished; :meth:`step` then returns ``False``). A second call before
+        or the run finished; :meth:`step` then returns ``False``, and may be left out: the next
+        backward starts the next step). ``loss`` is reported to the daemon, as :meth:`step`'s is;
+        a ``step(loss)`` after it warns that its loss went nowhere. A second call before
         :meth:`step` returns the first one's answer. Raises what :meth:`step` raises.
         """
         self._check_usable()
@@ -435,9 +445,17 @@ class Collective:
         Raises :class:`LayoutMismatch` when the daemon stopped the run over differing settings and
         :class:`RunStopped` when it stopped it otherwise or a connection was lost.
         """
-        if self._synced is None and not self.synchronize(loss):
-            self._synced = None
-            return False
+        if self._synced is None:
+            if not self.synchronize(loss):
+                self._synced = None
+                return False
+        elif loss is not None and not self._warned_loss:
+            self._warned_loss = True
+            warnings.warn(
+                "step(loss) after synchronize(): the loss travels with synchronize()'s wait, so the "
+                "daemon did not get this one; pass it to synchronize(loss) instead",
+                stacklevel=2,
+            )
         self._check_usable()
         answer, self._synced = self._synced, None
         if answer is _SKIPPED:
@@ -587,9 +605,12 @@ class Collective:
             self._optimizer.load_state_dict(state_dict["optimizer"])
             if self._extra is not None and state_dict.get("extra") is not None:
                 self._extra.load_state_dict(state_dict["extra"])
-            if self._scheduler is not None and state_dict.get("scheduler") is not None:
-                self._scheduler.load_state_dict(state_dict["scheduler"])
-                self._scheduler_mark = self._scheduler_epoch()
+            if state_dict.get("scheduler") is not None:
+                if self._scheduler is not None:
+                    self._scheduler.load_state_dict(state_dict["scheduler"])
+                    self._scheduler_mark = self._scheduler_epoch()
+                else:  # set later (col.scheduler = ..., once total_steps is known): loaded then
+                    self._pending_scheduler_state = dict(state_dict["scheduler"])
             self._step = int(state_dict["step"])
 
 
@@ -631,7 +652,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self, loss: Loss = None) -> bool:
         """Wait for the averaged gradients and put them in ``p.grad`` before :meth:`step`.
 
-        For gradient clipping: ``loss.backward(); opt.synchronize(); clip_grad_norm_(...);
+        For gradient clipping: ``loss.backward(); opt.synchronize(loss); clip_grad_norm_(...);
         opt.step()``. See :meth:`Collective.synchronize`.
         """
         return self.collective.synchronize(loss)

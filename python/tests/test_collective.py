@@ -409,6 +409,50 @@ class StepTest(DaemonTest):
         self.assertTrue(col.step())
         self.assertEqual([m["step"] for m in self.daemon.expect("wait", 2)], [0, 7])
 
+    def test_a_skipped_step_may_be_left_out(self) -> None:
+        model = Net()
+        col = self.collective(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        self.daemon.answer(fixed(self.donor_state(lr_steps=0)))
+        backward(model)
+        self.assertFalse(col.synchronize())
+        backward(model, 1)  # no step(): the script went on to the next step
+        self.assertTrue(col.step())
+        self.assertEqual([m["step"] for m in self.daemon.expect("wait", 2)], [0, 7])
+
+    def test_the_loss_goes_with_synchronize(self) -> None:
+        model = Net()
+        col = self.collective(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        backward(model)
+        self.assertTrue(col.synchronize(0.25))
+        self.assertTrue(col.step())
+        backward(model, 1)
+        self.assertTrue(col.synchronize())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertTrue(col.step(0.5))  # too late: the wait went out with synchronize()
+        self.assertEqual(len(caught), 1)
+        self.assertIn("pass it to synchronize(loss)", str(caught[0].message))
+        self.assertEqual([m.get("loss") for m in self.daemon.expect("wait", 2)], [0.25, None])
+
+    def test_a_checkpoints_scheduler_waits_for_the_scheduler(self) -> None:
+        donor = Net()
+        donor_opt = torch.optim.SGD(donor.parameters(), lr=0.1)
+        donor_sched = torch.optim.lr_scheduler.StepLR(donor_opt, step_size=1, gamma=0.5)
+        for _ in range(3):
+            donor_opt.step()
+            donor_sched.step()
+        checkpoint = Collective(donor, donor_opt, socket=self.daemon.path, scheduler=donor_sched).state_dict()
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        col = self.collective(model, opt)
+        col.load_state_dict(checkpoint)  # before the scheduler exists: it needs total_steps
+        col.connect()
+        col.scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        self.assertEqual((col.scheduler.last_epoch, opt.param_groups[0]["lr"]), (3, 0.0125))
+        backward(model)
+        self.assertTrue(col.step())
+        self.assertEqual(col.scheduler.last_epoch, 4)
+
     def test_a_backward_between_synchronize_and_step_is_refused(self) -> None:
         model = Net()
         col = self.collective(model, torch.optim.SGD(model.parameters(), lr=0.1))
