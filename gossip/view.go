@@ -478,11 +478,13 @@ func (v *View) excludeEvent(peer, reason string) []Event {
 // A newcomer that knows no ring that trained counts a quorum of anything
 // it hears; the members it lists must not follow it into a minority. (Of a
 // ring {A, B, C} partitioned {A, B} | {C}, a newcomer with the lowest peer
-// ID on C's side proposed {N, C}, C adopted it, and both sides trained.) A
-// view's first epoch is adopted without a count (it knows no ring), and so
-// are its own proposals (Proposal counted them).
+// ID on C's side proposed {N, C}, C adopted it, and both sides trained.)
+// A view that never completed a step in a ring adopts without a count (it
+// knows no ring that trained: counting against an epoch it adopted but
+// never trained in left a newcomer refusing every ring once half of that
+// epoch had died), and so are its own proposals (Proposal counted them).
 func (v *View) adoptable(e Epoch) error {
-	if e.Coordinator == v.self || v.epoch.Number == 0 {
+	if e.Coordinator == v.self || v.committed.Number == 0 {
 		return nil
 	}
 	live := v.ringable()

@@ -1326,3 +1326,27 @@ func TestSharedExclusionFollowsTheLatestHeartbeats(t *testing.T) {
 	}
 	check("b and c forgotten", false, "a")
 }
+
+// TestAdoptionWithoutACommitIsUnchecked: a member that never completed a
+// step in a ring adopts what its coordinator proposes. (A newcomer counted
+// against the first, big epoch it adopted; once half of it died before a
+// step, it refused every ring the survivors proposed.)
+func TestAdoptionWithoutACommitIsUnchecked(t *testing.T) {
+	c := newCluster("a", "b")
+	c.round(time.Second)
+	trained := c.agree(t, []string{"a", "b"})
+	for _, v := range c.views {
+		v.Commit(trained.Number)
+	}
+	for _, id := range []string{"c", "d", "e", "f"} {
+		c.views[id] = NewView(hb(id, 0), testTiming, c.now)
+	}
+	c.round(time.Second)
+	c.round(time.Second)
+	c.agree(t, []string{"a", "b", "c", "d", "e", "f"})
+	c.down["d"], c.down["e"], c.down["f"] = true, true, true // before any step of that epoch
+	for range 6 {
+		c.round(2 * time.Second)
+	}
+	c.agree(t, []string{"a", "b", "c"})
+}
