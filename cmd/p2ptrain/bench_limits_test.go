@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -136,5 +138,30 @@ func TestMachineMemory(t *testing.T) {
 	}
 	if got := formatBytes(1.5 * (1 << 30)); got != "1.5 GiB" {
 		t.Errorf("formatBytes(1.5 GiB) = %q", got)
+	}
+}
+
+// TestCgroupMemoryLeavesOutThePageCache: in a container, memory the
+// kernel can reclaim (inactive file pages) is not counted as used.
+func TestCgroupMemoryLeavesOutThePageCache(t *testing.T) {
+	dir := t.TempDir()
+	old := cgroupDir
+	cgroupDir = dir
+	t.Cleanup(func() { cgroupDir = old })
+	for name, body := range map[string]string{
+		"memory.max":     "4294967296\n", // 4 GiB
+		"memory.current": "4000000000\n", // almost all of it, mostly cache
+		"memory.stat":    "anon 500000000\nfile 3400000000\ninactive_file 3000000000\nactive_file 400000000\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	avail, total, ok := machineMemory()
+	if !ok {
+		t.Skip("no /proc/meminfo")
+	}
+	if total != 1073741824 || avail < 0.8e9 {
+		t.Fatalf("avail %s of %s: want the inactive page cache counted as available", formatBytes(avail), formatBytes(total))
 	}
 }

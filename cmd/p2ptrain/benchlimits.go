@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -205,17 +206,39 @@ var machineMemory = func() (avail, total float64, ok bool) {
 	if total == 0 || avail == 0 {
 		return 0, 0, false
 	}
-	// cgroup v2: a limit below the machine's.
-	if b, err := os.ReadFile("/sys/fs/cgroup/memory.max"); err == nil {
+	// cgroup v2: a limit below the machine's. Its memory.current counts
+	// the page cache too, which the kernel reclaims before it refuses
+	// memory: the inactive file pages (memory.stat) are taken off.
+	if b, err := os.ReadFile(filepath.Join(cgroupDir, "memory.max")); err == nil {
 		if lim, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64); err == nil && lim < total {
 			used := 0.0
-			if c, err := os.ReadFile("/sys/fs/cgroup/memory.current"); err == nil {
+			if c, err := os.ReadFile(filepath.Join(cgroupDir, "memory.current")); err == nil {
 				used, _ = strconv.ParseFloat(strings.TrimSpace(string(c)), 64)
 			}
+			used = max(used-cgroupStat("inactive_file"), 0)
 			total, avail = lim, min(avail, max(lim-used, 0))
 		}
 	}
 	return avail, total, true
+}
+
+// cgroupDir is this process's cgroup v2 directory (tests replace it).
+var cgroupDir = "/sys/fs/cgroup"
+
+// cgroupStat returns the value of key in this cgroup's memory.stat (0 when
+// absent or unreadable).
+func cgroupStat(key string) float64 {
+	b, err := os.ReadFile(filepath.Join(cgroupDir, "memory.stat"))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), " "); ok && k == key {
+			x, _ := strconv.ParseFloat(v, 64)
+			return x
+		}
+	}
+	return 0
 }
 
 // checkMemory returns a usage error when need bytes, the estimate for
