@@ -149,9 +149,9 @@ func TestCgroupMemoryLeavesOutThePageCache(t *testing.T) {
 	cgroupDir = dir
 	t.Cleanup(func() { cgroupDir = old })
 	for name, body := range map[string]string{
-		"memory.max":     "4294967296\n", // 4 GiB
-		"memory.current": "4000000000\n", // almost all of it, mostly cache
-		"memory.stat":    "anon 500000000\nfile 3400000000\ninactive_file 3000000000\nactive_file 400000000\n",
+		"memory.max":     "1073741824\n", // 1 GiB, below any machine's
+		"memory.current": "1000000000\n", // almost all of it, mostly cache
+		"memory.stat":    "anon 150000000\nfile 850000000\ninactive_file 800000000\nactive_file 50000000\n",
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
