@@ -72,7 +72,7 @@ func startAPI(addr string, n *Node, log *zap.Logger) (*apiServer, error) {
 	mux.Handle("GET "+web.AssetPrefix, page)
 	s := &apiServer{
 		ln: ln,
-		srv: &http.Server{Handler: rebindGuard(mux, hostname()), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		srv: &http.Server{Handler: apiHandler(mux, n.cfg.Node.APIPublic), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 			WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10},
 		done: make(chan struct{}),
 	}
@@ -96,6 +96,17 @@ func (s *apiServer) close() error {
 	return err
 }
 
+// apiHandler guards mux against DNS rebinding (rebindGuard) unless the
+// operator opened the API to the network (node.api_public): then anyone
+// who can reach it may, by any name (a Prometheus server scraping it by
+// its fully qualified name), and a page's rebinding adds nothing.
+func apiHandler(mux http.Handler, public bool) http.Handler {
+	if public {
+		return mux
+	}
+	return rebindGuard(mux, hostname())
+}
+
 // rebindGuard answers only requests addressed to an IP address, to
 // localhost (or a name under .localhost) or to this machine's own name
 // (self; "" for none): a web page on a name its owner points at 127.0.0.1
@@ -113,8 +124,12 @@ func rebindGuard(next http.Handler, self string) http.Handler {
 }
 
 // localHost reports whether a request's Host header (with or without a
-// port) names an IP address, localhost, a name under .localhost, or self.
+// port) names an IP address, localhost, a name under .localhost, or self,
+// or is empty (an HTTP/1.0 client; a browser always sends one).
 func localHost(hostport, self string) bool {
+	if hostport == "" {
+		return true
+	}
 	host := hostport
 	if h, _, err := net.SplitHostPort(hostport); err == nil {
 		host = h

@@ -302,7 +302,7 @@ func TestAPIRefusesRequestsForOtherNames(t *testing.T) {
 		"localhost:7420": http.StatusOK, "LOCALHOST.": http.StatusOK, "grafana.localhost:7420": http.StatusOK,
 		"lab-7:7420":            http.StatusOK,
 		"attacker.example:7420": http.StatusMisdirectedRequest, "attacker.example": http.StatusMisdirectedRequest,
-		"localhost.attacker.example": http.StatusMisdirectedRequest, "": http.StatusMisdirectedRequest,
+		"localhost.attacker.example": http.StatusMisdirectedRequest, "": http.StatusOK, // HTTP/1.0: no browser
 	} {
 		r := httptest.NewRequest("GET", "/status", nil)
 		r.Host = host
@@ -314,6 +314,14 @@ func TestAPIRefusesRequestsForOtherNames(t *testing.T) {
 		if want != http.StatusOK && (rec.Body.String() == "status" || !strings.Contains(rec.Body.String(), "DNS rebinding")) {
 			t.Errorf("Host %q: body %q", host, rec.Body.String())
 		}
+	}
+	// With node.api_public the operator opened the API to the network: any name.
+	rec := httptest.NewRecorder()
+	r := httptest.NewRequest("GET", "/status", nil)
+	r.Host = "p2ptrain-7.lab.example.org:7420"
+	apiHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "status") }), true).ServeHTTP(rec, r)
+	if rec.Code != http.StatusOK {
+		t.Errorf("api_public, Host %q: %d", r.Host, rec.Code)
 	}
 }
 
