@@ -1,7 +1,6 @@
 package config
 
 import (
-	"strings"
 	"testing"
 )
 
@@ -35,13 +34,7 @@ func TestValidateNAT(t *testing.T) {
 			c := DefaultConfig()
 			c.Node.Open = true
 			tc.set(&c.Node)
-			err := c.Validate()
-			switch {
-			case tc.want == "" && err != nil:
-				t.Fatalf("Validate: %v", err)
-			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-				t.Fatalf("Validate = %v, want an error containing %q", err, tc.want)
-			}
+			wantValidate(t, c.Validate(), tc.want)
 		})
 	}
 }
