@@ -15,8 +15,9 @@
 #                      defeat hole punching (MASQUERADE --random-fully: a new port for
 #                      every connection): they stay relayed and must still finish.
 #                      [both]
-#   --steps N          training steps [150: the run outlasts a peer's retry of a hole
-#                      punch that did not happen, 15 s after it could have]
+#   --steps N          training steps [300, about 40 s: the run outlasts a peer's
+#                      retry of a hole punch that did not happen, 15 s after it could
+#                      have, and the punch after it]
 #   --reachability R   node.reachability of the peers behind NAT: auto (AutoNAT
 #                      finds out, which takes its 15 s boot delay and a failed
 #                      dial-back; a ring formed before fails its first step and
@@ -68,7 +69,7 @@ NET=10.77.200 # the public side
 PORT=4001
 LOCK=/run/lock/p2pt-nat.lock
 
-cases=both steps=150 reach="" rate=100mbit binary="" timeout_s=150 logdir="" mode=run
+cases=both steps=300 reach="" rate=100mbit binary="" timeout_s=150 logdir="" mode=run
 
 PROG=nat
 # shellcheck source=bench/lib.sh

@@ -41,7 +41,7 @@ go build -o bin/p2ptrain ./cmd/p2ptrain
 bench/netns.sh --smoke --binary bin/p2ptrain
 
 stage "NAT traversal (slow multi-process suite: relays and hole punching between network-namespace NATs; skipped unless root)"
-go test -count=1 -timeout 6m -v -run '^TestNATTraversal$' ./e2e 2>&1 | grep -E '^(=== RUN|\s*--- |PASS|FAIL|ok|panic)|nat_test.go'
+go test -count=1 -timeout 6m -v -run '^TestNATTraversal$' ./e2e 2>&1 | grep -E '^(=== RUN|\s*--- |PASS|FAIL|ok|panic)|nat_test.go|^\s*nat[: ]'
 test "${PIPESTATUS[0]}" -eq 0
 
 stage "chaos suite (slow: 5 processes per case on network-namespace hosts; skipped unless root)"
