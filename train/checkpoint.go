@@ -19,28 +19,36 @@ import (
 // outer steps with DiLoCo). Only the latest checkpoint's header is read.
 // Every error names train.checkpoint_dir.
 func CheckCheckpointDir(cfg config.Train) error {
-	dir := cfg.CheckpointDir
-	if dir == "" {
+	if cfg.CheckpointDir == "" {
 		return nil
-	}
-	if err := checkpointDirWritable(dir); err != nil {
-		return fmt.Errorf("train.checkpoint_dir: %w", err)
-	}
-	path, step, err := model.LatestCheckpoint(dir)
-	switch {
-	case errors.Is(err, model.ErrNoCheckpoint):
-		return nil
-	case err != nil:
-		return fmt.Errorf("train.checkpoint_dir: %w", err)
 	}
 	steps := cfg.Steps
 	if cfg.SyncEvery > 1 {
 		steps /= cfg.SyncEvery
 	}
-	if err := checkpointWithin(path, step, steps, cfg.SyncEvery); err != nil {
-		return fmt.Errorf("train.checkpoint_dir: %w", err)
+	_, err := latestWithin(cfg.CheckpointDir, steps, cfg.SyncEvery)
+	return err
+}
+
+// latestWithin checks train.checkpoint_dir dir (checkpointDirWritable)
+// and returns the path of its latest checkpoint ("" when it has none),
+// refusing one past steps (outer steps when syncEvery > 1; see
+// checkpointWithin). Every error names train.checkpoint_dir.
+func latestWithin(dir string, steps, syncEvery int) (string, error) {
+	if err := checkpointDirWritable(dir); err != nil {
+		return "", fmt.Errorf("train.checkpoint_dir: %w", err)
 	}
-	return nil
+	path, step, err := model.LatestCheckpoint(dir)
+	switch {
+	case errors.Is(err, model.ErrNoCheckpoint):
+		return "", nil
+	case err != nil:
+		return "", fmt.Errorf("train.checkpoint_dir: %w", err)
+	}
+	if err := checkpointWithin(path, step, steps, syncEvery); err != nil {
+		return "", fmt.Errorf("train.checkpoint_dir: %w", err)
+	}
+	return path, nil
 }
 
 // checkpointDirWritable creates dir when it does not exist and checks that

@@ -310,18 +310,12 @@ func (t *Trainer) resume(ctx context.Context) error {
 	if dir == "" {
 		return nil
 	}
-	if err := checkpointDirWritable(dir); err != nil {
-		return fmt.Errorf("train: train.checkpoint_dir: %w", err)
-	}
-	path, step, err := model.LatestCheckpoint(dir)
+	path, err := latestWithin(dir, t.cfg.Steps, t.cfg.SyncEvery) // t.cfg.Steps counts outer steps with DiLoCo
 	switch {
-	case errors.Is(err, model.ErrNoCheckpoint):
-		return nil
 	case err != nil:
-		return fmt.Errorf("train: resume from %s: %w", dir, err)
-	}
-	if err := checkpointWithin(path, step, t.cfg.Steps, t.cfg.SyncEvery); err != nil {
-		return fmt.Errorf("train: train.checkpoint_dir: %w", err)
+		return fmt.Errorf("train: %w", err)
+	case path == "":
+		return nil
 	}
 	c, err := model.ReadCheckpoint(path, &t.cfgHash)
 	if err != nil {
