@@ -36,6 +36,17 @@ func newCluster(ids ...string) *cluster {
 	return c
 }
 
+// commit is agree followed by every view of c committing the epoch (a
+// step completed in it).
+func (c *cluster) commit(t *testing.T, order []string) Epoch {
+	t.Helper()
+	e := c.agree(t, order)
+	for _, v := range c.views {
+		v.Commit(e.Number)
+	}
+	return e
+}
+
 // partition splits c's views into two clusters that hear only their own
 // side (their clocks start at c's), and runs both sides apart for four
 // rounds of 2 s.
@@ -732,10 +743,7 @@ func TestLoneMemberCannotVouchForItsEpoch(t *testing.T) {
 func TestQuorumCountsTheLastCommittedRing(t *testing.T) {
 	c := newCluster("a", "b", "c", "d")
 	c.round(time.Second)
-	trained := c.agree(t, []string{"a", "b", "c", "d"})
-	for _, v := range c.views {
-		v.Commit(trained.Number)
-	}
+	trained := c.commit(t, []string{"a", "b", "c", "d"})
 	// {a, b} | {c, d}, but a and b hear d a little longer than c.
 	side := &cluster{views: map[string]*View{"a": c.views["a"], "b": c.views["b"], "d": c.views["d"]}, now: c.now, seq: c.seq, down: map[string]bool{}}
 	for range 3 {
@@ -781,10 +789,7 @@ func TestQuorumCountsNewcomers(t *testing.T) {
 			slices.Sort(pair)
 			c := newCluster(survivor, crashed)
 			c.round(time.Second)
-			trained := c.agree(t, pair)
-			for _, v := range c.views {
-				v.Commit(trained.Number)
-			}
+			trained := c.commit(t, pair)
 			c.down[crashed] = true
 			for range 4 {
 				c.round(2 * time.Second)
@@ -822,10 +827,7 @@ func TestQuorumCountsNewcomers(t *testing.T) {
 func TestQuorumNewcomersDoNotMakeAMinorityAMajority(t *testing.T) {
 	c := newCluster("a", "b", "c")
 	c.round(time.Second)
-	trained := c.agree(t, []string{"a", "b", "c"})
-	for _, v := range c.views {
-		v.Commit(trained.Number)
-	}
+	trained := c.commit(t, []string{"a", "b", "c"})
 	c.down["b"], c.down["c"] = true, true
 	for range 3 {
 		c.round(2 * time.Second)
@@ -861,16 +863,10 @@ func TestQuorumNewcomersDoNotMakeAMinorityAMajority(t *testing.T) {
 func TestAdoptionNeedsQuorumAcrossAPartition(t *testing.T) {
 	c := newCluster("b", "c", "d")
 	c.round(time.Second)
-	trained := c.agree(t, []string{"b", "c", "d"})
-	for _, v := range c.views {
-		v.Commit(trained.Number)
-	}
+	trained := c.commit(t, []string{"b", "c", "d"})
 	// {b, c} | {d}
 	majority, minority := c.partition([]string{"b", "c"}, []string{"d"})
-	maj := majority.agree(t, []string{"b", "c"})
-	for _, v := range majority.views {
-		v.Commit(maj.Number)
-	}
+	maj := majority.commit(t, []string{"b", "c"})
 	d := c.views["d"]
 	if w := d.Waiting(); !strings.Contains(w, "no quorum: 1 of the 3 members") {
 		t.Fatalf("the minority's Waiting() = %q", w)
@@ -1334,10 +1330,7 @@ func TestSharedExclusionFollowsTheLatestHeartbeats(t *testing.T) {
 func TestAdoptionWithoutACommitIsUnchecked(t *testing.T) {
 	c := newCluster("a", "b")
 	c.round(time.Second)
-	trained := c.agree(t, []string{"a", "b"})
-	for _, v := range c.views {
-		v.Commit(trained.Number)
-	}
+	c.commit(t, []string{"a", "b"})
 	for _, id := range []string{"c", "d", "e", "f"} {
 		c.views[id] = NewView(hb(id, 0), testTiming, c.now)
 	}
