@@ -56,6 +56,10 @@ grep -E '^(=== RUN|\s*--- |PASS|FAIL|ok|panic)|chaos_test.go:[0-9]+: [a-z|]|^\s+
 if [ "$chaos_rc" -ne 0 ]; then
   echo "== chaos suite failed (exit $chaos_rc): the processes' last lines"
   grep -A 41 -E 'chaos_test.go:[0-9]+: .*last lines:' "$chaos_log" | cut -c 1-400 || tail -n 200 "$chaos_log"
+  echo "== where the processes still running at the failure were waiting (from a goroutine dump)"
+  awk '/goroutines waiting a minute/ {n = 1; print; next} n && /^ +\[/ {print; next} {n = 0}' "$chaos_log" | cut -c 1-400
+  echo "== the failures"
+  grep -E 'chaos_test.go:[0-9]+: ' "$chaos_log" | grep -vE 'last lines:|goroutines waiting|chaos table:' | cut -c 1-400 || true
 fi
 rm -f "$chaos_log"
 test "$chaos_rc" -eq 0

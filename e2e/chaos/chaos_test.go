@@ -257,6 +257,10 @@ func newCluster(t *testing.T, loss, extra, robust string) *cluster {
 		for _, p := range append(slices.Clone(c.peers), c.extra) {
 			if p != nil {
 				p.cmd.Process.Signal(syscall.SIGCONT)
+				dumpAt := -1
+				if t.Failed() {
+					dumpAt = p.quit()
+				}
 				p.cmd.Process.Kill()
 				<-p.done
 				if dir := os.Getenv("P2PTRAIN_CHAOS_LOGS"); dir != "" {
@@ -269,7 +273,14 @@ func newCluster(t *testing.T, loss, extra, robust string) *cluster {
 				}
 				if t.Failed() {
 					p.mu.Lock()
-					t.Logf("%s (h%d), last lines:\n%s", p.name, p.host, strings.Join(p.lines[max(0, len(p.lines)-40):], "\n"))
+					logs, dump := p.lines, []string(nil)
+					if dumpAt >= 0 {
+						logs, dump = p.lines[:dumpAt], condenseDump(p.lines[dumpAt:])
+					}
+					t.Logf("%s (h%d), last lines:\n%s", p.name, p.host, strings.Join(logs[max(0, len(logs)-40):], "\n"))
+					if len(dump) > 0 {
+						t.Logf("%s (h%d), goroutines waiting a minute or more when the case failed:\n%s", p.name, p.host, strings.Join(dump, "\n"))
+					}
 					p.mu.Unlock()
 				}
 			}
@@ -360,6 +371,68 @@ func (p *proc) read(r interface{ Read([]byte) (int, error) }) {
 		p.mu.Unlock()
 	}
 }
+
+// quit asks a process that is still running for a goroutine dump (Go's
+// SIGQUIT handler prints one and exits) and waits a few seconds for it; it
+// returns the index in p.lines where the dump starts, or -1 when the
+// process had already exited.
+func (p *proc) quit() int {
+	select {
+	case <-p.done:
+		return -1
+	default:
+	}
+	p.mu.Lock()
+	at := len(p.lines)
+	p.mu.Unlock()
+	if p.cmd.Process.Signal(syscall.SIGQUIT) != nil {
+		return -1
+	}
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+	}
+	return at
+}
+
+// condenseDump turns a Go goroutine dump into one line per goroutine of
+// this module's code that had been waiting a minute or more: its state and
+// its first frames outside the runtime, innermost first. A hung process
+// shows where it hangs without the whole dump in the CI log.
+func condenseDump(lines []string) []string {
+	const module = "github.com/p2ptrain/p2ptrain/"
+	var out []string
+	state, frames := "", []string(nil)
+	flush := func() {
+		if strings.Contains(state, "minute") && strings.Contains(strings.Join(frames, " "), module) {
+			out = append(out, strings.ReplaceAll(fmt.Sprintf("[%s] %s", state, strings.Join(frames, " < ")), module, ""))
+		}
+		state, frames = "", nil
+	}
+	for _, l := range lines {
+		if m := goroutineRe.FindStringSubmatch(l); m != nil {
+			flush()
+			state = m[1]
+			continue
+		}
+		if state == "" || strings.HasPrefix(l, "\t") || registerRe.MatchString(l) || len(frames) == 4 {
+			continue
+		}
+		fn := l
+		if i := strings.LastIndex(fn, "("); i > 0 {
+			fn = fn[:i]
+		}
+		if !strings.HasPrefix(fn, "runtime.") && !strings.HasPrefix(fn, "internal/") && !strings.HasPrefix(fn, "created by") && fn != "" {
+			frames = append(frames, fn)
+		}
+	}
+	flush()
+	return out
+}
+
+var registerRe = regexp.MustCompile(`^[a-z0-9]+ +0x[0-9a-f]+$`) // the signal's register dump
+
+var goroutineRe = regexp.MustCompile(`^goroutine \d+ [^[]*\[(.*)\]:$`)
 
 func (p *proc) signal(t *testing.T, s syscall.Signal) {
 	t.Helper()
@@ -507,6 +580,7 @@ func (c *cluster) check(t *testing.T, name string, faultAt int, from time.Time) 
 		if p.survivor {
 			m := doneRe.FindStringSubmatch(p.doneLine)
 			if m == nil {
+				p.mu.Unlock() // the cleanup prints p's lines
 				t.Fatalf("h%d: no done line (exit %v)", p.host, p.cmd.ProcessState)
 			}
 			if m[1] != fmt.Sprint(steps) {
