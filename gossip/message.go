@@ -72,6 +72,11 @@ type Heartbeat struct {
 	Seq uint64 `json:"seq"`
 	// Epoch is the ring epoch the sender has adopted (Number 0: none yet).
 	Epoch Epoch `json:"epoch"`
+	// Committed is the number of the last ring epoch in which the sender
+	// completed a step (0: none since it started). A member whose own last
+	// ring is older follows the sender's proposals on its count
+	// (View.Offer), and no member's is above its adopted epoch's.
+	Committed uint64 `json:"committed,omitempty"`
 	// WantEpoch asks the coordinator for a new epoch numbered above it (a
 	// failed round needs a fresh ring even when membership is unchanged).
 	WantEpoch uint64 `json:"want_epoch,omitempty"`
@@ -374,6 +379,7 @@ func (e *Envelope) validate(author string) error {
 			checkStrings("addrs", h.Addrs, maxAddrs),
 			checkApp(h.App),
 			h.Epoch.validate(),
+			checkCommitted(h.Committed, h.Epoch.Number),
 			checkLinks(h.Links),
 			checkStrings("excluded members", h.Excluded, maxMembers),
 			checkCompute(h.ComputeUS),
@@ -396,6 +402,16 @@ func (e *Envelope) validate(author string) error {
 		return e.Epoch.validate()
 	default:
 		return fmt.Errorf("%w: type %q does not match its body", ErrMalformed, e.Type)
+	}
+	return nil
+}
+
+// checkCommitted refuses a heartbeat whose last committed ring is above
+// the epoch it has adopted: a member commits only the epoch it holds, and
+// its epochs only grow.
+func checkCommitted(committed, adopted uint64) error {
+	if committed > adopted {
+		return fmt.Errorf("%w: committed ring epoch %d is above the adopted epoch %d", ErrMalformed, committed, adopted)
 	}
 	return nil
 }

@@ -495,6 +495,14 @@ func (v *View) adoptable(e Epoch) error {
 	if q.ok() {
 		return nil
 	}
+	if p := v.members[e.Coordinator]; p != nil && p.Committed > v.committed.Number && p.Committed < e.Number {
+		// The proposer trained in a ring newer than this member's last and
+		// proposes only with a quorum of that ring (Proposal): its count is
+		// the better informed. This member was away, or missed departures,
+		// while the others went on; counting its own stale ring it would
+		// wait for members that crashed since.
+		return nil
+	}
 	return fmt.Errorf("%w: no quorum: it lists %d of %s, %d needed", ErrEpochRejected, q.have, q.members(), q.need())
 }
 
@@ -874,6 +882,10 @@ func (v *View) Commit(number uint64) {
 		v.committed = cloneEpoch(v.epoch)
 	}
 }
+
+// Committed returns the number of the last epoch in which the local peer
+// completed a step (0: none), which its heartbeats announce.
+func (v *View) Committed() uint64 { return v.committed.Number }
 
 // quorum reports whether live holds a majority of the members of the last
 // committed ring (the current epoch before any commit), not counting those

@@ -78,6 +78,7 @@ func (c *cluster) round(d time.Duration) {
 		v.Tick(c.now)
 		h := hb(id, c.seq)
 		h.Epoch = v.Epoch()
+		h.Committed = v.Committed()
 		h.Excluded = v.OwnExclusions()
 		for other, w := range c.views {
 			if other != id && !c.down[other] {
@@ -1342,4 +1343,57 @@ func TestAdoptionWithoutACommitIsUnchecked(t *testing.T) {
 		c.round(2 * time.Second)
 	}
 	c.agree(t, []string{"a", "b", "c"})
+}
+
+// TestStaleMemberFollowsAProposerThatTrainedSince: a member away while the
+// others shrank by crashes through rings that each kept a majority of the
+// one before (6 → 5 → 3 → 2) counts its own last ring, of six, and the
+// ring of the two and itself lists only 3 of them. It adopts it all the
+// same, because the proposer announces a newer committed ring than its
+// own; a proposer that trained in no newer ring is still counted against.
+func TestStaleMemberFollowsAProposerThatTrainedSince(t *testing.T) {
+	all := []string{"a", "b", "c", "d", "e", "f"}
+	c := newCluster(all...)
+	c.round(time.Second)
+	c.commit(t, all)
+	majority, minority := c.partition(all[:5], []string{"f"})
+	majority.commit(t, all[:5])
+	for _, shrink := range [][]string{{"a", "b", "c"}, {"a", "b"}} {
+		for _, id := range all[len(shrink):5] {
+			majority.down[id] = true
+		}
+		for range 3 {
+			majority.round(2 * time.Second)
+			minority.round(2 * time.Second)
+		}
+		majority.commit(t, shrink)
+	}
+	f := c.views["f"]
+	if f.Committed() >= majority.views["a"].Committed() {
+		t.Fatalf("f committed epoch %d, the majority %d", f.Committed(), majority.views["a"].Committed())
+	}
+	// The ring of the three from a proposer that announces no newer
+	// committed ring than f's own is counted against f's ring, and refused.
+	c.now, c.seq = majority.now, max(majority.seq, minority.seq)
+	c.seq++
+	three := Epoch{Number: majority.views["a"].Epoch().Number + 1, Order: []string{"a", "b", "f"}, Coordinator: "a"}
+	h := hb("a", c.seq)
+	h.Epoch, h.Committed = three, f.Committed()
+	f.Heartbeat(h, c.now)
+	f.Offer(three, "a", c.now)
+	if got := f.Epoch(); got.Equal(three) {
+		t.Fatalf("f adopted %v from a proposer that trained in no newer ring", got.Order)
+	}
+	if _, err := f.Rejections(); err == nil || !strings.Contains(err.Error(), "no quorum: it lists 3 of the 6 members") {
+		t.Fatalf("the refusal: %v", err)
+	}
+	// Heal: f hears a and b again; c, d and e stay down.
+	c.down = majority.down
+	for range 3 {
+		c.round(time.Second)
+	}
+	c.agree(t, []string{"a", "b", "f"})
+	if w := f.Waiting(); w != "" {
+		t.Fatalf("f still waits: %q", w)
+	}
 }

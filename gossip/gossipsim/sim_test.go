@@ -259,7 +259,7 @@ func (s *sim) broadcast(from *node, env *gossip.Envelope) {
 
 func (s *sim) heartbeat(n *node) {
 	n.seq++
-	hb := gossip.Heartbeat{PeerID: n.id, Name: n.id, Version: "sim", Seq: n.seq, Epoch: n.view.Epoch(),
+	hb := gossip.Heartbeat{PeerID: n.id, Name: n.id, Version: "sim", Seq: n.seq, Epoch: n.view.Epoch(), Committed: n.view.Committed(),
 		Excluded: n.view.OwnExclusions(), Links: n.links}
 	n.view.UpdateSelf(hb, s.now)
 	s.c.heartbeats++
