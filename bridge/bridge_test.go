@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -393,3 +394,50 @@ func TestFinishAnswersWaits(t *testing.T) {
 }
 
 func float32FromBits(b uint32) float32 { return *(*float32)(unsafe.Pointer(&b)) }
+
+// TestExplainLayout: the description of another process's layout names
+// the parameters whose shapes differ, those only one side has, another
+// order and other buckets; the same layout explains to nothing.
+func TestExplainLayout(t *testing.T) {
+	desc := func(t *testing.T, params []param, buckets [][]int) []byte {
+		t.Helper()
+		l, err := parseLayout(params, buckets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.desc
+	}
+	p := func(name string, shape ...int) param { return param{Name: name, Shape: shape, DType: "float32"} }
+	mine := desc(t, []param{p("fc1.weight", 64, 784), p("fc1.bias", 64), p("fc2.weight", 10, 64)}, [][]int{{0, 1, 2}})
+	for _, c := range []struct {
+		name   string
+		theirs []byte
+		want   string
+	}{
+		{"the same", mine, ""},
+		{"a shape", desc(t, []param{p("fc1.weight", 32, 784), p("fc1.bias", 64), p("fc2.weight", 10, 64)}, [][]int{{0, 1, 2}}),
+			"fc1.weight has shape [64 784] here, [32 784] in the cluster's"},
+		{"a parameter on each side", desc(t, []param{p("fc1.weight", 64, 784), p("fc1.bias", 64), p("head.weight", 10, 64)}, [][]int{{0, 1, 2}}),
+			"fc2.weight [10 64] is only here; head.weight [10 64] is only in the cluster's"},
+		{"the order", desc(t, []param{p("fc1.bias", 64), p("fc1.weight", 64, 784), p("fc2.weight", 10, 64)}, [][]int{{0, 1, 2}}),
+			"the parameters are in another order: #0 is fc1.weight here, fc1.bias in the cluster's"},
+		{"the buckets", desc(t, []param{p("fc1.weight", 64, 784), p("fc1.bias", 64), p("fc2.weight", 10, 64)}, [][]int{{0}, {1, 2}}),
+			"grouped into other buckets (1 here, 2 in the cluster's"},
+	} {
+		got, err := explainLayout(mine, c.theirs)
+		if err != nil || c.want == "" && got != "" || !strings.Contains(got, c.want) {
+			t.Errorf("%s: %q, %v; want %q", c.name, got, err, c.want)
+		}
+	}
+	var many []param
+	for i := range 9 {
+		many = append(many, p(fmt.Sprint("x", i), 1))
+	}
+	got, err := explainLayout(mine, desc(t, many, [][]int{{0, 1, 2, 3, 4, 5, 6, 7, 8}}))
+	if err != nil || !strings.HasSuffix(got, "and 7 more differences") || strings.Count(got, ";") != maxDifferences {
+		t.Errorf("twelve differences: %q, %v", got, err)
+	}
+	if _, err := explainLayout(mine, []byte("{")); err == nil {
+		t.Error("a malformed description explained")
+	}
+}

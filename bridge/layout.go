@@ -3,9 +3,12 @@ package bridge
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
+	"strings"
 
 	"github.com/p2ptrain/p2ptrain/compress"
 	"github.com/p2ptrain/p2ptrain/train"
@@ -20,6 +23,9 @@ const (
 	maxNameLen     = 512
 	settingsPrefix = "external."
 )
+
+// LayoutKey is the cluster setting that summarises a process's layout.
+const LayoutKey = settingsPrefix + "layout"
 
 // ErrLayout: a registered layout or settings the daemon refuses.
 var ErrLayout = errors.New("bridge: layout refused")
@@ -37,6 +43,7 @@ type layout struct {
 	n       int               // values in all
 	digest  [32]byte          // of the names, shapes and buckets
 	tensors int
+	desc    []byte // Description, for a peer whose layout differs
 }
 
 // parseLayout checks a hello's params and buckets: float32 tensors with
@@ -110,7 +117,91 @@ func parseLayout(params []param, buckets [][]int) (*layout, error) {
 		}
 	}
 	h.Sum(l.digest[:0])
+	desc, err := json.Marshal(layoutDesc{Params: params, Buckets: buckets})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: describe the layout: %w", err)
+	}
+	l.desc = desc
 	return l, nil
+}
+
+// layoutDesc is a layout as another peer reads it (the layout protocol):
+// the parameters in the process's order and the buckets of their indices.
+type layoutDesc struct {
+	Params  []param `json:"params"`
+	Buckets [][]int `json:"buckets"`
+}
+
+// maxDifferences bounds the differences ExplainLayout names.
+const maxDifferences = 5
+
+// ExplainLayout names how a layout description from another peer (the
+// layout protocol: Learner.Layout there) differs from this process's:
+// parameters that only one side has, shapes that differ, another order or
+// other buckets. It returns "" when they are the same, and an error when
+// theirs is not a layout description.
+func (l *Learner) ExplainLayout(theirs []byte) (string, error) {
+	return explainLayout(l.lay.desc, theirs)
+}
+
+// Layout returns this process's layout description, which a peer whose
+// layout differs fetches to name the difference (ExplainLayout).
+func (l *Learner) Layout() []byte { return l.lay.desc }
+
+func explainLayout(mineJSON, theirsJSON []byte) (string, error) {
+	var mine, theirs layoutDesc
+	if err := json.Unmarshal(mineJSON, &mine); err != nil {
+		return "", fmt.Errorf("bridge: this process's layout description: %w", err)
+	}
+	if err := json.Unmarshal(theirsJSON, &theirs); err != nil {
+		return "", fmt.Errorf("bridge: the peer's layout description: %w", err)
+	}
+	shape := func(p param) string {
+		if p.DType != "" && p.DType != "float32" {
+			return fmt.Sprintf("%v %s", p.Shape, p.DType)
+		}
+		return fmt.Sprint(p.Shape)
+	}
+	index := func(ps []param) map[string]int {
+		m := make(map[string]int, len(ps))
+		for i, p := range ps {
+			m[p.Name] = i
+		}
+		return m
+	}
+	mi, ti := index(mine.Params), index(theirs.Params)
+	var diffs []string
+	for _, p := range mine.Params {
+		j, ok := ti[p.Name]
+		switch {
+		case !ok:
+			diffs = append(diffs, fmt.Sprintf("%s %s is only here", p.Name, shape(p)))
+		case shape(p) != shape(theirs.Params[j]):
+			diffs = append(diffs, fmt.Sprintf("%s has shape %s here, %s in the cluster's", p.Name, shape(p), shape(theirs.Params[j])))
+		}
+	}
+	for _, p := range theirs.Params {
+		if _, ok := mi[p.Name]; !ok {
+			diffs = append(diffs, fmt.Sprintf("%s %s is only in the cluster's", p.Name, shape(p)))
+		}
+	}
+	if len(diffs) == 0 {
+		for i := range min(len(mine.Params), len(theirs.Params)) {
+			if mine.Params[i].Name != theirs.Params[i].Name {
+				diffs = append(diffs, fmt.Sprintf("the parameters are in another order: #%d is %s here, %s in the cluster's",
+					i, mine.Params[i].Name, theirs.Params[i].Name))
+				break
+			}
+		}
+	}
+	if len(diffs) == 0 && !slices.EqualFunc(mine.Buckets, theirs.Buckets, slices.Equal) {
+		diffs = append(diffs, fmt.Sprintf("the parameters are grouped into other buckets (%d here, %d in the cluster's; the bucket size differs)",
+			len(mine.Buckets), len(theirs.Buckets)))
+	}
+	if len(diffs) > maxDifferences {
+		diffs = append(diffs[:maxDifferences], fmt.Sprintf("and %d more differences", len(diffs)-maxDifferences))
+	}
+	return strings.Join(diffs, "; "), nil
 }
 
 // settingsOf returns the cluster settings of a process: its layout's
@@ -120,7 +211,7 @@ func settingsOf(l *layout, own map[string]string) (train.Settings, error) {
 		return nil, fmt.Errorf("%w: %d settings (at most %d)", ErrLayout, len(own), maxSettings)
 	}
 	s := train.Settings{
-		settingsPrefix + "layout": fmt.Sprintf("%d tensors, %d values, %d buckets, sha256 %x", l.tensors, l.n, len(l.buckets), l.digest[:8]),
+		LayoutKey: fmt.Sprintf("%d tensors, %d values, %d buckets, sha256 %x", l.tensors, l.n, len(l.buckets), l.digest[:8]),
 	}
 	for k, v := range own {
 		if !settingKey.MatchString(k) || len(v) > maxSettingLen {

@@ -314,22 +314,46 @@ func TestTorchBridgeRefusesOtherSettings(t *testing.T) {
 	requireTorch(t)
 	a := startTorchPeer(t, torchRun{steps: 20, minPeers: 2})
 	b := startTorchPeer(t, torchRun{steps: 20, minPeers: 2, boot: a.d.addr, script: []string{"--lr", "0.1"}})
-	var loser *torchPeer
-	for loser == nil {
-		select {
-		case <-a.d.done:
-			loser = a
-		case <-b.d.done:
-			loser = b
-		case <-time.After(2 * time.Minute):
-			t.Fatal("neither daemon refused the other's settings")
-		}
-	}
-	<-loser.done
+	loser := firstToStop(t, a, b)
 	if d := loser.d.stder.String(); loser.d.err == nil || !strings.Contains(d, "external.lr") {
 		t.Fatalf("the refused daemon exited with %v and did not name external.lr:\n%s", loser.d.err, d)
 	}
 	if s := loser.stderr.String(); !strings.Contains(s, "LayoutMismatch") || !strings.Contains(s, "external.lr") {
 		t.Fatalf("the refused script did not raise LayoutMismatch naming external.lr:\n%s", s)
 	}
+}
+
+// TestTorchBridgeNamesTheParameterThatDiffers: scripts whose models differ
+// do not train together, and the one in the minority stops naming the
+// parameter whose shape differs, which its daemon learnt from a peer that
+// holds the cluster's layout.
+func TestTorchBridgeNamesTheParameterThatDiffers(t *testing.T) {
+	requireTorch(t)
+	a := startTorchPeer(t, torchRun{steps: 20, minPeers: 2, script: []string{"--model", "mlp", "--hidden", "32"}})
+	b := startTorchPeer(t, torchRun{steps: 20, minPeers: 2, boot: a.d.addr, script: []string{"--model", "mlp", "--hidden", "48"}})
+	loser := firstToStop(t, a, b)
+	want := regexp.MustCompile(`the layouts differ: 0\.weight has shape \[(32|48) 784\] here, \[(32|48) 784\] in the cluster's`)
+	if d := loser.d.stder.String(); loser.d.err == nil || !want.MatchString(d) {
+		t.Fatalf("the refused daemon exited with %v and did not name the parameter:\n%s", loser.d.err, d)
+	}
+	if s := loser.stderr.String(); !strings.Contains(s, "LayoutMismatch") || !want.MatchString(s) {
+		t.Fatalf("the refused script did not raise LayoutMismatch naming the parameter:\n%s", s)
+	}
+}
+
+// firstToStop returns whichever of a and b saw its daemon exit first,
+// once its script has exited too.
+func firstToStop(t *testing.T, a, b *torchPeer) *torchPeer {
+	t.Helper()
+	var loser *torchPeer
+	select {
+	case <-a.d.done:
+		loser = a
+	case <-b.d.done:
+		loser = b
+	case <-time.After(2 * time.Minute):
+		t.Fatal("neither daemon refused the other")
+	}
+	<-loser.done
+	return loser
 }

@@ -84,6 +84,22 @@ func (n *Node) ServeState(src func(from string, step uint64) ([]byte, error)) {
 	n.state.SetSource(src)
 }
 
+// ServeLayout serves this peer's layout description from src (nil stops
+// serving): an external trainer's parameters, which a peer whose own differ
+// fetches to name the difference.
+func (n *Node) ServeLayout(src func(from string) ([]byte, error)) {
+	n.state.SetLayoutSource(src)
+}
+
+// FetchLayout downloads peer p's layout description (statesync.FetchLayout).
+func (n *Node) FetchLayout(ctx context.Context, p string) ([]byte, error) {
+	id, err := n.stateSource(p)
+	if err != nil {
+		return nil, err
+	}
+	return statesync.FetchLayout(ctx, n.host, id)
+}
+
 // ServeStageState serves pipeline stages' states from src (nil stops serving).
 func (n *Node) ServeStageState(src func(from string, step uint64, stage int) ([]byte, error)) {
 	n.state.SetStageSource(src)

@@ -80,21 +80,34 @@ func (s Settings) resumeHash() [32]byte {
 }
 
 // diff lists the keys whose values differ between s and o, as
-// "key = mine (theirs)", sorted by key.
+// "key = mine here, theirs there", sorted by key.
 func (s Settings) diff(o Settings) []string {
 	var out []string
-	for k, v := range s {
-		if w := o[k]; w != v {
-			out = append(out, fmt.Sprintf("%s = %s here, %s there", k, v, w))
+	for _, k := range s.differing(o) {
+		v, ok := s[k]
+		if !ok {
+			v = "(unknown here)"
 		}
+		out = append(out, fmt.Sprintf("%s = %s here, %s there", k, v, o[k]))
 	}
-	for k, w := range o {
-		if _, ok := s[k]; !ok {
-			out = append(out, fmt.Sprintf("%s = (unknown here), %s there", k, w))
-		}
-	}
-	slices.Sort(out)
 	return out
+}
+
+// differing returns the keys whose values differ between s and o, sorted.
+func (s Settings) differing(o Settings) []string {
+	var keys []string
+	for k, v := range s {
+		if w, ok := o[k]; !ok || w != v {
+			keys = append(keys, k)
+		}
+	}
+	for k := range o {
+		if _, ok := s[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 func (s Settings) equal(o Settings) bool { return len(s.diff(o)) == 0 }
@@ -102,9 +115,25 @@ func (s Settings) equal(o Settings) bool { return len(s.diff(o)) == 0 }
 // ErrSettingsDiffer: this peer's training settings are not the cluster's (its error names the keys).
 var ErrSettingsDiffer = errors.New("train: this peer's training settings differ from the cluster's")
 
+// SettingsError is the error of a peer whose settings are not the
+// cluster's; errors.Is(err, ErrSettingsDiffer) holds for it.
+type SettingsError struct {
+	// Keys are the keys whose values differ, sorted.
+	Keys []string
+	// Holder is a member that holds the cluster's settings, to ask for more
+	// about them (an external trainer's layout: node.Node.FetchLayout).
+	Holder string
+	msg    string
+}
+
+func (e *SettingsError) Error() string { return e.msg }
+
+// Unwrap returns ErrSettingsDiffer.
+func (e *SettingsError) Unwrap() error { return ErrSettingsDiffer }
+
 // checkSettings compares the settings every member of ep announced. The
 // settings most members hold win (ties: the coordinator's). A peer in the
-// minority gets an error wrapping ErrSettingsDiffer that names the keys; a
+// minority gets a *SettingsError that names the keys; a
 // peer in the majority gets a plain error and the peers that differ (it
 // excludes them: they run another job).
 func checkSettings(mine Settings, self string, members []gossip.Member, ep gossip.Epoch) (odd []string, err error) {
@@ -124,11 +153,11 @@ func checkSettings(mine Settings, self string, members []gossip.Member, ep gossi
 		return n
 	}
 	var best Settings
-	bestN := -1
+	bestN, holder := -1, ""
 	for _, p := range append([]string{ep.Coordinator}, ep.Order...) {
 		if s := held[p]; s != nil {
 			if n := support(s); n > bestN {
-				best, bestN = s, n
+				best, bestN, holder = s, n, p
 			}
 		}
 	}
@@ -147,7 +176,8 @@ func checkSettings(mine Settings, self string, members []gossip.Member, ep gossi
 		}
 		return odd, fmt.Errorf("train: members %s announce other training settings%s; training without them", strings.Join(odd, ", "), why)
 	}
-	return nil, fmt.Errorf("%w (the cluster's are held by %d of the epoch's %d members%s): %s", ErrSettingsDiffer, bestN, len(ep.Order), tieNote(bestN, len(ep.Order)), strings.Join(mine.diff(best), "; "))
+	return nil, &SettingsError{Keys: mine.differing(best), Holder: holder,
+		msg: fmt.Sprintf("%v (the cluster's are held by %d of the epoch's %d members%s): %s", ErrSettingsDiffer, bestN, len(ep.Order), tieNote(bestN, len(ep.Order)), strings.Join(mine.diff(best), "; "))}
 }
 
 // tieNote explains, for a settings conflict that n of w members decided,

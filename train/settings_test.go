@@ -78,6 +78,10 @@ func TestCheckSettings(t *testing.T) {
 	if !errors.Is(err, ErrSettingsDiffer) || !strings.Contains(err.Error(), "train.momentum = 0.5 here, 0.9 there") {
 		t.Fatalf("minority (the coordinator): %v", err)
 	}
+	var se *SettingsError
+	if !errors.As(err, &se) || !slices.Equal(se.Keys, []string{"train.momentum"}) || se.Holder != "b" {
+		t.Fatalf("minority: %#v; want the key and b, a holder of the cluster's settings", err)
+	}
 	exclude, err := checkSettings(good, "b", members, ep)
 	if err == nil || errors.Is(err, ErrSettingsDiffer) || !slices.Equal(exclude, []string{"a"}) {
 		t.Fatalf("majority: %v, %v; want an error and a to exclude", err, exclude)

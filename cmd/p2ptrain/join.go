@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/gologshim"
@@ -262,6 +263,8 @@ func runExternal(ctx context.Context, n *node.Node, cfg config.Config, opts trai
 	if err != nil {
 		return train.Result{}, err
 	}
+	n.ServeLayout(func(string) ([]byte, error) { return l.Layout(), nil })
+	defer n.ServeLayout(nil)
 	tr, err := train.NewWithLearner(n, l, cfg.Train, cfg.Allreduce, opts)
 	if err != nil {
 		l.Finish(err, finishLinger)
@@ -270,9 +273,36 @@ func runExternal(ctx context.Context, n *node.Node, cfg config.Config, opts trai
 	}
 	defer tr.Close()
 	res, err := tr.Run(ctx)
+	err = explainLayout(ctx, n, l, err, opts.Log)
 	l.Finish(err, finishLinger)
 	return res, err
 }
+
+// explainLayout adds to err, when it is a settings error over the training
+// process's layout, which parameters differ: it fetches the layout of a
+// member that holds the cluster's (train.SettingsError.Holder). When that
+// fails it logs why and returns err as it was.
+func explainLayout(ctx context.Context, n *node.Node, l *bridge.Learner, err error, log *zap.Logger) error {
+	var se *train.SettingsError
+	if !errors.As(err, &se) || se.Holder == "" || !slices.Contains(se.Keys, bridge.LayoutKey) {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, layoutFetchTimeout)
+	defer cancel()
+	theirs, ferr := n.FetchLayout(ctx, se.Holder)
+	why := ""
+	if ferr == nil {
+		why, ferr = l.ExplainLayout(theirs)
+	}
+	if ferr != nil || why == "" {
+		log.Warn("could not learn which parameters differ from the cluster's", zap.String("from", se.Holder), zap.Error(ferr))
+		return err
+	}
+	return fmt.Errorf("%w; the layouts differ: %s", err, why)
+}
+
+// layoutFetchTimeout bounds fetching the cluster's layout to explain a mismatch.
+const layoutFetchTimeout = 10 * time.Second
 
 // finishLinger bounds the wait for the training process to hear that the
 // run is over before the daemon exits.

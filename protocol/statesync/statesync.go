@@ -1,8 +1,11 @@
 // Package statesync implements the state protocol (/p2ptrain/state/1.0.0),
 // which hands a peer's training state to a joiner or to a peer that fell
-// behind, and the stage-state protocol (/p2ptrain/stage-state/1.0.0),
-// which hands one pipeline stage's state, named by the client, to a peer
-// that joins a pipeline's stages into another layout.
+// behind, the stage-state protocol (/p2ptrain/stage-state/1.0.0), which
+// hands one pipeline stage's state, named by the client, to a peer that
+// joins a pipeline's stages into another layout, and the layout protocol
+// (/p2ptrain/layout/1.0.0), which hands a description of what a peer's
+// state holds (an external trainer's parameter names and shapes) to a peer
+// whose own differs, so that it can name the difference.
 package statesync
 
 import (
@@ -23,7 +26,8 @@ import (
 )
 
 // The client writes the 8-byte little-endian step it wants (the stage-state
-// protocol: then the 4-byte little-endian stage); the server answers a
+// protocol: then the 4-byte little-endian stage; the layout protocol:
+// nothing); the server answers a
 // status byte, then on success an 8-byte length, the state bytes and their
 // SHA-256.
 
@@ -43,9 +47,13 @@ const (
 // ID is the state protocol's libp2p protocol ID, StageID the stage-state
 // protocol's.
 const (
-	ID      protocol.ID = "/p2ptrain/state/1.0.0"
-	StageID protocol.ID = "/p2ptrain/stage-state/1.0.0"
+	ID       protocol.ID = "/p2ptrain/state/1.0.0"
+	StageID  protocol.ID = "/p2ptrain/stage-state/1.0.0"
+	LayoutID protocol.ID = "/p2ptrain/layout/1.0.0"
 )
+
+// MaxLayoutBytes bounds a transferred layout description.
+const MaxLayoutBytes = 64 << 20
 
 // MaxStage bounds the stage a stage-state request names.
 const MaxStage = 1 << 16
@@ -71,10 +79,15 @@ type Server struct {
 	h   host.Host
 	log *zap.Logger
 
-	mu       sync.Mutex
-	src      Source
-	stageSrc StageSource
+	mu        sync.Mutex
+	src       Source
+	stageSrc  StageSource
+	layoutSrc LayoutSource
 }
+
+// LayoutSource returns the description of this peer's layout for the peer
+// from, or ErrUnavailable while it has none.
+type LayoutSource func(from string) ([]byte, error)
 
 // NewServer returns a server on h that serves nothing until SetSource.
 func NewServer(h host.Host, log *zap.Logger) *Server { return &Server{h: h, log: log} }
@@ -93,6 +106,14 @@ func (srv *Server) SetStageSource(src StageSource) {
 	srv.stageSrc = src
 	srv.mu.Unlock()
 	srv.handle(StageID, src != nil, srv.serveStage)
+}
+
+// SetLayoutSource serves the layout description from src (nil stops).
+func (srv *Server) SetLayoutSource(src LayoutSource) {
+	srv.mu.Lock()
+	srv.layoutSrc = src
+	srv.mu.Unlock()
+	srv.handle(LayoutID, src != nil, srv.serveLayout)
 }
 
 // handle sets protocol id's handler to h, or removes it when not on.
@@ -135,6 +156,19 @@ func (srv *Server) serveStage(s network.Stream) {
 	})
 }
 
+func (srv *Server) serveLayout(s network.Stream) {
+	srv.answer(s, 0, func(from string, _ []byte) ([]byte, uint64, error) {
+		srv.mu.Lock()
+		src := srv.layoutSrc
+		srv.mu.Unlock()
+		if src == nil {
+			return nil, 0, errNoSource
+		}
+		b, err := src(from)
+		return b, 0, err
+	})
+}
+
 // errNoSource: the server serves no state of that kind.
 var errNoSource = errors.New("statesync: no state served")
 
@@ -172,7 +206,11 @@ func (srv *Server) answer(s network.Stream, reqLen int, get func(from string, re
 			return
 		}
 	}
-	srv.log.Info("sent training state", zap.Stringer("peer", s.Conn().RemotePeer()), zap.Uint64("step", step), zap.Int("bytes", len(b)),
+	what := "sent training state"
+	if s.Protocol() == LayoutID {
+		what = "sent the layout description"
+	}
+	srv.log.Info(what, zap.Stringer("peer", s.Conn().RemotePeer()), zap.Uint64("step", step), zap.Int("bytes", len(b)),
 		zap.String("protocol", string(s.Protocol())))
 }
 
@@ -193,6 +231,12 @@ func FetchStage(ctx context.Context, h host.Host, p peer.ID, step uint64, stage 
 	return fetch(ctx, h, p, StageID, req, step, max)
 }
 
+// FetchLayout downloads peer p's layout description over h (the layout
+// protocol), as Fetch does, refusing more than MaxLayoutBytes.
+func FetchLayout(ctx context.Context, h host.Host, p peer.ID) ([]byte, error) {
+	return fetch(ctx, h, p, LayoutID, nil, 0, MaxLayoutBytes)
+}
+
 // fetch sends req on a stream of protocol proto to p and reads the state
 // it answers.
 func fetch(ctx context.Context, h host.Host, p peer.ID, proto protocol.ID, req []byte, step, max uint64) ([]byte, error) {
@@ -208,8 +252,10 @@ func fetch(ctx context.Context, h host.Host, p peer.ID, proto protocol.ID, req [
 	stop := context.AfterFunc(ctx, func() { s.Reset() })
 	defer stop()
 	defer s.Close()
-	if _, err := s.Write(req); err != nil {
-		return nil, fmt.Errorf("statesync: request state from %s: %w", p, err)
+	if len(req) > 0 {
+		if _, err := s.Write(req); err != nil {
+			return nil, fmt.Errorf("statesync: request state from %s: %w", p, err)
+		}
 	}
 	var hdr [9]byte
 	if _, err := io.ReadFull(s, hdr[:1]); err != nil {

@@ -88,3 +88,34 @@ func TestFetchStage(t *testing.T) {
 		t.Error("fetched a stage from a server that serves none")
 	}
 }
+
+// TestFetchLayout: the layout description arrives whole, from a server
+// that serves it apart from the states; one that serves none is an error.
+func TestFetchLayout(t *testing.T) {
+	srv, cli := p2ptest.Host(t), p2ptest.Host(t)
+	p2ptest.Connect(t, srv, cli)
+	s := NewServer(srv, zaptest.NewLogger(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := FetchLayout(ctx, cli, srv.ID()); err == nil {
+		t.Fatal("fetched a layout from a server that serves none")
+	}
+	layout := []byte(`{"params":[{"name":"fc.weight","shape":[10,64]}]}`)
+	s.SetLayoutSource(func(from string) ([]byte, error) {
+		if from != cli.ID().String() {
+			return nil, fmt.Errorf("%w: %s", ErrRefused, from)
+		}
+		return layout, nil
+	})
+	got, err := FetchLayout(ctx, cli, srv.ID())
+	if err != nil || !bytes.Equal(got, layout) {
+		t.Fatalf("FetchLayout = %q, %v", got, err)
+	}
+	if _, err := Fetch(ctx, cli, srv.ID(), 0, 0); err == nil {
+		t.Error("the layout source served a state")
+	}
+	s.SetLayoutSource(nil)
+	if _, err := FetchLayout(ctx, cli, srv.ID()); err == nil {
+		t.Error("fetched a layout after the source stopped")
+	}
+}
