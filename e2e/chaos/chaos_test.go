@@ -257,7 +257,12 @@ func newCluster(t *testing.T, loss, extra, robust string) *cluster {
 		for _, p := range append(slices.Clone(c.peers), c.extra) {
 			if p != nil {
 				p.cmd.Process.Signal(syscall.SIGCONT)
-				dumpAt := -1
+				dumpAt, state := -1, "still running when the case ended"
+				select {
+				case <-p.done:
+					state = fmt.Sprintf("exited by itself (%v)", p.cmd.ProcessState)
+				default:
+				}
 				if t.Failed() {
 					dumpAt = p.quit()
 				}
@@ -277,7 +282,7 @@ func newCluster(t *testing.T, loss, extra, robust string) *cluster {
 					if dumpAt >= 0 {
 						logs, dump = p.lines[:dumpAt], condenseDump(p.lines[dumpAt:])
 					}
-					t.Logf("%s (h%d), last lines:\n%s", p.name, p.host, strings.Join(logs[max(0, len(logs)-40):], "\n"))
+					t.Logf("%s (h%d), %s; last lines:\n%s", p.name, p.host, state, strings.Join(logs[max(0, len(logs)-40):], "\n"))
 					if len(dump) > 0 {
 						t.Logf("%s (h%d), goroutines waiting a minute or more when the case failed:\n%s", p.name, p.host, strings.Join(dump, "\n"))
 					}
