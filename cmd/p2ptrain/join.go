@@ -85,7 +85,8 @@ func addPeerFlags(fs *flag.FlagSet) *peerFlags {
 func (p *peerFlags) resolve() (config.Config, error) {
 	cfg, err := loadConfig(p.config)
 	var unknown unknownKeys
-	oerr := applyOverrides(&cfg, os.Environ(), p.sets)
+	src := sources{}
+	oerr := applyOverrides(&cfg, os.Environ(), p.sets, src)
 	if err != nil && !errors.As(err, &unknown) {
 		// Without the file's settings the rest cannot be checked meaningfully.
 		return cfg, usageError{errors.Join(err, oerr)}
@@ -120,7 +121,12 @@ func (p *peerFlags) resolve() (config.Config, error) {
 			apply()
 		}
 	}
-	errs := []error{oerr, cfg.Validate(), preflight(cfg)}
+	for name := range set {
+		if key, ok := flagKeys[name]; ok {
+			src[key] = "--" + name
+		}
+	}
+	errs := []error{oerr, src.annotate(cfg.Validate()), preflight(cfg)}
 	if unknown != nil {
 		errs = append([]error{fmt.Errorf("%s: %w", p.config, unknown)}, errs...)
 	}
@@ -128,6 +134,29 @@ func (p *peerFlags) resolve() (config.Config, error) {
 		return cfg, usageError{fmt.Errorf("invalid configuration:\n%w", err)}
 	}
 	return cfg, nil
+}
+
+// flagKeys are the configuration keys that join's named flags set.
+var flagKeys = map[string]string{
+	"swarm-key":    "node.swarm_key",
+	"identity":     "node.identity",
+	"api":          "node.api",
+	"api-public":   "node.api_public",
+	"name":         "node.name",
+	"cluster":      "node.cluster",
+	"open":         "node.open",
+	"mdns":         "node.mdns",
+	"log-level":    "log.level",
+	"log-format":   "log.format",
+	"model":        "train.model",
+	"codec":        "allreduce.codec",
+	"steps":        "train.steps",
+	"min-peers":    "train.min_peers",
+	"trainer":      "train.trainer",
+	"socket":       "train.socket",
+	"metrics-file": "log.metrics_file",
+	"bootstrap":    "node.bootstrap",
+	"listen":       "node.listen",
 }
 
 // newLogger builds the process logger on stderr and routes libp2p's logs into it.

@@ -97,8 +97,9 @@ func configKeys() []configKey {
 // (environ holds NAME=VALUE entries, as os.Environ returns them), then from
 // sets (--set's section.key=value arguments, later ones winning), and
 // returns every problem at once: unknown keys, malformed assignments and
-// values the key's type does not take.
-func applyOverrides(cfg *config.Config, environ, sets []string) error {
+// values the key's type does not take. It records in src where each key
+// it set came from (the variable, or the --set argument).
+func applyOverrides(cfg *config.Config, environ, sets []string, src sources) error {
 	keys := configKeys()
 	byName := make(map[string]configKey, len(keys))
 	byEnv := make(map[string]configKey, len(keys))
@@ -120,6 +121,7 @@ func applyOverrides(cfg *config.Config, environ, sets []string) error {
 			continue
 		}
 		errs = append(errs, k.set(cfg, val, name+"="+val))
+		src[k.name] = "environment variable " + name
 	}
 	for _, s := range sets {
 		name, val, ok := strings.Cut(s, "=")
@@ -132,9 +134,38 @@ func applyOverrides(cfg *config.Config, environ, sets []string) error {
 			errs = append(errs, fmt.Errorf("--set %s: unknown key %q%s", s, name, suggest(keys, name, dotted, " (config.toml lists every key)")))
 		default:
 			errs = append(errs, k.set(cfg, val, "--set "+s))
+			src[k.name] = "--set " + s
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// sources records where configuration keys that did not come from the
+// file came from, by dotted key: "environment variable P2PTRAIN_TRAIN_STEPS",
+// "--set train.steps=5", "--steps".
+type sources map[string]string
+
+// annotate appends to each of Validate's errors whose key (the text before
+// its first ": ", less an index such as "[0]") did not come from the file
+// where it came from, so that a value from a forgotten environment variable
+// is not taken for the file's.
+func (src sources) annotate(err error) error {
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok || len(src) == 0 {
+		return err
+	}
+	var out []error
+	for _, e := range joined.Unwrap() {
+		key, _, _ := strings.Cut(e.Error(), ": ")
+		if i := strings.IndexByte(key, '['); i > 0 {
+			key = key[:i]
+		}
+		if from, ok := src[key]; ok {
+			e = fmt.Errorf("%w (set by %s)", e, from)
+		}
+		out = append(out, e)
+	}
+	return errors.Join(out...)
 }
 
 // suggest names the keys a mistyped name may have meant, as a remark to

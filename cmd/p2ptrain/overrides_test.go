@@ -151,6 +151,47 @@ func TestOverrideErrors(t *testing.T) {
 	}
 }
 
+// TestValidationNamesTheSource: a value Validate refuses that came from an
+// environment variable, --set or a flag says where it came from; one from
+// the file says nothing more. Every flag's key is a configuration key.
+func TestValidationNamesTheSource(t *testing.T) {
+	t.Setenv(envPrefix+"GOSSIP_HEARTBEAT", "5")
+	file := writeFile(t, "c.toml", "[train]\nlr = -1.0\n")
+	_, err := resolveArgs(t, append(slices.Clone(loopback), "--config", file, "--set", "train.momentum=7", "--min-peers", "-2")...)
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{
+		"gossip.heartbeat: 5ns is below 10ms",
+		"(set by environment variable P2PTRAIN_GOSSIP_HEARTBEAT)",
+		"(set by --set train.momentum=7)",
+		"(set by --min-peers)",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v\nwant it to contain %q", err, want)
+		}
+	}
+	for _, line := range strings.Split(err.Error(), "\n") {
+		if strings.HasPrefix(line, "train.lr:") && strings.Contains(line, "set by") {
+			t.Errorf("the file's value is said to come from elsewhere: %s", line)
+		}
+	}
+	if !strings.Contains(err.Error(), "train.lr:") {
+		t.Errorf("the file's bad train.lr is not reported: %v", err)
+	}
+	keys := map[string]bool{}
+	for _, k := range configKeys() {
+		keys[k.name] = true
+	}
+	fs := newFlagSet("join", io.Discard)
+	addPeerFlags(fs)
+	for name, key := range flagKeys {
+		if !keys[key] || fs.Lookup(name) == nil {
+			t.Errorf("flagKeys: --%s sets %q, which is not a flag and a configuration key", name, key)
+		}
+	}
+}
+
 // TestOverrideStages: train.pipeline_stages takes "auto" and integers from
 // --set and the environment, as from the file.
 func TestOverrideStages(t *testing.T) {
