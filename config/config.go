@@ -573,6 +573,10 @@ func (c *Config) Validate() error {
 			bad("node.api", "%q: port %s is not a number in 0..65535", c.Node.API, port)
 		case !c.Node.APIPublic && !loopbackHost(host):
 			bad("node.api", "%q is not a loopback address; the API has no authentication: set node.api_public = true (--api-public) to serve it there anyway", c.Node.API)
+		default:
+			if s, ok := listensOn(c.Node.Listen, host, port); ok {
+				bad("node.api", "%q takes the TCP port that node.listen's %s takes: give the API another port (or \"\" to turn it off)", c.Node.API, s)
+			}
 		}
 	}
 	if c.Node.MaxPeers < 1 || c.Node.MaxPeers > 1024 {
@@ -672,6 +676,38 @@ func ParseListenAddr(s string) (ma.Multiaddr, error) {
 		return nil, fmt.Errorf("%q is not a plain TCP address: write /ip4/HOST/tcp/PORT, /ip6/HOST/tcp/PORT or /dns4/NAME/tcp/PORT and nothing after it (e.g. /ip4/0.0.0.0/tcp/4001)", s)
 	}
 	return a, nil
+}
+
+// listensOn returns the node.listen address that surely takes TCP port
+// port on host as well, if any (the same address family, and one of them
+// on all addresses or both on the same one; an API host of "" is every
+// address of both families): the API could not bind it.
+// Port 0 (any free port) and DNS names clash with none.
+func listensOn(listen []string, host, port string) (string, bool) {
+	if host == "localhost" {
+		host = "127.0.0.1"
+	}
+	ip := net.ParseIP(host)
+	all := host == "" // every address of both families
+	if port == "0" || ip == nil && !all {
+		return "", false
+	}
+	for _, s := range listen {
+		a, err := ParseListenAddr(s)
+		if err != nil {
+			continue
+		}
+		lport, _ := a.ValueForProtocol(ma.P_TCP)
+		lhost, _ := a.ValueForProtocol(a[0].Code())
+		lip := net.ParseIP(lhost)
+		if lport != port || lip == nil || !all && (lip.To4() == nil) != (ip.To4() == nil) {
+			continue
+		}
+		if all || lip.IsUnspecified() || ip.IsUnspecified() || lip.Equal(ip) {
+			return s, true
+		}
+	}
+	return "", false
 }
 
 // validPort reports whether port (from HOST:PORT) is a TCP port number.

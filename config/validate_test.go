@@ -166,6 +166,18 @@ func TestAddressesAreValidated(t *testing.T) {
 			c.Node.Announce = []string{"/ip4/203.0.113.7/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN"}
 		}, "node.announce[0]: \"/ip4/203.0.113.7/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN\" ends in /p2p/...", ""},
 		{"announce dns", func(c *Config) { c.Node.Announce = []string{"/dns4/example.org/tcp/4001"} }, "", ""},
+		{"api on the listen port", func(c *Config) {
+			c.Node.API, c.Node.Listen = "127.0.0.1:4001", []string{"/ip4/0.0.0.0/tcp/4001"}
+			c.Node.Open = true
+		}, `node.api: "127.0.0.1:4001" takes the TCP port that node.listen's /ip4/0.0.0.0/tcp/4001 takes`, ""},
+		{"api localhost on the listen port", func(c *Config) { c.Node.API, c.Node.Listen = "localhost:4001", []string{"/ip4/127.0.0.1/tcp/4001"} },
+			`node.api: "localhost:4001" takes the TCP port`, ""},
+		{"api on all addresses, the listen port", func(c *Config) {
+			c.Node.API, c.Node.APIPublic, c.Node.Listen = ":4001", true, []string{"/ip4/127.0.0.1/tcp/4001"}
+		}, `node.api: ":4001" takes the TCP port`, ""},
+		{"api beside the listen port", func(c *Config) { c.Node.API, c.Node.Listen = "127.0.0.1:4001", []string{"/ip4/127.0.0.2/tcp/4001"} }, "", ""},
+		{"api on another family", func(c *Config) { c.Node.API, c.Node.Listen = "[::1]:4001", []string{"/ip4/127.0.0.1/tcp/4001"} }, "", ""},
+		{"api and listen on port 0", func(c *Config) { c.Node.API, c.Node.Listen = "127.0.0.1:0", []string{"/ip4/127.0.0.1/tcp/0"} }, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := validBase(t)
