@@ -2,8 +2,10 @@ package data
 
 import (
 	"compress/gzip"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"strings"
@@ -142,9 +144,11 @@ func checkFashion(dir string, fit func(path string, dims []int) error) error {
 }
 
 // idxFileDims returns the dimensions the header of IDX file p (plain or
-// gzip-compressed) declares. An uncompressed file must hold exactly the
-// bytes its header declares (ReadIDX's verdict, from the file's size); a
-// compressed one is not decompressed past its header.
+// gzip-compressed) declares. A file must hold exactly the bytes its header
+// declares (ReadIDX's verdict): an uncompressed one by its size, a
+// compressed one by the size its gzip trailer records, and only when that
+// disagrees (a truncated download, or several gzip members) by
+// decompressing it whole.
 func idxFileDims(p string) ([]int, error) {
 	f, err := os.Open(p)
 	if err != nil {
@@ -160,12 +164,16 @@ func idxFileDims(p string) ([]int, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
-	if _, compressed := s.(*gzip.Reader); !compressed {
+	want := int64(4+4*len(dims)) + int64(total)
+	if _, compressed := s.(*gzip.Reader); compressed {
+		if err := checkGzipSize(f, s, p, dims, want); err != nil {
+			return nil, err
+		}
+	} else {
 		st, err := f.Stat()
 		if err != nil {
 			return nil, fmt.Errorf("data: %w", err)
 		}
-		want := int64(4+4*len(dims)) + int64(total)
 		switch size := st.Size(); {
 		case size < want:
 			return nil, fmt.Errorf("%s: %w: truncated: the file has %d bytes, its header %v declares %d", p, ErrBadIDX, size, dims, want)
@@ -174,6 +182,33 @@ func idxFileDims(p string) ([]int, error) {
 		}
 	}
 	return dims, nil
+}
+
+// checkGzipSize checks that gzip-compressed IDX file p (f, whose header s
+// has read) decompresses to want bytes, as its header dims declare. The
+// trailer's ISIZE (the size modulo 2³²) settles it cheaply when it agrees;
+// otherwise the rest is decompressed and counted, which tells a truncated
+// stream, a corrupt one and a size mismatch apart.
+func checkGzipSize(f *os.File, s io.Reader, p string, dims []int, want int64) error {
+	var trailer [4]byte
+	if st, err := f.Stat(); err == nil && st.Size() >= 18 {
+		if _, err := f.ReadAt(trailer[:], st.Size()-4); err == nil && binary.LittleEndian.Uint32(trailer[:]) == uint32(want) {
+			return nil
+		}
+	}
+	rest, err := io.Copy(io.Discard, s)
+	got := int64(4+4*len(dims)) + rest
+	switch {
+	case err != nil && got < want:
+		return fmt.Errorf("%s: %w: truncated or corrupt: it decompresses to %d bytes before %v, its header %v declares %d", p, ErrBadIDX, got, err, dims, want)
+	case err != nil:
+		return fmt.Errorf("%s: %w: gzip: %v", p, ErrBadIDX, err)
+	case got < want:
+		return fmt.Errorf("%s: %w: truncated: it decompresses to %d bytes, its header %v declares %d", p, ErrBadIDX, got, dims, want)
+	case got > want:
+		return fmt.Errorf("%s: %w: it decompresses to %d bytes, %d more than the %d its header %v declares", p, ErrBadIDX, got, got-want, want, dims)
+	}
+	return nil
 }
 
 // checkTextBlocks is how many split blocks of matching text CheckText

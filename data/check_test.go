@@ -128,14 +128,65 @@ func TestCheckFashionMNISTFileSize(t *testing.T) {
 			t.Fatalf("%s: LoadFashionMNIST accepts the file", tc.name)
 		}
 		err := CheckFashionMNIST(dir)
-		if !errors.Is(err, ErrBadIDX) {
-			t.Errorf("%s: error %v, want %v", tc.name, err, ErrBadIDX)
+		wantBadIDX(t, tc.name, err, append(tc.want, p+":"))
+	}
+}
+
+// TestCheckFashionMNISTGzipSize: a gzip-compressed IDX file that is cut
+// short (a truncated download), or whose data is not what its header
+// declares, is rejected naming the file; LoadFashionMNIST would refuse it
+// too. Several gzip members (the trailer then records only the last) are
+// counted whole and pass.
+func TestCheckFashionMNISTGzipSize(t *testing.T) {
+	header := idxBytes([]int{10, 28, 28}, nil) // 16 bytes declaring 7856
+	for _, tc := range []struct {
+		name string
+		file func(good []byte) []byte
+		want []string // "": the check passes
+	}{
+		{"whole", func(good []byte) []byte { return good }, nil},
+		{"cut short", func(good []byte) []byte { return good[:len(good)-40] }, []string{"truncated or corrupt"}},
+		{"short data", func([]byte) []byte { return gz(append(header, make([]byte, 7000)...)) }, []string{"truncated: it decompresses to 7016 bytes", "declares 7856"}},
+		{"long data", func([]byte) []byte { return gz(append(header, make([]byte, 7900)...)) }, []string{"60 more than the 7856"}},
+		{"two members", func([]byte) []byte {
+			return append(gz(append(header, make([]byte, 7000)...)), gz(make([]byte, 840))...)
+		}, nil},
+	} {
+		dir := t.TempDir()
+		writeFashion(t, dir, true, 10, 5)
+		p := filepath.Join(dir, "train-images-idx3-ubyte.gz")
+		good, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, tc.file(good), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, _, lerr := LoadFashionMNIST(dir)
+		err = CheckFashionMNIST(dir)
+		if tc.want == nil {
+			if err != nil || lerr != nil {
+				t.Errorf("%s: check %v, load %v; want both to pass", tc.name, err, lerr)
+			}
 			continue
 		}
-		for _, w := range append(tc.want, p+":") {
-			if !strings.Contains(err.Error(), w) {
-				t.Errorf("%s: error %q lacks %q", tc.name, err, w)
-			}
+		if lerr == nil {
+			t.Errorf("%s: LoadFashionMNIST accepts the file", tc.name)
+		}
+		wantBadIDX(t, tc.name, err, append(tc.want, p+":"))
+	}
+}
+
+// wantBadIDX checks that err is ErrBadIDX with every one of want in its text.
+func wantBadIDX(t *testing.T, name string, err error, want []string) {
+	t.Helper()
+	if !errors.Is(err, ErrBadIDX) {
+		t.Errorf("%s: error %v, want %v", name, err, ErrBadIDX)
+		return
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("%s: error %q lacks %q", name, err, w)
 		}
 	}
 }
