@@ -817,7 +817,12 @@ func (v *View) checkCoordinator(now time.Time) []Event {
 		return nil
 	}
 	v.stalled.coordinator = ""
-	return v.excludeEvent(c, fmt.Sprintf("as coordinator it proposed no ring epoch for %s although membership changed", timeout))
+	why := fmt.Sprintf("as coordinator it proposed no ring epoch for %s although membership changed", timeout)
+	if r := v.refusal; r.epoch.Coordinator == c {
+		why = fmt.Sprintf("as coordinator it proposed no ring epoch this member could adopt for %s although membership changed (it refused epoch %d: %s)",
+			timeout, r.epoch.Number, r.why)
+	}
+	return v.excludeEvent(c, why)
 }
 
 // needsEpoch reports whether live (the ringable members, sorted) calls for

@@ -1397,3 +1397,45 @@ func TestStaleMemberFollowsAProposerThatTrainedSince(t *testing.T) {
 		t.Fatalf("f still waits: %q", w)
 	}
 }
+
+// TestStalledCoordinatorWhoseEpochsWereRefused: a coordinator whose
+// proposals this member refused (no quorum by its count) is excluded after
+// the propose timeout like one that proposed nothing, and the reason says
+// which epoch was refused and why, not that it proposed none.
+func TestStalledCoordinatorWhoseEpochsWereRefused(t *testing.T) {
+	b := NewView(hb("b", 0), testTiming, t0)
+	for _, id := range []string{"c", "d"} {
+		b.Heartbeat(hb(id, 1), t0)
+	}
+	trained := Epoch{Number: 4, Order: []string{"b", "c", "d"}, Coordinator: "b"}
+	b.Offer(trained, "b", t0)
+	b.Commit(trained.Number)
+	now := t0.Add(testTiming.FailAfter)
+	b.Tick(now) // c and d crash
+	beat := func(seq uint64) {
+		b.Heartbeat(hb("a", seq), now)
+		e := hb("e", seq)
+		e.WantEpoch = trained.Number // e asks for a new ring
+		b.Heartbeat(e, now)
+	}
+	beat(1)
+	// a proposes a ring without e: 2 of the 5 members b counts.
+	b.Offer(Epoch{Number: 5, Order: []string{"a", "b"}, Coordinator: "a"}, "a", now)
+	if b.Epoch().Number != trained.Number {
+		t.Fatalf("b adopted %v", b.Epoch().Order)
+	}
+	var reason string
+	for seq := uint64(2); seq < 20 && reason == ""; seq++ {
+		now = now.Add(time.Second)
+		beat(seq)
+		for _, ev := range b.Tick(now) {
+			if x := ev.Exclusion; x != nil && x.Peer == "a" {
+				reason = x.Reason
+			}
+		}
+	}
+	if !strings.Contains(reason, "proposed no ring epoch this member could adopt") || !strings.Contains(reason, "it refused epoch 5") ||
+		!strings.Contains(reason, "no quorum: it lists 2 of the 5 members") {
+		t.Fatalf("exclusion reason %q", reason)
+	}
+}
