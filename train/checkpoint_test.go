@@ -135,7 +135,8 @@ func TestTrainRefusesCheckpointBeyondSteps(t *testing.T) {
 }
 
 // TestTrainResumesAFinishedRun: a run started again on the checkpoint of
-// its last step (train.steps) trains nothing and reports the same result.
+// its last step (train.steps) trains nothing and reports the same result,
+// resumed at that step.
 func TestTrainResumesAFinishedRun(t *testing.T) {
 	requireDataset(t)
 	dir := t.TempDir()
@@ -144,7 +145,7 @@ func TestTrainResumesAFinishedRun(t *testing.T) {
 	cfg.Train.CheckpointDir = dir
 	p := startTrainer(t, cfg, nil)
 	p.wait(t, 30*time.Second)
-	if p.err != nil || p.res.Step != 6 || p.res.ParamHash != first.ParamHash {
+	if p.err != nil || p.res.Step != 6 || p.res.ParamHash != first.ParamHash || p.res.Resumed != 6 || first.Resumed != 0 {
 		t.Fatalf("finished run started again: %+v, %v; the first ended %+v", p.res, p.err, first)
 	}
 	if len(p.progress) != 0 {

@@ -66,6 +66,9 @@ type Result struct {
 	// Retries counts failed attempts at a step (each was retried), and
 	// Resyncs the training states this peer took over from a member.
 	Retries, Resyncs int
+	// Resumed is the step of the checkpoint this run resumed from (0: it
+	// started afresh).
+	Resumed uint64
 	// Stages is the number of pipeline stages the model was cut into (0:
 	// none; every peer holds the whole model), and Stage the one this peer
 	// holds, whose parameters ParamHash hashes.
@@ -112,6 +115,8 @@ type Trainer struct {
 	// mismatches counts parameter hashes that differed from the
 	// coordinator's; syncs counts states adopted from another peer.
 	mismatches, syncs int
+	// resumed is the step of the checkpoint Run resumed from (0: none).
+	resumed uint64
 	lastEval          float64
 	// checks holds this peer's recent parameter hashes by step, to compare
 	// with the coordinator's whenever its check arrives.
@@ -325,6 +330,7 @@ func (t *Trainer) resume(ctx context.Context) error {
 		return fmt.Errorf("train: resume from %s: %w", t.cfg.CheckpointDir, err)
 	}
 	t.log.Info("resumed from checkpoint", zap.Int64("step", c.Step), zap.String("param_hash", t.hash))
+	t.resumed = uint64(c.Step)
 	return nil
 }
 
@@ -1285,7 +1291,7 @@ func (t *Trainer) finish(ctx context.Context) (Result, gossip.Epoch, error) {
 	if t.cfg.CheckpointDir != "" {
 		ckptErr = t.checkpoint()
 	}
-	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.hash, Retries: t.retries, Resyncs: t.syncs}
+	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.hash, Retries: t.retries, Resyncs: t.syncs, Resumed: t.resumed}
 	if t.pipelined() {
 		res.Stages, res.Stage = t.stages.Stages(), t.heldStage()
 	}

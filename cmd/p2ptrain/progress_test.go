@@ -70,4 +70,9 @@ func TestRunSummaryGivesWallTimeTrafficAndRetries(t *testing.T) {
 	if got != want {
 		t.Fatalf("runSummary = %q\nwant       %q", got, want)
 	}
+	// A run resumed from a checkpoint counts the steps it took itself.
+	got = runSummary(train.Result{Step: 1000, Resumed: 994}, 1700*time.Millisecond, 0, 0)
+	if want := "summary: 6 steps (994 to 1000, resumed from a checkpoint) in 1.7s"; !strings.HasPrefix(got, want) {
+		t.Fatalf("runSummary = %q\nwant it to start %q", got, want)
+	}
 }
