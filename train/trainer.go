@@ -116,8 +116,8 @@ type Trainer struct {
 	// coordinator's; syncs counts states adopted from another peer.
 	mismatches, syncs int
 	// resumed is the step of the checkpoint Run resumed from (0: none).
-	resumed uint64
-	lastEval          float64
+	resumed  uint64
+	lastEval float64
 	// checks holds this peer's recent parameter hashes by step, to compare
 	// with the coordinator's whenever its check arrives.
 	checks map[uint64]string
