@@ -495,15 +495,44 @@ func (v *View) adoptable(e Epoch) error {
 	if q.ok() {
 		return nil
 	}
-	if p := v.members[e.Coordinator]; p != nil && p.Committed > v.committed.Number && p.Committed < e.Number {
-		// The proposer trained in a ring newer than this member's last and
-		// proposes only with a quorum of that ring (Proposal): its count is
-		// the better informed. This member was away, or missed departures,
-		// while the others went on; counting its own stale ring it would
-		// wait for members that crashed since.
+	if v.followsNewerRing(e) {
 		return nil
 	}
 	return fmt.Errorf("%w: no quorum: it lists %d of %s, %d needed", ErrEpochRejected, q.have, q.members(), q.need())
+}
+
+// followsNewerRing reports whether e continues a ring newer than this
+// member's last committed one, by evidence this member checks itself: e's
+// proposer announces that it committed ring C, numbered above this member's
+// last and below e; a majority of C's members announce in their own
+// heartbeats, as this view holds them, that they committed C or a later
+// ring; and e lists a majority of C's members. A member that was away, or
+// missed departures, while the others went on (6 → 5 → 3 → 2) then follows
+// them; counting its own stale ring it would wait for members that crashed
+// since. Members that only joined since C do not count (a proposer counts
+// them toward its own quorum, so stale members it counts so could otherwise
+// lead each other into a minority's ring), nor does C if only its
+// proposer completed a step in it.
+func (v *View) followsNewerRing(e Epoch) bool {
+	p := v.members[e.Coordinator]
+	if p == nil || p.Committed <= v.committed.Number || p.Committed >= e.Number {
+		return false
+	}
+	ring := p.CommittedOrder
+	if p.Committed == p.Epoch.Number {
+		ring = p.Epoch.Order
+	}
+	listed, vouched := 0, 0
+	for _, id := range ring {
+		if slices.Contains(e.Order, id) {
+			listed++
+		}
+		if m := v.members[id]; m != nil && m.State.inRing() && m.Committed >= p.Committed {
+			vouched++
+		}
+	}
+	need := len(ring)/2 + 1
+	return len(ring) > 0 && listed >= need && vouched >= need
 }
 
 // checkNumber refuses an epoch number that would let the numbering wrap or
@@ -888,9 +917,15 @@ func (v *View) Commit(number uint64) {
 	}
 }
 
-// Committed returns the number of the last epoch in which the local peer
-// completed a step (0: none), which its heartbeats announce.
-func (v *View) Committed() uint64 { return v.committed.Number }
+// Committed returns the last epoch in which the local peer completed a
+// step, which its heartbeats announce: its number (0: none) and, when it is
+// not the adopted epoch, its members (nil otherwise).
+func (v *View) Committed() (uint64, []string) {
+	if v.committed.Number == v.epoch.Number {
+		return v.committed.Number, nil
+	}
+	return v.committed.Number, slices.Clone(v.committed.Order)
+}
 
 // quorum reports whether live holds a majority of the members of the last
 // committed ring (the current epoch before any commit), not counting those

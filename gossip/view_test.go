@@ -78,7 +78,7 @@ func (c *cluster) round(d time.Duration) {
 		v.Tick(c.now)
 		h := hb(id, c.seq)
 		h.Epoch = v.Epoch()
-		h.Committed = v.Committed()
+		h.Committed, h.CommittedOrder = v.Committed()
 		h.Excluded = v.OwnExclusions()
 		for other, w := range c.views {
 			if other != id && !c.down[other] {
@@ -1350,7 +1350,9 @@ func TestAdoptionWithoutACommitIsUnchecked(t *testing.T) {
 // one before (6 → 5 → 3 → 2) counts its own last ring, of six, and the
 // ring of the two and itself lists only 3 of them. It adopts it all the
 // same, because the proposer announces a newer committed ring than its
-// own; a proposer that trained in no newer ring is still counted against.
+// own, which the ring lists a majority of and a majority of whose members
+// announce committed too; a proposer that trained in no newer ring is
+// still counted against.
 func TestStaleMemberFollowsAProposerThatTrainedSince(t *testing.T) {
 	all := []string{"a", "b", "c", "d", "e", "f"}
 	c := newCluster(all...)
@@ -1369,8 +1371,8 @@ func TestStaleMemberFollowsAProposerThatTrainedSince(t *testing.T) {
 		majority.commit(t, shrink)
 	}
 	f := c.views["f"]
-	if f.Committed() >= majority.views["a"].Committed() {
-		t.Fatalf("f committed epoch %d, the majority %d", f.Committed(), majority.views["a"].Committed())
+	if f.committed.Number >= majority.views["a"].committed.Number {
+		t.Fatalf("f committed epoch %d, the majority %d", f.committed.Number, majority.views["a"].committed.Number)
 	}
 	// The ring of the three from a proposer that announces no newer
 	// committed ring than f's own is counted against f's ring, and refused.
@@ -1378,7 +1380,7 @@ func TestStaleMemberFollowsAProposerThatTrainedSince(t *testing.T) {
 	c.seq++
 	three := Epoch{Number: majority.views["a"].Epoch().Number + 1, Order: []string{"a", "b", "f"}, Coordinator: "a"}
 	h := hb("a", c.seq)
-	h.Epoch, h.Committed = three, f.Committed()
+	h.Epoch, h.Committed = three, f.committed.Number
 	f.Heartbeat(h, c.now)
 	f.Offer(three, "a", c.now)
 	if got := f.Epoch(); got.Equal(three) {
@@ -1438,4 +1440,104 @@ func TestStalledCoordinatorWhoseEpochsWereRefused(t *testing.T) {
 		!strings.Contains(reason, "no quorum: it lists 2 of the 5 members") {
 		t.Fatalf("exclusion reason %q", reason)
 	}
+}
+
+// TestStaleMembersDoNotFollowIntoAMinority: a stale member follows a
+// proposer's newer committed ring only on evidence it checks itself, so
+// that a proposer that counts stale members toward its own quorum (as
+// members that joined since its ring) cannot lead them into a minority's
+// ring while the majority of its own ring trains on. Two sequences of
+// honest members, crashes and partitions, each of which trained on both
+// sides when the proposer's word sufficed:
+//   - 7 → {a..e} (f and g away) → {a, b, c} (d and e crash), then
+//     {a, f, g} | {b, c}: a counts 3 of the 5 it knows (its ring and f and
+//     g), but {a, f, g} lists only a of its ring {a, b, c};
+//   - {a..e} → {a, b, c} (d and e away), in which only a completes a step,
+//     then {a, b} | {c, d, e}: {a, b} lists 2 of a's ring {a, b, c}, but
+//     only a announces it committed.
+func TestStaleMembersDoNotFollowIntoAMinority(t *testing.T) {
+	catchUp := func(c *cluster, sides ...*cluster) {
+		for _, s := range sides {
+			c.now, c.seq = maxTime(c.now, s.now), max(c.seq, s.seq)
+		}
+	}
+	trains := func(side *cluster, order []string) bool {
+		var first Epoch
+		for _, v := range side.views {
+			e := v.Epoch()
+			if !slices.Equal(e.Order, order) || first.Number != 0 && !first.Equal(e) {
+				return false
+			}
+			first = e
+		}
+		return true
+	}
+	t.Run("stale members counted as joined", func(t *testing.T) {
+		all := []string{"a", "b", "c", "d", "e", "f", "g"}
+		c := newCluster(all...)
+		c.round(time.Second)
+		c.commit(t, all)
+		maj, away := c.partition(all[:5], []string{"f", "g"})
+		maj.commit(t, all[:5])
+		maj.down["d"], maj.down["e"] = true, true
+		for range 3 {
+			maj.round(2 * time.Second)
+			away.round(2 * time.Second)
+		}
+		maj.commit(t, []string{"a", "b", "c"})
+		catchUp(c, maj, away)
+		left, right := c.partition([]string{"a", "f", "g"}, []string{"b", "c"})
+		if trains(left, []string{"a", "f", "g"}) && trains(right, []string{"b", "c"}) {
+			t.Fatal("{a, f, g} and {b, c} both train")
+		}
+	})
+	t.Run("a ring only its proposer committed", func(t *testing.T) {
+		all := []string{"a", "b", "c", "d", "e"}
+		c := newCluster(all...)
+		c.round(time.Second)
+		c.commit(t, all)
+		maj, away := c.partition([]string{"a", "b", "c"}, []string{"d", "e"})
+		maj.views["a"].Commit(maj.agree(t, []string{"a", "b", "c"}).Number) // b and c never complete the step
+		catchUp(c, maj, away)
+		left, right := c.partition([]string{"a", "b"}, []string{"c", "d", "e"})
+		if trains(left, []string{"a", "b"}) && trains(right, []string{"c", "d", "e"}) {
+			t.Fatal("{a, b} and {c, d, e} both train")
+		}
+	})
+}
+
+// TestStaleMemberNeedsTheRingListed: a stale member that hears a majority
+// of its proposer's newer ring vouch for it still refuses a proposal that
+// lists a minority of that ring (the rest may train on apart).
+func TestStaleMemberNeedsTheRingListed(t *testing.T) {
+	f := NewView(hb("f", 0), testTiming, t0)
+	all := []string{"a", "b", "c", "d", "e", "f", "g"}
+	for _, id := range all {
+		f.Heartbeat(hb(id, 1), t0)
+	}
+	first := Epoch{Number: 1, Order: all, Coordinator: "a"}
+	f.Offer(first, "a", t0)
+	f.Commit(first.Number)
+	ring := Epoch{Number: 3, Order: []string{"a", "b", "c"}, Coordinator: "a"}
+	for _, id := range ring.Order {
+		h := hb(id, 2)
+		h.Epoch, h.Committed = ring, ring.Number
+		f.Heartbeat(h, t0)
+	}
+	f.Offer(Epoch{Number: 5, Order: []string{"a", "f", "g"}, Coordinator: "a"}, "a", t0)
+	if got := f.Epoch(); got.Number != first.Number {
+		t.Fatalf("f adopted %v, which lists a only of a's ring %v", got.Order, ring.Order)
+	}
+	two := Epoch{Number: 6, Order: []string{"a", "b", "f"}, Coordinator: "a"}
+	f.Offer(two, "a", t0)
+	if got := f.Epoch(); !got.Equal(two) {
+		t.Fatalf("f refused %v, which lists 2 of a's ring %v, all three vouching: %v", two.Order, ring.Order, f.lastRejection)
+	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
