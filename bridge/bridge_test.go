@@ -416,11 +416,11 @@ func TestExplainLayout(t *testing.T) {
 	}{
 		{"the same", mine, ""},
 		{"a shape", desc(t, []param{p("fc1.weight", 32, 784), p("fc1.bias", 64), p("fc2.weight", 10, 64)}, [][]int{{0, 1, 2}}),
-			"fc1.weight has shape [64 784] here, [32 784] in the cluster's"},
+			`"fc1.weight" has shape [64 784] here, [32 784] in the cluster's`},
 		{"a parameter on each side", desc(t, []param{p("fc1.weight", 64, 784), p("fc1.bias", 64), p("head.weight", 10, 64)}, [][]int{{0, 1, 2}}),
-			"fc2.weight [10 64] is only here; head.weight [10 64] is only in the cluster's"},
+			`"fc2.weight" [10 64] is only here; "head.weight" [10 64] is only in the cluster's`},
 		{"the order", desc(t, []param{p("fc1.bias", 64), p("fc1.weight", 64, 784), p("fc2.weight", 10, 64)}, [][]int{{0, 1, 2}}),
-			"the parameters are in another order: #0 is fc1.weight here, fc1.bias in the cluster's"},
+			`the parameters are in another order: #0 is "fc1.weight" here, "fc1.bias" in the cluster's`},
 		{"the buckets", desc(t, []param{p("fc1.weight", 64, 784), p("fc1.bias", 64), p("fc2.weight", 10, 64)}, [][]int{{0}, {1, 2}}),
 			"grouped into other buckets (1 here, 2 in the cluster's"},
 	} {
@@ -439,5 +439,28 @@ func TestExplainLayout(t *testing.T) {
 	}
 	if _, err := explainLayout(mine, []byte("{")); err == nil {
 		t.Error("a malformed description explained")
+	}
+	// Another peer's description is checked as a registration is, and
+	// what it names is quoted and bounded.
+	for _, bad := range []string{
+		`{"params":[]}`,
+		`{"params":[{"name":"","shape":[1],"dtype":"float32","bucket":0}]}`,
+		`{"params":[{"name":"a","shape":[1],"dtype":"float32","bucket":0},{"name":"a","shape":[1],"dtype":"float32","bucket":0}]}`,
+		`{"params":[{"name":"a","shape":[0],"dtype":"float32","bucket":0}]}`,
+		`{"params":[{"name":"a","shape":[1],"dtype":"float32","bucket":1}]}`,
+		`{"params":[{"name":"` + strings.Repeat("x", maxNameLen+1) + `","shape":[1],"dtype":"float32","bucket":0}]}`,
+	} {
+		if got, err := explainLayout(mine, []byte(bad)); err == nil {
+			t.Errorf("description %.80s… explained as %q", bad, got)
+		}
+	}
+	var long []param
+	var all []int
+	for i := range 40 {
+		long, all = append(long, p(fmt.Sprintf("\x1b[31m%s%d", strings.Repeat("n", 400), i), 1)), append(all, i)
+	}
+	got, err = explainLayout(mine, desc(t, long, [][]int{all}))
+	if err != nil || len(got) > maxExplanation+8 || strings.ContainsRune(got, 0x1b) {
+		t.Errorf("long names with escapes: %d bytes, %v: %.200q", len(got), err, got)
 	}
 }

@@ -78,6 +78,7 @@ func parseLayout(params []param, buckets [][]int) (*layout, error) {
 	}
 	l := &layout{tensors: len(params)}
 	seen := make([]bool, len(params))
+	desc := layoutDesc{Params: make([]descParam, len(params))}
 	h := sha256.New()
 	for bi, b := range buckets {
 		if len(b) == 0 {
@@ -90,6 +91,7 @@ func parseLayout(params []param, buckets [][]int) (*layout, error) {
 				return nil, fmt.Errorf("%w: bucket %d lists parameter %d, which is out of range or in another bucket", ErrLayout, bi, i)
 			}
 			seen[i] = true
+			desc.Params[i] = descParam{Name: params[i].Name, Shape: params[i].Shape, DType: params[i].DType, Bucket: bi}
 			shape := params[i].Shape
 			if len(shape) == 0 {
 				shape = []int{1} // a scalar
@@ -117,23 +119,59 @@ func parseLayout(params []param, buckets [][]int) (*layout, error) {
 		}
 	}
 	h.Sum(l.digest[:0])
-	desc, err := json.Marshal(layoutDesc{Params: params, Buckets: buckets})
+	b, err := json.Marshal(desc)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: describe the layout: %w", err)
 	}
-	l.desc = desc
+	l.desc = b
 	return l, nil
 }
 
 // layoutDesc is a layout as another peer reads it (the layout protocol):
-// the parameters in the process's order and the buckets of their indices.
+// the parameters in the process's order, each with its bucket.
 type layoutDesc struct {
-	Params  []param `json:"params"`
-	Buckets [][]int `json:"buckets"`
+	Params []descParam `json:"params"`
 }
 
-// maxDifferences bounds the differences ExplainLayout names.
-const maxDifferences = 5
+type descParam struct {
+	Name   string `json:"name"`
+	Shape  []int  `json:"shape"`
+	DType  string `json:"dtype"`
+	Bucket int    `json:"bucket"`
+}
+
+// check refuses a description that no process could have registered
+// (parseLayout's bounds): it comes from another peer.
+func (d layoutDesc) check() error {
+	if len(d.Params) == 0 || len(d.Params) > maxParams {
+		return fmt.Errorf("%d parameters (1 to %d)", len(d.Params), maxParams)
+	}
+	names := make(map[string]bool, len(d.Params))
+	for i, p := range d.Params {
+		switch {
+		case p.Name == "" || len(p.Name) > maxNameLen || names[p.Name]:
+			return fmt.Errorf("parameter %d has no name, a name longer than %d bytes, or another's", i, maxNameLen)
+		case len(p.DType) > 16 || len(p.Shape) > 32:
+			return fmt.Errorf("parameter %d has a dtype or a shape no tensor has", i)
+		case p.Bucket < 0 || p.Bucket >= len(d.Params):
+			return fmt.Errorf("parameter %d is in bucket %d of %d parameters", i, p.Bucket, len(d.Params))
+		}
+		for _, n := range p.Shape {
+			if n < 1 || n > maxValues {
+				return fmt.Errorf("parameter %d has shape %v", i, p.Shape)
+			}
+		}
+		names[p.Name] = true
+	}
+	return nil
+}
+
+// maxDifferences bounds the differences ExplainLayout names, and
+// maxExplanation the length of the explanation.
+const (
+	maxDifferences = 5
+	maxExplanation = 2000
+)
 
 // ExplainLayout names how a layout description from another peer (the
 // layout protocol: Learner.Layout there) differs from this process's:
@@ -156,13 +194,16 @@ func explainLayout(mineJSON, theirsJSON []byte) (string, error) {
 	if err := json.Unmarshal(theirsJSON, &theirs); err != nil {
 		return "", fmt.Errorf("bridge: the peer's layout description: %w", err)
 	}
-	shape := func(p param) string {
+	if err := theirs.check(); err != nil {
+		return "", fmt.Errorf("bridge: the peer's layout description: %v", err)
+	}
+	shape := func(p descParam) string {
 		if p.DType != "" && p.DType != "float32" {
-			return fmt.Sprintf("%v %s", p.Shape, p.DType)
+			return fmt.Sprintf("%v %q", p.Shape, p.DType)
 		}
 		return fmt.Sprint(p.Shape)
 	}
-	index := func(ps []param) map[string]int {
+	index := func(ps []descParam) map[string]int {
 		m := make(map[string]int, len(ps))
 		for i, p := range ps {
 			m[p.Name] = i
@@ -175,33 +216,48 @@ func explainLayout(mineJSON, theirsJSON []byte) (string, error) {
 		j, ok := ti[p.Name]
 		switch {
 		case !ok:
-			diffs = append(diffs, fmt.Sprintf("%s %s is only here", p.Name, shape(p)))
+			diffs = append(diffs, fmt.Sprintf("%q %s is only here", p.Name, shape(p)))
 		case shape(p) != shape(theirs.Params[j]):
-			diffs = append(diffs, fmt.Sprintf("%s has shape %s here, %s in the cluster's", p.Name, shape(p), shape(theirs.Params[j])))
+			diffs = append(diffs, fmt.Sprintf("%q has shape %s here, %s in the cluster's", p.Name, shape(p), shape(theirs.Params[j])))
 		}
 	}
 	for _, p := range theirs.Params {
 		if _, ok := mi[p.Name]; !ok {
-			diffs = append(diffs, fmt.Sprintf("%s %s is only in the cluster's", p.Name, shape(p)))
+			diffs = append(diffs, fmt.Sprintf("%q %s is only in the cluster's", p.Name, shape(p)))
 		}
 	}
 	if len(diffs) == 0 {
 		for i := range min(len(mine.Params), len(theirs.Params)) {
 			if mine.Params[i].Name != theirs.Params[i].Name {
-				diffs = append(diffs, fmt.Sprintf("the parameters are in another order: #%d is %s here, %s in the cluster's",
+				diffs = append(diffs, fmt.Sprintf("the parameters are in another order: #%d is %q here, %q in the cluster's",
 					i, mine.Params[i].Name, theirs.Params[i].Name))
 				break
 			}
 		}
 	}
-	if len(diffs) == 0 && !slices.EqualFunc(mine.Buckets, theirs.Buckets, slices.Equal) {
+	bucketOf := func(p descParam) int { return p.Bucket }
+	if len(diffs) == 0 && !slices.Equal(mapSlice(mine.Params, bucketOf), mapSlice(theirs.Params, bucketOf)) {
+		count := func(ps []descParam) int { return slices.Max(mapSlice(ps, bucketOf)) + 1 }
 		diffs = append(diffs, fmt.Sprintf("the parameters are grouped into other buckets (%d here, %d in the cluster's; the bucket size differs)",
-			len(mine.Buckets), len(theirs.Buckets)))
+			count(mine.Params), count(theirs.Params)))
 	}
 	if len(diffs) > maxDifferences {
 		diffs = append(diffs[:maxDifferences], fmt.Sprintf("and %d more differences", len(diffs)-maxDifferences))
 	}
-	return strings.Join(diffs, "; "), nil
+	out := strings.Join(diffs, "; ")
+	if len(out) > maxExplanation {
+		out = strings.ToValidUTF8(out[:maxExplanation], "") + " …"
+	}
+	return out, nil
+}
+
+// mapSlice returns f of every element of s.
+func mapSlice[T, U any](s []T, f func(T) U) []U {
+	out := make([]U, len(s))
+	for i, v := range s {
+		out[i] = f(v)
+	}
+	return out
 }
 
 // settingsOf returns the cluster settings of a process: its layout's

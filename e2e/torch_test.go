@@ -332,7 +332,7 @@ func TestTorchBridgeNamesTheParameterThatDiffers(t *testing.T) {
 	a := startTorchPeer(t, torchRun{steps: 20, minPeers: 2, script: []string{"--model", "mlp", "--hidden", "32"}})
 	b := startTorchPeer(t, torchRun{steps: 20, minPeers: 2, boot: a.d.addr, script: []string{"--model", "mlp", "--hidden", "48"}})
 	loser := firstToStop(t, a, b)
-	want := regexp.MustCompile(`the layouts differ: 0\.weight has shape \[(32|48) 784\] here, \[(32|48) 784\] in the cluster's`)
+	want := regexp.MustCompile(`the layouts differ: \\?"0\.weight\\?" has shape \[(32|48) 784\] here, \[(32|48) 784\] in the cluster's`)
 	if d := loser.d.stder.String(); loser.d.err == nil || !want.MatchString(d) {
 		t.Fatalf("the refused daemon exited with %v and did not name the parameter:\n%s", loser.d.err, d)
 	}

@@ -84,25 +84,32 @@ func (s Settings) resumeHash() [32]byte {
 func (s Settings) diff(o Settings) []string {
 	var out []string
 	for _, k := range s.differing(o) {
-		v, ok := s[k]
-		if !ok {
-			v = "(unknown here)"
+		switch v, ok := s[k]; {
+		case !ok:
+			out = append(out, fmt.Sprintf("%s = (unknown here), %s there", k, o[k]))
+		default:
+			w, ok := o[k]
+			if !ok {
+				w = "(unknown)"
+			}
+			out = append(out, fmt.Sprintf("%s = %s here, %s there", k, v, w))
 		}
-		out = append(out, fmt.Sprintf("%s = %s here, %s there", k, v, o[k]))
 	}
 	return out
 }
 
-// differing returns the keys whose values differ between s and o, sorted.
+// differing returns the keys whose values differ between s and o, sorted;
+// a key one of them lacks counts as empty there (so that both sides of a
+// comparison agree whether they differ).
 func (s Settings) differing(o Settings) []string {
 	var keys []string
 	for k, v := range s {
-		if w, ok := o[k]; !ok || w != v {
+		if o[k] != v {
 			keys = append(keys, k)
 		}
 	}
-	for k := range o {
-		if _, ok := s[k]; !ok {
+	for k, w := range o {
+		if _, ok := s[k]; !ok && w != "" {
 			keys = append(keys, k)
 		}
 	}
@@ -121,9 +128,11 @@ type SettingsError struct {
 	// Keys are the keys whose values differ, sorted.
 	Keys []string
 	// Holder is a member that holds the cluster's settings, to ask for more
-	// about them (an external trainer's layout: node.Node.FetchLayout).
-	Holder string
-	msg    string
+	// about them (an external trainer's layout: node.Node.FetchLayout), and
+	// Cluster are those settings.
+	Holder  string
+	Cluster Settings
+	msg     string
 }
 
 func (e *SettingsError) Error() string { return e.msg }
@@ -176,7 +185,7 @@ func checkSettings(mine Settings, self string, members []gossip.Member, ep gossi
 		}
 		return odd, fmt.Errorf("train: members %s announce other training settings%s; training without them", strings.Join(odd, ", "), why)
 	}
-	return nil, &SettingsError{Keys: mine.differing(best), Holder: holder,
+	return nil, &SettingsError{Keys: mine.differing(best), Holder: holder, Cluster: best,
 		msg: fmt.Sprintf("%v (the cluster's are held by %d of the epoch's %d members%s): %s", ErrSettingsDiffer, bestN, len(ep.Order), tieNote(bestN, len(ep.Order)), strings.Join(mine.diff(best), "; "))}
 }
 

@@ -104,3 +104,21 @@ func TestCheckSettings(t *testing.T) {
 		t.Fatalf("train.steps differs: %v", err)
 	}
 }
+
+// TestSettingsDiff: a key one side lacks is named as unknown there, and
+// counts as empty, so both sides of a comparison agree whether the
+// settings differ.
+func TestSettingsDiff(t *testing.T) {
+	got := Settings{"a": "1"}.diff(Settings{"a": "1", "b": "2"})
+	if !slices.Equal(got, []string{"b = (unknown here), 2 there"}) {
+		t.Errorf("a key only there: %q", got)
+	}
+	got = Settings{"a": "1", "b": "2"}.diff(Settings{"a": "1"})
+	if !slices.Equal(got, []string{"b = 2 here, (unknown) there"}) {
+		t.Errorf("a key only here: %q", got)
+	}
+	withEmpty, without := Settings{"a": "1", "b": ""}, Settings{"a": "1"}
+	if !withEmpty.equal(without) || !without.equal(withEmpty) {
+		t.Errorf("an empty value and a missing key: equal %v one way, %v the other", withEmpty.equal(without), without.equal(withEmpty))
+	}
+}

@@ -20,7 +20,9 @@ import (
 	"github.com/p2ptrain/p2ptrain/bridge"
 	"github.com/p2ptrain/p2ptrain/config"
 	"github.com/p2ptrain/p2ptrain/data"
+	"github.com/p2ptrain/p2ptrain/gossip"
 	"github.com/p2ptrain/p2ptrain/node"
+	"github.com/p2ptrain/p2ptrain/protocol/statesync"
 	"github.com/p2ptrain/p2ptrain/telemetry"
 	"github.com/p2ptrain/p2ptrain/train"
 )
@@ -292,7 +294,12 @@ func runExternal(ctx context.Context, n *node.Node, cfg config.Config, opts trai
 	if err != nil {
 		return train.Result{}, err
 	}
-	n.ServeLayout(func(string) ([]byte, error) { return l.Layout(), nil })
+	n.ServeLayout(func(from string) ([]byte, error) {
+		if !isMember(n, from) {
+			return nil, fmt.Errorf("%w: %s is not a member of the cluster", statesync.ErrRefused, from)
+		}
+		return l.Layout(), nil
+	})
 	defer n.ServeLayout(nil)
 	tr, err := train.NewWithLearner(n, l, cfg.Train, cfg.Allreduce, opts)
 	if err != nil {
@@ -313,9 +320,10 @@ func runExternal(ctx context.Context, n *node.Node, cfg config.Config, opts trai
 // fails it logs why and returns err as it was.
 func explainLayout(ctx context.Context, n *node.Node, l *bridge.Learner, err error, log *zap.Logger) error {
 	var se *train.SettingsError
-	if !errors.As(err, &se) || se.Holder == "" || !slices.Contains(se.Keys, bridge.LayoutKey) {
-		return err
+	if !errors.As(err, &se) || se.Holder == "" || !slices.Contains(se.Keys, bridge.LayoutKey) || se.Cluster[bridge.LayoutKey] == "" {
+		return err // not a layout the cluster's PyTorch processes have
 	}
+	log.Info("asking a member for the cluster's layout, to name the parameters that differ", zap.String("from", se.Holder))
 	ctx, cancel := context.WithTimeout(ctx, layoutFetchTimeout)
 	defer cancel()
 	theirs, ferr := n.FetchLayout(ctx, se.Holder)
@@ -323,11 +331,20 @@ func explainLayout(ctx context.Context, n *node.Node, l *bridge.Learner, err err
 	if ferr == nil {
 		why, ferr = l.ExplainLayout(theirs)
 	}
-	if ferr != nil || why == "" {
+	switch {
+	case ferr != nil:
 		log.Warn("could not learn which parameters differ from the cluster's", zap.String("from", se.Holder), zap.Error(ferr))
 		return err
+	case why == "":
+		return err // the same parameters: the summaries differ in nothing it names
 	}
 	return fmt.Errorf("%w; the layouts differ: %s", err, why)
+}
+
+// isMember reports whether peer is a member of n's cluster view.
+func isMember(n *node.Node, peer string) bool {
+	members, _ := n.View()
+	return slices.ContainsFunc(members, func(m gossip.Member) bool { return m.PeerID == peer })
 }
 
 // layoutFetchTimeout bounds fetching the cluster's layout to explain a mismatch.

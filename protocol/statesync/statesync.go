@@ -52,8 +52,9 @@ const (
 	LayoutID protocol.ID = "/p2ptrain/layout/1.0.0"
 )
 
-// MaxLayoutBytes bounds a transferred layout description.
-const MaxLayoutBytes = 64 << 20
+// MaxLayoutBytes bounds a transferred layout description: 4 MiB describe
+// some hundred thousand tensors.
+const MaxLayoutBytes = 4 << 20
 
 // MaxStage bounds the stage a stage-state request names.
 const MaxStage = 1 << 16
@@ -240,6 +241,10 @@ func FetchLayout(ctx context.Context, h host.Host, p peer.ID) ([]byte, error) {
 // fetch sends req on a stream of protocol proto to p and reads the state
 // it answers.
 func fetch(ctx context.Context, h host.Host, p peer.ID, proto protocol.ID, req []byte, step, max uint64) ([]byte, error) {
+	what := "state"
+	if proto == LayoutID {
+		what = "layout description"
+	}
 	if max == 0 || max > MaxBytes {
 		max = MaxBytes
 	}
@@ -247,49 +252,49 @@ func fetch(ctx context.Context, h host.Host, p peer.ID, proto protocol.ID, req [
 	defer cancel()
 	s, err := h.NewStream(ctx, p, proto)
 	if err != nil {
-		return nil, fmt.Errorf("statesync: open state stream to %s: %w", p, err)
+		return nil, fmt.Errorf("statesync: open %s stream to %s: %w", what, p, err)
 	}
 	stop := context.AfterFunc(ctx, func() { s.Reset() })
 	defer stop()
 	defer s.Close()
 	if len(req) > 0 {
 		if _, err := s.Write(req); err != nil {
-			return nil, fmt.Errorf("statesync: request state from %s: %w", p, err)
+			return nil, fmt.Errorf("statesync: request %s from %s: %w", what, p, err)
 		}
 	}
 	var hdr [9]byte
 	if _, err := io.ReadFull(s, hdr[:1]); err != nil {
-		return nil, fmt.Errorf("statesync: state from %s: %w", p, err)
+		return nil, fmt.Errorf("statesync: %s from %s: %w", what, p, err)
 	}
 	switch hdr[0] {
 	case stateOK:
 	case stateWrongPos:
 		return nil, fmt.Errorf("%w: %s is not at step %d", ErrUnavailable, p, step)
 	case stateNone:
-		return nil, fmt.Errorf("%w: %s serves no state", ErrUnavailable, p)
+		return nil, fmt.Errorf("%w: %s serves no %s", ErrUnavailable, p, what)
 	case stateRefused:
 		return nil, fmt.Errorf("%w: %s does not serve this peer", ErrRefused, p)
 	default:
-		return nil, fmt.Errorf("statesync: state from %s: unknown status %d", p, hdr[0])
+		return nil, fmt.Errorf("statesync: %s from %s: unknown status %d", what, p, hdr[0])
 	}
 	if _, err := io.ReadFull(s, hdr[1:]); err != nil {
-		return nil, fmt.Errorf("statesync: state from %s: %w", p, err)
+		return nil, fmt.Errorf("statesync: %s from %s: %w", what, p, err)
 	}
 	size := binary.LittleEndian.Uint64(hdr[1:])
 	if size > max {
 		s.Reset()
-		return nil, fmt.Errorf("statesync: state from %s claims %d bytes (max %d)", p, size, max)
+		return nil, fmt.Errorf("statesync: %s from %s claims %d bytes (max %d)", what, p, size, max)
 	}
 	b := make([]byte, size)
 	var sum [sha256.Size]byte
 	if _, err := io.ReadFull(s, b); err != nil {
-		return nil, fmt.Errorf("statesync: state from %s: %w", p, err)
+		return nil, fmt.Errorf("statesync: %s from %s: %w", what, p, err)
 	}
 	if _, err := io.ReadFull(s, sum[:]); err != nil {
-		return nil, fmt.Errorf("statesync: state checksum from %s: %w", p, err)
+		return nil, fmt.Errorf("statesync: %s checksum from %s: %w", what, p, err)
 	}
 	if sha256.Sum256(b) != sum {
-		return nil, fmt.Errorf("statesync: state from %s fails its checksum", p)
+		return nil, fmt.Errorf("statesync: %s from %s fails its checksum", what, p)
 	}
 	return b, nil
 }
