@@ -1461,17 +1461,6 @@ func TestStaleMembersDoNotFollowIntoAMinority(t *testing.T) {
 			c.now, c.seq = maxTime(c.now, s.now), max(c.seq, s.seq)
 		}
 	}
-	trains := func(side *cluster, order []string) bool {
-		var first Epoch
-		for _, v := range side.views {
-			e := v.Epoch()
-			if !slices.Equal(e.Order, order) || first.Number != 0 && !first.Equal(e) {
-				return false
-			}
-			first = e
-		}
-		return true
-	}
 	t.Run("stale members counted as joined", func(t *testing.T) {
 		all := []string{"a", "b", "c", "d", "e", "f", "g"}
 		c := newCluster(all...)
@@ -1487,7 +1476,7 @@ func TestStaleMembersDoNotFollowIntoAMinority(t *testing.T) {
 		maj.commit(t, []string{"a", "b", "c"})
 		catchUp(c, maj, away)
 		left, right := c.partition([]string{"a", "f", "g"}, []string{"b", "c"})
-		if trains(left, []string{"a", "f", "g"}) && trains(right, []string{"b", "c"}) {
+		if trainsOn(left, []string{"a", "f", "g"}) && trainsOn(right, []string{"b", "c"}) {
 			t.Fatal("{a, f, g} and {b, c} both train")
 		}
 	})
@@ -1500,7 +1489,7 @@ func TestStaleMembersDoNotFollowIntoAMinority(t *testing.T) {
 		maj.views["a"].Commit(maj.agree(t, []string{"a", "b", "c"}).Number) // b and c never complete the step
 		catchUp(c, maj, away)
 		left, right := c.partition([]string{"a", "b"}, []string{"c", "d", "e"})
-		if trains(left, []string{"a", "b"}) && trains(right, []string{"c", "d", "e"}) {
+		if trainsOn(left, []string{"a", "b"}) && trainsOn(right, []string{"c", "d", "e"}) {
 			t.Fatal("{a, b} and {c, d, e} both train")
 		}
 	})
@@ -1510,14 +1499,7 @@ func TestStaleMembersDoNotFollowIntoAMinority(t *testing.T) {
 // of its proposer's newer ring vouch for it still refuses a proposal that
 // lists a minority of that ring (the rest may train on apart).
 func TestStaleMemberNeedsTheRingListed(t *testing.T) {
-	f := NewView(hb("f", 0), testTiming, t0)
-	all := []string{"a", "b", "c", "d", "e", "f", "g"}
-	for _, id := range all {
-		f.Heartbeat(hb(id, 1), t0)
-	}
-	first := Epoch{Number: 1, Order: all, Coordinator: "a"}
-	f.Offer(first, "a", t0)
-	f.Commit(first.Number)
+	f, first := committedView(t, "f", []string{"a", "b", "c", "d", "e", "f", "g"})
 	ring := Epoch{Number: 3, Order: []string{"a", "b", "c"}, Coordinator: "a"}
 	for _, id := range ring.Order {
 		h := hb(id, 2)
@@ -1533,6 +1515,143 @@ func TestStaleMemberNeedsTheRingListed(t *testing.T) {
 	if got := f.Epoch(); !got.Equal(two) {
 		t.Fatalf("f refused %v, which lists 2 of a's ring %v, all three vouching: %v", two.Order, ring.Order, f.lastRejection)
 	}
+}
+
+// TestStaleMemberIsNoTieBreaker: a stale member does not follow a ring
+// whose members have committed a later ring since, whose majority may
+// train elsewhere. R = {a,b,c,u,w,x,y,z} commits; x goes away; the others
+// shrink by crashes to C = {a,b,c}, a's last ring; a is cut off, and b and
+// c take in newcomers d, f, g: D = {b,c,d,f,g} commits; then {a,b,c,x} |
+// {d,f,g}. {d,f,g} hold 3 of D and train; a counts {a,b,c,x} 4 of 4 (x as
+// joined), b and c 4 of 7; x counts 4 of R's 8 and must refuse, though all
+// of C announce a committed ring at least C's: with x, {a,b,c,x} would
+// train too.
+func TestStaleMemberIsNoTieBreaker(t *testing.T) {
+	all := []string{"a", "b", "c", "u", "w", "x", "y", "z"}
+	c := newCluster(all...)
+	c.round(time.Second)
+	c.commit(t, all)
+	maj, away := c.partition([]string{"a", "b", "c", "u", "w", "y", "z"}, []string{"x"})
+	maj.commit(t, []string{"a", "b", "c", "u", "w", "y", "z"})
+	for _, crash := range [][]string{{"u", "w"}, {"y", "z"}} {
+		for _, id := range crash {
+			maj.down[id] = true
+		}
+		for range 3 {
+			maj.round(2 * time.Second)
+			away.round(2 * time.Second)
+		}
+		maj.commit(t, maj.views["a"].Epoch().Order)
+	}
+	maj.agree(t, []string{"a", "b", "c"})
+	now, seq := maxTime(maj.now, away.now), max(maj.seq, away.seq)
+	views := c.views
+	for _, id := range []string{"d", "f", "g"} {
+		views[id] = NewView(hb(id, 0), testTiming, now)
+	}
+	ax, bc, xs := sideOf(now, seq, views, "a"), sideOf(now, seq, views, "b", "c", "d", "f", "g"), sideOf(now, seq, views, "x")
+	for range 4 {
+		ax.round(2 * time.Second)
+		xs.round(2 * time.Second)
+		bc.round(2 * time.Second)
+	}
+	ax.views["x"] = views["x"] // a reaches x
+	for range 4 {
+		ax.round(2 * time.Second)
+		bc.round(2 * time.Second)
+	}
+	bc.commit(t, []string{"b", "c", "d", "f", "g"})
+	now, seq = maxTime(ax.now, bc.now), max(ax.seq, bc.seq)
+	g1, g2 := sideOf(now, seq, views, "a", "b", "c", "x"), sideOf(now, seq, views, "d", "f", "g")
+	for range 6 {
+		g1.round(2 * time.Second)
+		g2.round(2 * time.Second)
+	}
+	if trainsOn(g1, []string{"a", "b", "c", "x"}) && trainsOn(g2, []string{"d", "f", "g"}) {
+		t.Fatal("{a, b, c, x} and {d, f, g} both train")
+	}
+}
+
+// TestStaleMemberIgnoresARingItsProposerAloneVouchesFor: a hostile member
+// that announces a committed ring of its own (only itself, numbered above
+// everything) cannot lead stale members into its ring: a ring its
+// proposer alone vouches for is no evidence.
+func TestStaleMemberIgnoresARingItsProposerAloneVouchesFor(t *testing.T) {
+	honest := []string{"b", "c", "x", "y", "z"}
+	c := newCluster(honest...)
+	c.round(time.Second)
+	trained := c.commit(t, honest)
+	xy, bcz := c.partition([]string{"x", "y"}, []string{"b", "c", "z"})
+	bcz.commit(t, []string{"b", "c", "z"})
+	fake := trained.Number + 5
+	e := Epoch{Number: fake + 1, Order: []string{"a", "x", "y"}, Coordinator: "a"}
+	h := hb("a", max(xy.seq, bcz.seq)+1)
+	h.Epoch, h.Committed, h.CommittedOrder = e, fake, []string{"a"}
+	for _, id := range []string{"x", "y"} {
+		xy.views[id].Heartbeat(h, xy.now) // the heartbeat alone carries the proposal
+	}
+	if trainsOn(xy, []string{"a", "x", "y"}) {
+		t.Fatal("x and y follow a's ring {a, x, y}, which a alone vouches for")
+	}
+}
+
+// TestStaleMemberChecksTheVouchedRing: a member that announces the same
+// committed number as the proposer's ring, but another ring, does not
+// vouch for it (a hostile proposer could name an honest member's number).
+func TestStaleMemberChecksTheVouchedRing(t *testing.T) {
+	x, first := committedView(t, "x", []string{"q", "r", "s", "t", "u", "v", "x"})
+	q := hb("q", 2)
+	q.Epoch = Epoch{Number: 3, Order: []string{"q", "r", "s"}, Coordinator: "q"}
+	q.Committed = 3
+	x.Heartbeat(q, t0)
+	e := Epoch{Number: 4, Order: []string{"a", "q", "x"}, Coordinator: "a"}
+	a := hb("a", 2)
+	a.Epoch, a.Committed, a.CommittedOrder = e, 3, []string{"a", "q"}
+	x.Heartbeat(a, t0)
+	x.Offer(e, "a", t0)
+	if got := x.Epoch(); got.Number != first.Number {
+		t.Fatalf("x adopted %v: q announces committed epoch 3, but as ring %v, not a's [a q]", got.Order, q.Epoch.Order)
+	}
+}
+
+// committedView returns the view of self that adopted and committed epoch
+// 1 of ring (sorted; its first member coordinates), hearing every member.
+func committedView(t *testing.T, self string, ring []string) (*View, Epoch) {
+	t.Helper()
+	v := NewView(hb(self, 0), testTiming, t0)
+	for _, id := range ring {
+		v.Heartbeat(hb(id, 1), t0)
+	}
+	first := Epoch{Number: 1, Order: ring, Coordinator: ring[0]}
+	v.Offer(first, ring[0], t0)
+	v.Commit(first.Number)
+	if v.committed.Number != first.Number {
+		t.Fatalf("%s did not commit %v", self, ring)
+	}
+	return v, first
+}
+
+// sideOf is a cluster of the given views (shared with their owners) at
+// time now and sequence seq.
+func sideOf(now time.Time, seq uint64, views map[string]*View, ids ...string) *cluster {
+	s := &cluster{views: map[string]*View{}, now: now, seq: seq, down: map[string]bool{}, mute: map[string]bool{}}
+	for _, id := range ids {
+		s.views[id] = views[id]
+	}
+	return s
+}
+
+// trainsOn reports whether every view of side holds one epoch of order.
+func trainsOn(side *cluster, order []string) bool {
+	var first Epoch
+	for _, v := range side.views {
+		e := v.Epoch()
+		if !slices.Equal(e.Order, order) || first.Number != 0 && !first.Equal(e) {
+			return false
+		}
+		first = e
+	}
+	return true
 }
 
 func maxTime(a, b time.Time) time.Time {
