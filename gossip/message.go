@@ -72,14 +72,6 @@ type Heartbeat struct {
 	Seq uint64 `json:"seq"`
 	// Epoch is the ring epoch the sender has adopted (Number 0: none yet).
 	Epoch Epoch `json:"epoch"`
-	// Committed is the number of the last ring epoch in which the sender
-	// completed a step (0: none since it started); it is never above the
-	// adopted epoch's. CommittedOrder lists that ring's members when it is
-	// not the adopted epoch (Epoch.Order lists them otherwise). A member
-	// whose own last ring is older may follow the sender's proposals on
-	// this ring's count (View.Offer).
-	Committed      uint64   `json:"committed,omitempty"`
-	CommittedOrder []string `json:"committed_order,omitempty"`
 	// WantEpoch asks the coordinator for a new epoch numbered above it (a
 	// failed round needs a fresh ring even when membership is unchanged).
 	WantEpoch uint64 `json:"want_epoch,omitempty"`
@@ -382,7 +374,6 @@ func (e *Envelope) validate(author string) error {
 			checkStrings("addrs", h.Addrs, maxAddrs),
 			checkApp(h.App),
 			h.Epoch.validate(),
-			checkCommitted(h.Committed, h.Epoch.Number, h.CommittedOrder),
 			checkLinks(h.Links),
 			checkStrings("excluded members", h.Excluded, maxMembers),
 			checkCompute(h.ComputeUS),
@@ -407,18 +398,4 @@ func (e *Envelope) validate(author string) error {
 		return fmt.Errorf("%w: type %q does not match its body", ErrMalformed, e.Type)
 	}
 	return nil
-}
-
-// checkCommitted refuses a heartbeat whose last committed ring is above
-// the epoch it has adopted (a member commits only the epoch it holds, and
-// its epochs only grow), or that lists the members of a committed ring it
-// does not have.
-func checkCommitted(committed, adopted uint64, order []string) error {
-	switch {
-	case committed > adopted:
-		return fmt.Errorf("%w: committed ring epoch %d is above the adopted epoch %d", ErrMalformed, committed, adopted)
-	case committed == 0 && len(order) > 0:
-		return fmt.Errorf("%w: the members of a committed ring, with no committed ring", ErrMalformed)
-	}
-	return checkStrings("committed ring members", order, maxMembers)
 }

@@ -136,10 +136,6 @@ func TestDecodeRejects(t *testing.T) {
 		}), "p1", ErrMalformed},
 		{"negative throughput", mutate(func(e *Envelope) { e.Heartbeat.Links = []LinkFigure{{Peer: "p0", MbitS: -1}} }), "p1", ErrMalformed},
 		{"negative compute", mutate(func(e *Envelope) { e.Heartbeat.ComputeUS = -3 }), "p1", ErrMalformed},
-		{"committed ring above the adopted epoch", mutate(func(e *Envelope) { e.Heartbeat.Committed = e.Heartbeat.Epoch.Number + 1 }), "p1", ErrMalformed},
-		{"committed ring members without a committed ring", mutate(func(e *Envelope) {
-			e.Heartbeat.Committed, e.Heartbeat.CommittedOrder = 0, []string{"p0"}
-		}), "p1", ErrMalformed},
 		{"negative rtt", mutate(func(e *Envelope) { e.Heartbeat.Links = []LinkFigure{{Peer: "p0", RTTMs: -0.5}} }), "p1", ErrMalformed},
 		{"infinite throughput", []byte(`{"v":1,"cluster":"lab","type":"heartbeat","heartbeat":{"peer_id":"p1","version":"1",` +
 			`"addrs":[],"devices":[],"seq":1,"step":0,"name":"","epoch":{"number":0,"order":null,"start_step":0,"coordinator":""},` +

@@ -183,7 +183,6 @@ func (s *Service) selfHeartbeat(now time.Time) Heartbeat {
 	hb.Seq = s.nextSeq(now)
 	if s.view != nil {
 		hb.Epoch = s.view.Epoch()
-		hb.Committed, hb.CommittedOrder = s.view.Committed()
 		hb.Excluded = s.view.OwnExclusions()
 	}
 	return hb

@@ -495,56 +495,7 @@ func (v *View) adoptable(e Epoch) error {
 	if q.ok() {
 		return nil
 	}
-	if v.followsNewerRing(e) {
-		return nil
-	}
 	return fmt.Errorf("%w: no quorum: it lists %d of %s, %d needed", ErrEpochRejected, q.have, q.members(), q.need())
-}
-
-// followsNewerRing reports whether e continues a ring newer than this
-// member's last committed one, by evidence this member checks itself: e's
-// proposer announces that its last committed ring is C, numbered above
-// this member's last and below e; a majority of C's members, the proposer
-// and at least one other, announce in their own heartbeats, as this view
-// holds them, that C (the same number and members) is their last committed
-// ring too; and e lists a majority of C's members. A member that was away,
-// or missed departures, while the others went on (6 → 5 → 3 → 2) then
-// follows them; counting its own stale ring it would wait for members that
-// crashed since. Members that only joined since C do not count (a proposer
-// counts them toward its own quorum, so stale members it counts so could
-// otherwise lead each other into a minority's ring), nor does C if only its
-// proposer completed a step in it, nor members that committed a later ring
-// since (that ring's majority may train elsewhere), nor a ring its proposer
-// alone vouches for.
-func (v *View) followsNewerRing(e Epoch) bool {
-	p := v.members[e.Coordinator]
-	if p == nil || p.Committed <= v.committed.Number || p.Committed >= e.Number {
-		return false
-	}
-	ring := committedRing(p)
-	listed, vouched, others := 0, 0, 0
-	for _, id := range ring {
-		if slices.Contains(e.Order, id) {
-			listed++
-		}
-		if m := v.members[id]; m != nil && m.State.inRing() && m.Committed == p.Committed && slices.Equal(committedRing(m), ring) {
-			vouched++
-			if id != e.Coordinator {
-				others++
-			}
-		}
-	}
-	need := len(ring)/2 + 1
-	return len(ring) > 0 && listed >= need && vouched >= need && others > 0
-}
-
-// committedRing returns the members of m's last committed ring, as its
-// heartbeat announces them.
-func committedRing(m *Member) []string {
-	if m.Committed == m.Epoch.Number {
-		return m.Epoch.Order
-	}
-	return m.CommittedOrder
 }
 
 // checkNumber refuses an epoch number that would let the numbering wrap or
@@ -927,16 +878,6 @@ func (v *View) Commit(number uint64) {
 	if number != 0 && number == v.epoch.Number && v.committed.Number != number {
 		v.committed = cloneEpoch(v.epoch)
 	}
-}
-
-// Committed returns the last epoch in which the local peer completed a
-// step, which its heartbeats announce: its number (0: none) and, when it is
-// not the adopted epoch, its members (nil otherwise).
-func (v *View) Committed() (uint64, []string) {
-	if v.committed.Number == v.epoch.Number {
-		return v.committed.Number, nil
-	}
-	return v.committed.Number, slices.Clone(v.committed.Order)
 }
 
 // quorum reports whether live holds a majority of the members of the last

@@ -78,7 +78,6 @@ func (c *cluster) round(d time.Duration) {
 		v.Tick(c.now)
 		h := hb(id, c.seq)
 		h.Epoch = v.Epoch()
-		h.Committed, h.CommittedOrder = v.Committed()
 		h.Excluded = v.OwnExclusions()
 		for other, w := range c.views {
 			if other != id && !c.down[other] {
@@ -1345,15 +1344,15 @@ func TestAdoptionWithoutACommitIsUnchecked(t *testing.T) {
 	c.agree(t, []string{"a", "b", "c"})
 }
 
-// TestStaleMemberFollowsAProposerThatTrainedSince: a member away while the
-// others shrank by crashes through rings that each kept a majority of the
-// one before (6 → 5 → 3 → 2) counts its own last ring, of six, and the
-// ring of the two and itself lists only 3 of them. It adopts it all the
-// same, because the proposer announces a newer committed ring than its
-// own, which the ring lists a majority of and a majority of whose members
-// announce committed too; a proposer that trained in no newer ring is
-// still counted against.
-func TestStaleMemberFollowsAProposerThatTrainedSince(t *testing.T) {
+// TestStaleMemberWaitsAfterTheOthersShrank: a member away while the others
+// shrank by crashes through rings that each kept a majority of the one
+// before (6 → 5 → 3 → 2) counts its own last ring, of six; the ring of the
+// two and itself lists only 3 of them, and it refuses it and says why. It
+// waits until it restarts (docs/failures.md, Known gaps): every rule tried
+// that let it follow the others on their announcements let a minority
+// train in some other sequence (TestStaleMembersDoNotFollowIntoAMinority,
+// TestStaleMemberIsNoTieBreaker).
+func TestStaleMemberWaitsAfterTheOthersShrank(t *testing.T) {
 	all := []string{"a", "b", "c", "d", "e", "f"}
 	c := newCluster(all...)
 	c.round(time.Second)
@@ -1370,33 +1369,18 @@ func TestStaleMemberFollowsAProposerThatTrainedSince(t *testing.T) {
 		}
 		majority.commit(t, shrink)
 	}
-	f := c.views["f"]
-	if f.committed.Number >= majority.views["a"].committed.Number {
-		t.Fatalf("f committed epoch %d, the majority %d", f.committed.Number, majority.views["a"].committed.Number)
-	}
-	// The ring of the three from a proposer that announces no newer
-	// committed ring than f's own is counted against f's ring, and refused.
-	c.now, c.seq = majority.now, max(majority.seq, minority.seq)
-	c.seq++
-	three := Epoch{Number: majority.views["a"].Epoch().Number + 1, Order: []string{"a", "b", "f"}, Coordinator: "a"}
-	h := hb("a", c.seq)
-	h.Epoch, h.Committed = three, f.committed.Number
-	f.Heartbeat(h, c.now)
-	f.Offer(three, "a", c.now)
-	if got := f.Epoch(); got.Equal(three) {
-		t.Fatalf("f adopted %v from a proposer that trained in no newer ring", got.Order)
-	}
-	if _, err := f.Rejections(); err == nil || !strings.Contains(err.Error(), "no quorum: it lists 3 of the 6 members") {
-		t.Fatalf("the refusal: %v", err)
-	}
 	// Heal: f hears a and b again; c, d and e stay down.
+	c.now, c.seq = majority.now, max(majority.seq, minority.seq)
 	c.down = majority.down
 	for range 3 {
 		c.round(time.Second)
 	}
-	c.agree(t, []string{"a", "b", "f"})
-	if w := f.Waiting(); w != "" {
-		t.Fatalf("f still waits: %q", w)
+	f := c.views["f"]
+	if e := f.Epoch(); slices.Contains(e.Order, "f") && len(e.Order) == 3 {
+		t.Fatalf("f adopted %v", e.Order)
+	}
+	if w := f.Waiting(); !strings.Contains(w, "no quorum: it lists 3 of the 6 members") {
+		t.Fatalf("f's Waiting() = %q", w)
 	}
 }
 
@@ -1442,13 +1426,12 @@ func TestStalledCoordinatorWhoseEpochsWereRefused(t *testing.T) {
 	}
 }
 
-// TestStaleMembersDoNotFollowIntoAMinority: a stale member follows a
-// proposer's newer committed ring only on evidence it checks itself, so
-// that a proposer that counts stale members toward its own quorum (as
-// members that joined since its ring) cannot lead them into a minority's
-// ring while the majority of its own ring trains on. Two sequences of
-// honest members, crashes and partitions, each of which trained on both
-// sides when the proposer's word sufficed:
+// TestStaleMembersDoNotFollowIntoAMinority: stale members, whom a proposer
+// counts toward its own quorum as members that joined since its ring, are
+// not led into a minority's ring while the majority of that ring trains
+// on. Two sequences of honest members, crashes and partitions, each of
+// which trained on both sides when a stale member followed a proposer that
+// announced a newer committed ring (a rule tried and withdrawn):
 //   - 7 → {a..e} (f and g away) → {a, b, c} (d and e crash), then
 //     {a, f, g} | {b, c}: a counts 3 of the 5 it knows (its ring and f and
 //     g), but {a, f, g} lists only a of its ring {a, b, c};
@@ -1495,31 +1478,9 @@ func TestStaleMembersDoNotFollowIntoAMinority(t *testing.T) {
 	})
 }
 
-// TestStaleMemberNeedsTheRingListed: a stale member that hears a majority
-// of its proposer's newer ring vouch for it still refuses a proposal that
-// lists a minority of that ring (the rest may train on apart).
-func TestStaleMemberNeedsTheRingListed(t *testing.T) {
-	f, first := committedView(t, "f", []string{"a", "b", "c", "d", "e", "f", "g"})
-	ring := Epoch{Number: 3, Order: []string{"a", "b", "c"}, Coordinator: "a"}
-	for _, id := range ring.Order {
-		h := hb(id, 2)
-		h.Epoch, h.Committed = ring, ring.Number
-		f.Heartbeat(h, t0)
-	}
-	f.Offer(Epoch{Number: 5, Order: []string{"a", "f", "g"}, Coordinator: "a"}, "a", t0)
-	if got := f.Epoch(); got.Number != first.Number {
-		t.Fatalf("f adopted %v, which lists a only of a's ring %v", got.Order, ring.Order)
-	}
-	two := Epoch{Number: 6, Order: []string{"a", "b", "f"}, Coordinator: "a"}
-	f.Offer(two, "a", t0)
-	if got := f.Epoch(); !got.Equal(two) {
-		t.Fatalf("f refused %v, which lists 2 of a's ring %v, all three vouching: %v", two.Order, ring.Order, f.lastRejection)
-	}
-}
-
 // TestStaleMemberIsNoTieBreaker: a stale member does not follow a ring
 // whose members have committed a later ring since, whose majority may
-// train elsewhere. R = {a,b,c,u,w,x,y,z} commits; x goes away; the others
+// train elsewhere (a rule tried and withdrawn let it). R = {a,b,c,u,w,x,y,z} commits; x goes away; the others
 // shrink by crashes to C = {a,b,c}, a's last ring; a is cut off, and b and
 // c take in newcomers d, f, g: D = {b,c,d,f,g} commits; then {a,b,c,x} |
 // {d,f,g}. {d,f,g} hold 3 of D and train; a counts {a,b,c,x} 4 of 4 (x as
@@ -1570,65 +1531,6 @@ func TestStaleMemberIsNoTieBreaker(t *testing.T) {
 	if trainsOn(g1, []string{"a", "b", "c", "x"}) && trainsOn(g2, []string{"d", "f", "g"}) {
 		t.Fatal("{a, b, c, x} and {d, f, g} both train")
 	}
-}
-
-// TestStaleMemberIgnoresARingItsProposerAloneVouchesFor: a hostile member
-// that announces a committed ring of its own (only itself, numbered above
-// everything) cannot lead stale members into its ring: a ring its
-// proposer alone vouches for is no evidence.
-func TestStaleMemberIgnoresARingItsProposerAloneVouchesFor(t *testing.T) {
-	honest := []string{"b", "c", "x", "y", "z"}
-	c := newCluster(honest...)
-	c.round(time.Second)
-	trained := c.commit(t, honest)
-	xy, bcz := c.partition([]string{"x", "y"}, []string{"b", "c", "z"})
-	bcz.commit(t, []string{"b", "c", "z"})
-	fake := trained.Number + 5
-	e := Epoch{Number: fake + 1, Order: []string{"a", "x", "y"}, Coordinator: "a"}
-	h := hb("a", max(xy.seq, bcz.seq)+1)
-	h.Epoch, h.Committed, h.CommittedOrder = e, fake, []string{"a"}
-	for _, id := range []string{"x", "y"} {
-		xy.views[id].Heartbeat(h, xy.now) // the heartbeat alone carries the proposal
-	}
-	if trainsOn(xy, []string{"a", "x", "y"}) {
-		t.Fatal("x and y follow a's ring {a, x, y}, which a alone vouches for")
-	}
-}
-
-// TestStaleMemberChecksTheVouchedRing: a member that announces the same
-// committed number as the proposer's ring, but another ring, does not
-// vouch for it (a hostile proposer could name an honest member's number).
-func TestStaleMemberChecksTheVouchedRing(t *testing.T) {
-	x, first := committedView(t, "x", []string{"q", "r", "s", "t", "u", "v", "x"})
-	q := hb("q", 2)
-	q.Epoch = Epoch{Number: 3, Order: []string{"q", "r", "s"}, Coordinator: "q"}
-	q.Committed = 3
-	x.Heartbeat(q, t0)
-	e := Epoch{Number: 4, Order: []string{"a", "q", "x"}, Coordinator: "a"}
-	a := hb("a", 2)
-	a.Epoch, a.Committed, a.CommittedOrder = e, 3, []string{"a", "q"}
-	x.Heartbeat(a, t0)
-	x.Offer(e, "a", t0)
-	if got := x.Epoch(); got.Number != first.Number {
-		t.Fatalf("x adopted %v: q announces committed epoch 3, but as ring %v, not a's [a q]", got.Order, q.Epoch.Order)
-	}
-}
-
-// committedView returns the view of self that adopted and committed epoch
-// 1 of ring (sorted; its first member coordinates), hearing every member.
-func committedView(t *testing.T, self string, ring []string) (*View, Epoch) {
-	t.Helper()
-	v := NewView(hb(self, 0), testTiming, t0)
-	for _, id := range ring {
-		v.Heartbeat(hb(id, 1), t0)
-	}
-	first := Epoch{Number: 1, Order: ring, Coordinator: ring[0]}
-	v.Offer(first, ring[0], t0)
-	v.Commit(first.Number)
-	if v.committed.Number != first.Number {
-		t.Fatalf("%s did not commit %v", self, ring)
-	}
-	return v, first
 }
 
 // sideOf is a cluster of the given views (shared with their owners) at

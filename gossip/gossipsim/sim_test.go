@@ -261,7 +261,6 @@ func (s *sim) heartbeat(n *node) {
 	n.seq++
 	hb := gossip.Heartbeat{PeerID: n.id, Name: n.id, Version: "sim", Seq: n.seq, Epoch: n.view.Epoch(),
 		Excluded: n.view.OwnExclusions(), Links: n.links}
-	hb.Committed, hb.CommittedOrder = n.view.Committed()
 	n.view.UpdateSelf(hb, s.now)
 	s.c.heartbeats++
 	s.broadcast(n, &gossip.Envelope{Type: gossip.TypeHeartbeat, Heartbeat: &hb})
