@@ -82,6 +82,10 @@ func cmdBenchTrain(ctx context.Context, args []string, stdout, stderr io.Writer)
 			flagLimit{"train.model", "--model", fromDefault(given["model"])}, flagLimit{"train.devices", "--devices " + set, fromDefault(given["devices"])}); err != nil {
 			return err
 		}
+		// A device this machine lacks is a usage error, as join's preflight has it.
+		if err := checkDevices(specs); err != nil {
+			return usagef("%s: --devices %s: %v", cmd, set, err)
+		}
 	}
 	for k, specs := range deviceSets {
 		need, _, err := modelBytes(*name, model.Config{}, *batch, cpuDevices(specs))
