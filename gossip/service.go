@@ -396,7 +396,7 @@ func (s *Service) emit(evs []Event) {
 		switch {
 		case ev.Member != nil:
 			s.log.Info("member state", zap.String("peer", ev.Member.Peer),
-				zap.Stringer("from", ev.Member.From), zap.Stringer("to", ev.Member.To))
+				zap.String("from", ev.Member.FromText()), zap.Stringer("to", ev.Member.To))
 		case ev.Epoch != nil:
 			s.log.Info("adopted ring epoch", zap.Uint64("epoch", ev.Epoch.Number),
 				zap.Strings("order", ev.Epoch.Order), zap.String("coordinator", ev.Epoch.Coordinator))

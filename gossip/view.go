@@ -84,6 +84,8 @@ type ExclusionChange struct {
 type MemberChange struct {
 	Peer     string
 	From, To State
+	// New marks a member this view had not known (From is Dead then).
+	New bool
 	// Addrs are the member's advertised addresses.
 	Addrs []string
 }
@@ -338,7 +340,9 @@ func (v *View) Heartbeat(hb Heartbeat, now time.Time) []Event {
 	m.LastSeen = now
 	m.State = Alive
 	if from != Alive || !ok {
-		evs = append(evs, v.change(m, from))
+		ev := v.change(m, from)
+		ev.Member.New = !ok
+		evs = append(evs, ev)
 	}
 	return append(evs, v.Offer(hb.Epoch, hb.PeerID, now)...)
 }
@@ -440,7 +444,9 @@ func (v *View) Offer(e Epoch, from string, now time.Time) []Event {
 		}
 		m := &Member{Heartbeat: Heartbeat{PeerID: id}, State: Alive, LastSeen: now}
 		v.members[id] = m
-		evs = append(evs, v.change(m, Dead))
+		ev := v.change(m, Dead)
+		ev.Member.New = true
+		evs = append(evs, ev)
 	}
 	return evs
 }
@@ -1156,6 +1162,15 @@ func (v *View) wantsNewEpoch(live []string) bool {
 		}
 	}
 	return false
+}
+
+// FromText is the state the member changed from, as logs and events
+// name it: "new" for a member this view had not known.
+func (c MemberChange) FromText() string {
+	if c.New {
+		return "new"
+	}
+	return c.From.String()
 }
 
 func (v *View) change(m *Member, from State) Event {

@@ -1562,3 +1562,30 @@ func maxTime(a, b time.Time) time.Time {
 	}
 	return b
 }
+
+// TestMemberChangeSaysNew: a member heard for the first time changes from
+// "new", one heard again after it was declared dead from "dead", so that
+// logs and events do not read a first sighting as a recovery.
+func TestMemberChangeSaysNew(t *testing.T) {
+	v := NewView(hb("a", 0), testTiming, t0)
+	first := v.Heartbeat(hb("b", 1), t0)
+	if len(first) != 1 || first[0].Member == nil || !first[0].Member.New || first[0].Member.FromText() != "new" || first[0].Member.To != Alive {
+		t.Fatalf("first heartbeat: %+v", first)
+	}
+	v.Tick(t0.Add(testTiming.FailAfter)) // b is declared dead
+	again := v.Heartbeat(hb("b", 2), t0.Add(testTiming.FailAfter+time.Second))
+	if len(again) != 1 || again[0].Member == nil || again[0].Member.New || again[0].Member.FromText() != "dead" {
+		t.Fatalf("heartbeat after death: %+v", again)
+	}
+	// A member an adopted epoch lists before this view heard it is new too.
+	evs := v.Offer(Epoch{Number: 1, Order: []string{"a", "b", "c"}, Coordinator: "a"}, "a", t0.Add(testTiming.FailAfter+time.Second))
+	var c *MemberChange
+	for _, ev := range evs {
+		if ev.Member != nil && ev.Member.Peer == "c" {
+			c = ev.Member
+		}
+	}
+	if c == nil || c.FromText() != "new" {
+		t.Fatalf("events of the epoch that lists c: %+v", evs)
+	}
+}

@@ -52,7 +52,7 @@ func (n *Node) recordEvent(ev gossip.Event) {
 			Message: fmt.Sprintf("ring epoch %d of %d members", ev.Epoch.Number, len(ev.Epoch.Order))})
 	case ev.Member != nil:
 		n.Add(telemetry.Record{Kind: telemetry.KindEvent, Event: telemetry.EventMember, Peer: ev.Member.Peer,
-			Message: fmt.Sprintf("%v → %v", ev.Member.From, ev.Member.To)})
+			Message: fmt.Sprintf("%s → %v", ev.Member.FromText(), ev.Member.To)})
 	case ev.Exclusion != nil:
 		n.Add(telemetry.Record{Kind: telemetry.KindEvent, Event: telemetry.EventExcluded, Peer: ev.Exclusion.Peer,
 			Message: fmt.Sprintf("excluded for %s: %s", ev.Exclusion.For, ev.Exclusion.Reason)})

@@ -35,6 +35,9 @@ const (
 	EventResync = "resync"
 	// EventCheckpoint: a checkpoint was written (Message: its path).
 	EventCheckpoint = "checkpoint"
+	// EventResumed: the run resumed from a checkpoint (Step: its step;
+	// Message: its path).
+	EventResumed = "resumed"
 	// EventDone: the run finished (Message: the done line).
 	EventDone = "done"
 	// EventEvalFailed: an evaluation through a pipeline failed (Peer: the
