@@ -136,7 +136,7 @@ func TestTrainRefusesCheckpointBeyondSteps(t *testing.T) {
 
 // TestTrainResumesAFinishedRun: a run started again on the checkpoint of
 // its last step (train.steps) trains nothing and reports the same result,
-// resumed at that step.
+// resumed at that step (an event says so), writing no checkpoint again.
 func TestTrainResumesAFinishedRun(t *testing.T) {
 	requireDataset(t)
 	dir := t.TempDir()
@@ -145,8 +145,25 @@ func TestTrainResumesAFinishedRun(t *testing.T) {
 	cfg.Train.CheckpointDir = dir
 	p := startTrainer(t, cfg, nil)
 	p.wait(t, 30*time.Second)
-	if p.err != nil || p.res.Step != 6 || p.res.ParamHash != first.ParamHash || p.res.Resumed != 6 || first.Resumed != 0 {
+	if p.err != nil || p.res.Step != 6 || p.res.ParamHash != first.ParamHash || p.res.Resumed != 6 || p.res.Trained != 0 ||
+		first.Resumed != 0 || first.Trained != 6 {
 		t.Fatalf("finished run started again: %+v, %v; the first ended %+v", p.res, p.err, first)
+	}
+	recs, _ := p.timeline.Since(0)
+	resumed, written := 0, 0
+	for _, r := range recs {
+		switch r.Event {
+		case telemetry.EventResumed:
+			resumed++
+			if r.Step != 6 || !strings.HasSuffix(r.Message, ".p2pt") {
+				t.Errorf("resumed event %+v: want step 6 and the checkpoint's file", r)
+			}
+		case telemetry.EventCheckpoint:
+			written++
+		}
+	}
+	if resumed != 1 || written != 0 {
+		t.Errorf("%d resumed events and %d checkpoints written, want 1 and 0 (the file it resumed from holds step 6)", resumed, written)
 	}
 	if len(p.progress) != 0 {
 		t.Fatalf("trained %d more steps", len(p.progress))

@@ -67,8 +67,9 @@ type Result struct {
 	// Resyncs the training states this peer took over from a member.
 	Retries, Resyncs int
 	// Resumed is the step of the checkpoint this run resumed from (0: it
-	// started afresh).
-	Resumed uint64
+	// started afresh), and Trained the steps this process applied itself
+	// (Step less those it took over with a checkpoint or a member's state).
+	Resumed, Trained uint64
 	// Stages is the number of pipeline stages the model was cut into (0:
 	// none; every peer holds the whole model), and Stage the one this peer
 	// holds, whose parameters ParamHash hashes.
@@ -115,9 +116,11 @@ type Trainer struct {
 	// mismatches counts parameter hashes that differed from the
 	// coordinator's; syncs counts states adopted from another peer.
 	mismatches, syncs int
-	// resumed is the step of the checkpoint Run resumed from (0: none).
-	resumed  uint64
-	lastEval float64
+	// resumed is the step of the checkpoint Run resumed from (0: none),
+	// trained the steps this process applied, and saved the step of the
+	// last checkpoint written or resumed from (0: none).
+	resumed, trained, saved uint64
+	lastEval                float64
 	// checks holds this peer's recent parameter hashes by step, to compare
 	// with the coordinator's whenever its check arrives.
 	checks map[uint64]string
@@ -330,7 +333,8 @@ func (t *Trainer) resume(ctx context.Context) error {
 		return fmt.Errorf("train: resume from %s: %w", t.cfg.CheckpointDir, err)
 	}
 	t.log.Info("resumed from checkpoint", zap.Int64("step", c.Step), zap.String("param_hash", t.hash))
-	t.resumed = uint64(c.Step)
+	t.resumed, t.saved = uint64(c.Step), uint64(c.Step)
+	t.event(telemetry.EventResumed, "", path)
 	return nil
 }
 
@@ -1031,6 +1035,7 @@ func (t *Trainer) runStep(ctx context.Context, sess *allreduce.Session, links []
 	err := t.l.Apply(ctx, step)
 	if err == nil {
 		t.step++
+		t.trained++
 		t.hash = ""
 		t.prevState = nil // every member of the epoch holds its stage now
 	}
@@ -1217,6 +1222,7 @@ func (t *Trainer) checkpoint() error {
 		if path, err = model.WriteCheckpoint(t.cfg.CheckpointDir, c, 0); err == nil {
 			t.log.Info("checkpoint written", zap.String("path", path), zap.Uint64("step", t.step))
 			t.event(telemetry.EventCheckpoint, "", path)
+			t.saved = t.step
 			return nil
 		}
 	}
@@ -1288,10 +1294,11 @@ func (t *Trainer) finish(ctx context.Context) (Result, gossip.Epoch, error) {
 		return Result{}, gossip.Epoch{}, fmt.Errorf("%w: its loss after step %d is %v although every parameter is finite (lower train.lr, set train.clip_norm, or set allreduce.robust against a member's huge gradients)", errDiverged, t.step, st.Loss)
 	}
 	var ckptErr error
-	if t.cfg.CheckpointDir != "" {
+	if t.cfg.CheckpointDir != "" && t.saved != t.step { // a periodic checkpoint may have written this step
 		ckptErr = t.checkpoint()
 	}
-	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.hash, Retries: t.retries, Resyncs: t.syncs, Resumed: t.resumed}
+	res := Result{Step: t.step, Loss: st.Loss, Accuracy: st.Accuracy(), ParamHash: t.hash, Retries: t.retries, Resyncs: t.syncs,
+		Resumed: t.resumed, Trained: t.trained}
 	if t.pipelined() {
 		res.Stages, res.Stage = t.stages.Stages(), t.heldStage()
 	}

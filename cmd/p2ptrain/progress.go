@@ -151,8 +151,11 @@ func clearProgress(live *liveLine) {
 // runSummary is the closing line of a run: what it cost.
 func runSummary(res train.Result, wall time.Duration, sent, received int64) string {
 	steps := fmt.Sprintf("%d steps", res.Step)
-	if res.Resumed > 0 {
-		steps = fmt.Sprintf("%d steps (%d to %d, resumed from a checkpoint)", res.Step-min(res.Resumed, res.Step), res.Resumed, res.Step)
+	switch {
+	case res.Resumed > 0:
+		steps = fmt.Sprintf("%d steps (%d to %d, resumed from a checkpoint)", res.Trained, res.Resumed, res.Step)
+	case res.Trained < res.Step:
+		steps = fmt.Sprintf("%d of %d steps trained here (the others came with a member's state)", res.Trained, res.Step)
 	}
 	return fmt.Sprintf("summary: %s in %s, sent %s, received %s, %d steps retried, %d states taken over",
 		steps, wall.Round(time.Second/10), humanBytes(float64(sent)), humanBytes(float64(received)), res.Retries, res.Resyncs)

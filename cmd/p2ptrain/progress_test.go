@@ -65,14 +65,19 @@ func TestETAFollowsTheRecentPace(t *testing.T) {
 }
 
 func TestRunSummaryGivesWallTimeTrafficAndRetries(t *testing.T) {
-	got := runSummary(train.Result{Step: 300, Retries: 2, Resyncs: 1}, 83*time.Second+240*time.Millisecond, 3<<20, 5<<19)
+	got := runSummary(train.Result{Step: 300, Trained: 300, Retries: 2, Resyncs: 1}, 83*time.Second+240*time.Millisecond, 3<<20, 5<<19)
 	want := "summary: 300 steps in 1m23.2s, sent 3.0 MiB, received 2.5 MiB, 2 steps retried, 1 states taken over"
 	if got != want {
 		t.Fatalf("runSummary = %q\nwant       %q", got, want)
 	}
 	// A run resumed from a checkpoint counts the steps it took itself.
-	got = runSummary(train.Result{Step: 1000, Resumed: 994}, 1700*time.Millisecond, 0, 0)
+	got = runSummary(train.Result{Step: 1000, Resumed: 994, Trained: 6}, 1700*time.Millisecond, 0, 0)
 	if want := "summary: 6 steps (994 to 1000, resumed from a checkpoint) in 1.7s"; !strings.HasPrefix(got, want) {
+		t.Fatalf("runSummary = %q\nwant it to start %q", got, want)
+	}
+	// A peer that joined late counts what it trained itself.
+	got = runSummary(train.Result{Step: 300, Trained: 93, Resyncs: 1}, 14*time.Second, 0, 0)
+	if want := "summary: 93 of 300 steps trained here (the others came with a member's state) in 14s"; !strings.HasPrefix(got, want) {
 		t.Fatalf("runSummary = %q\nwant it to start %q", got, want)
 	}
 }
