@@ -27,6 +27,8 @@ type Status struct {
 	SamplesPerS  *float64 `json:"samples_per_s,omitempty"`
 	Codec        string   `json:"codec,omitempty"`
 	BytesPerStep *float64 `json:"bytes_per_step,omitempty"`
+	// TrainerWaiting says why the trainer waits for a ring it can train in.
+	TrainerWaiting string `json:"trainer_waiting,omitempty"`
 }
 
 // MemberStatus is one member as this peer sees it.
@@ -92,6 +94,7 @@ type Training struct {
 	SamplesPerS  float64
 	BytesPerStep float64
 	Codec        string
+	Waiting      string // why the trainer waits ("": it does not)
 }
 
 // SetTraining records the trainer's latest figures.
@@ -144,6 +147,7 @@ func (n *Node) Status() Status {
 		}
 		st.ParamHash, st.Codec = ti.ParamHash, ti.Codec
 		st.SamplesPerS, st.BytesPerStep = ptr(ti.SamplesPerS), ptr(ti.BytesPerStep)
+		st.TrainerWaiting = ti.Waiting
 	}
 	if st.Ring.Order == nil {
 		st.Ring.Order = []string{}

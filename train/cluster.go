@@ -66,4 +66,7 @@ type Status struct {
 	SamplesPerS  float64
 	BytesPerStep float64
 	Codec        string
+	// Waiting says why the trainer is waiting for a ring it can train in
+	// ("" while it trains, or waits on nothing it can name).
+	Waiting string
 }

@@ -516,6 +516,7 @@ func (t *Trainer) trainIn(ctx context.Context, rejoin *gossip.Epoch) error {
 func (t *Trainer) waitEpoch(ctx context.Context) (gossip.Epoch, error) {
 	self := t.self
 	var logged uint64
+	defer t.setWaiting("")
 	for {
 		_, ep := t.c.View()
 		if ep.Number >= t.minEpoch && slices.Contains(ep.Order, self) && len(ep.Order) >= t.cfg.MinPeers && t.pipeFits(ep) {
@@ -524,10 +525,23 @@ func (t *Trainer) waitEpoch(ctx context.Context) (gossip.Epoch, error) {
 		if ep.Number != 0 && ep.Number != logged && len(ep.Order) < t.cfg.MinPeers {
 			t.log.Info("waiting for peers", zap.Uint64("epoch", ep.Number), zap.Int("have", len(ep.Order)), zap.Int("min_peers", t.cfg.MinPeers))
 			logged = ep.Number
+			t.setWaiting(fmt.Sprintf("for peers: ring epoch %d has %d of the %d members train.min_peers asks for", ep.Number, len(ep.Order), t.cfg.MinPeers))
 		}
 		if !ctxutil.Sleep(ctx, pollInterval) {
 			return gossip.Epoch{}, ctx.Err()
 		}
+	}
+}
+
+// setWaiting reports why the trainer waits (Status.Waiting) when that
+// changes.
+func (t *Trainer) setWaiting(why string) {
+	if t.status.Waiting == why {
+		return
+	}
+	t.status.Waiting = why
+	if t.report != nil {
+		t.report(t.status)
 	}
 }
 

@@ -902,3 +902,42 @@ func TestTrainStopsWhenTheModelDiverges(t *testing.T) {
 		}
 	}
 }
+
+// TestTrainerSaysItWaitsForPeers: a trainer alone in its ring with
+// train.min_peers = 2 reports why it waits (Status.Waiting, shown in
+// /status as trainer_waiting), and stops saying so once a second peer lets
+// it train.
+func TestTrainerSaysItWaitsForPeers(t *testing.T) {
+	requireDataset(t)
+	var mu sync.Mutex
+	var whys []string
+	record := func(o *Options) {
+		o.Status = func(s Status) {
+			mu.Lock()
+			if len(whys) == 0 || whys[len(whys)-1] != s.Waiting {
+				whys = append(whys, s.Waiting)
+			}
+			mu.Unlock()
+		}
+	}
+	first := startTrainerOptions(t, trainConfig(5, 2), nil, nil, nil, record)
+	waiting := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(whys) > 0 && strings.Contains(whys[len(whys)-1], "has 1 of the 2 members train.min_peers asks for")
+	}
+	for deadline := time.Now().Add(30 * time.Second); !waiting(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			mu.Lock()
+			t.Fatalf("no waiting reason reported: %q", whys)
+		}
+	}
+	second := startTrainer(t, trainConfig(5, 2, bootstrapTo([]*trainPeer{first})...), nil)
+	first.wait(t, time.Minute)
+	second.wait(t, time.Minute)
+	mu.Lock()
+	defer mu.Unlock()
+	if whys[len(whys)-1] != "" {
+		t.Fatalf("still waiting after training: %q", whys)
+	}
+}

@@ -593,8 +593,9 @@
     const ring = (st && st.ring) || {};
     const order = Array.isArray(ring.order) ? ring.order : [];
     const info = $('ring-info');
+    const trainer = st && st.trainer_waiting ? 'trainer waiting ' + st.trainer_waiting : '';
     if (!order.length) {
-      info.textContent = ring.waiting ? 'no ring epoch: ' + ring.waiting : 'no ring epoch yet';
+      info.textContent = [ring.waiting ? 'no ring epoch: ' + ring.waiting : 'no ring epoch yet', trainer].filter(Boolean).join(' · ');
       svgText(w / 2, h / 2, 'no ring yet', { class: 'empty' }, svg);
       return;
     }
@@ -602,6 +603,7 @@
     if (ring.schedule) parts.push('schedule ' + ring.schedule);
     if (ring.final_codec) parts.push('all-gather ' + ring.final_codec);
     if (ring.waiting) parts.push('waiting: ' + ring.waiting);
+    if (trainer) parts.push(trainer);
     info.textContent = parts.join(' · ');
 
     const self = st.peer_id;

@@ -395,5 +395,5 @@ func version() string { return node.Version }
 // trainingStatus converts the trainer's status for the node's /status.
 func trainingStatus(s train.Status) node.Training {
 	return node.Training{Active: s.Active, Loss: s.Loss, Accuracy: s.Accuracy, ParamHash: s.ParamHash,
-		SamplesPerS: s.SamplesPerS, BytesPerStep: s.BytesPerStep, Codec: s.Codec}
+		SamplesPerS: s.SamplesPerS, BytesPerStep: s.BytesPerStep, Codec: s.Codec, Waiting: s.Waiting}
 }

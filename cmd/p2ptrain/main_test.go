@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/p2ptrain/p2ptrain/config"
+	"github.com/p2ptrain/p2ptrain/node"
 	"github.com/pelletier/go-toml/v2"
 )
 
@@ -288,6 +289,21 @@ func TestShippedConfigIsDefaults(t *testing.T) {
 			if _, ok := got[key]; !ok {
 				t.Errorf("config.toml does not document %s.%s", section, key)
 			}
+		}
+	}
+}
+
+// TestStatusPrintsWhyItWaits: `p2ptrain status` shows why the coordinator
+// holds back an epoch (or this peer refuses its coordinator's) and why the
+// trainer waits, as /status gives them.
+func TestStatusPrintsWhyItWaits(t *testing.T) {
+	var out strings.Builder
+	st := node.Status{PeerID: "12D3KooWAbc", Name: "a", Codec: "none", TrainerWaiting: "for peers: ring epoch 5 has 1 of the 2 members train.min_peers asks for"}
+	st.Ring.Waiting = "refusing epoch 7 of coordinator b: no quorum"
+	printStatus(&out, st)
+	for _, want := range []string{"waiting: refusing epoch 7 of coordinator b: no quorum", "trainer  waiting for peers: ring epoch 5 has 1 of the 2"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status printed\n%s\nwithout %q", out.String(), want)
 		}
 	}
 }

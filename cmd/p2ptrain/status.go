@@ -61,6 +61,9 @@ func printStatus(w io.Writer, st node.Status) {
 	fmt.Fprintf(w, "peer     %s (%s)\n", st.PeerID, st.Name)
 	fmt.Fprintf(w, "cluster  %s, version %s, step %d\n", st.Cluster, st.Version, st.Step)
 	fmt.Fprintf(w, "ring     epoch %d, %d members, coordinator %s\n", st.Ring.Epoch, len(st.Ring.Order), short(st.Ring.Coordinator))
+	if st.Ring.Waiting != "" {
+		fmt.Fprintf(w, "         waiting: %s\n", st.Ring.Waiting)
+	}
 	if len(st.Ring.Order) > 0 {
 		var order []string
 		for _, p := range st.Ring.Order {
@@ -70,6 +73,9 @@ func printStatus(w io.Writer, st node.Status) {
 	}
 	if st.Codec != "" {
 		fmt.Fprintln(w, trainLine(st))
+	}
+	if st.TrainerWaiting != "" {
+		fmt.Fprintf(w, "trainer  waiting %s\n", st.TrainerWaiting)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nPEER\tNAME\tSTATE\tLAST SEEN\tSTEP")
