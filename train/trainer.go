@@ -540,6 +540,9 @@ func (t *Trainer) setWaiting(why string) {
 		return
 	}
 	t.status.Waiting = why
+	if why != "" {
+		t.status.SamplesPerS = 0 // it trains nothing while it waits
+	}
 	if t.report != nil {
 		t.report(t.status)
 	}

@@ -905,39 +905,54 @@ func TestTrainStopsWhenTheModelDiverges(t *testing.T) {
 
 // TestTrainerSaysItWaitsForPeers: a trainer alone in its ring with
 // train.min_peers = 2 reports why it waits (Status.Waiting, shown in
-// /status as trainer_waiting), and stops saying so once a second peer lets
-// it train.
+// /status as trainer_waiting) at 0 samples/s; it stops saying so while a
+// second peer lets it train, and says so again, at 0 samples/s rather than
+// its last rate, once that peer leaves.
 func TestTrainerSaysItWaitsForPeers(t *testing.T) {
 	requireDataset(t)
 	var mu sync.Mutex
 	var whys []string
+	var trained bool
 	record := func(o *Options) {
 		o.Status = func(s Status) {
 			mu.Lock()
+			defer mu.Unlock()
 			if len(whys) == 0 || whys[len(whys)-1] != s.Waiting {
 				whys = append(whys, s.Waiting)
 			}
-			mu.Unlock()
+			if s.Waiting != "" && s.SamplesPerS != 0 {
+				t.Errorf("waiting (%s) at %.0f samples/s", s.Waiting, s.SamplesPerS)
+			}
+			trained = trained || s.Waiting == "" && s.SamplesPerS > 0
 		}
 	}
-	first := startTrainerOptions(t, trainConfig(5, 2), nil, nil, nil, record)
+	until := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			mu.Lock()
+			done := ok()
+			mu.Unlock()
+			if done {
+				return
+			}
+			if time.Now().After(deadline) {
+				mu.Lock()
+				defer mu.Unlock()
+				t.Fatalf("%s: reasons reported %q", what, whys)
+			}
+		}
+	}
 	waiting := func() bool {
-		mu.Lock()
-		defer mu.Unlock()
 		return len(whys) > 0 && strings.Contains(whys[len(whys)-1], "has 1 of the 2 members train.min_peers asks for")
 	}
-	for deadline := time.Now().Add(30 * time.Second); !waiting(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			mu.Lock()
-			t.Fatalf("no waiting reason reported: %q", whys)
-		}
+	first := startTrainerOptions(t, trainConfig(100000, 2), nil, nil, nil, record)
+	until("alone", waiting)
+	second := startTrainer(t, trainConfig(100000, 2, bootstrapTo([]*trainPeer{first})...), nil)
+	until("with a second peer", func() bool { return trained && whys[len(whys)-1] == "" })
+	second.cancel()
+	<-second.done
+	if err := second.n.Close(); err != nil { // it leaves the cluster
+		t.Fatal(err)
 	}
-	second := startTrainer(t, trainConfig(5, 2, bootstrapTo([]*trainPeer{first})...), nil)
-	first.wait(t, time.Minute)
-	second.wait(t, time.Minute)
-	mu.Lock()
-	defer mu.Unlock()
-	if whys[len(whys)-1] != "" {
-		t.Fatalf("still waiting after training: %q", whys)
-	}
+	until("after the second peer left", waiting)
 }
