@@ -80,10 +80,12 @@ type Record struct {
 	Peers int     `json:"peers,omitempty"`
 	Epoch uint64  `json:"epoch,omitempty"`
 
-	// KindEval.
+	// KindEval. EvalS is the evaluation's time, which the next step's
+	// WaitS leaves out.
 	TestLoss    *float64 `json:"test_loss,omitempty"`
 	Accuracy    *float64 `json:"accuracy,omitempty"`
 	BitsPerByte *float64 `json:"bits_per_byte,omitempty"`
+	EvalS       float64  `json:"eval_s,omitempty"`
 
 	// KindEvent.
 	Event   string `json:"event,omitempty"`

@@ -42,8 +42,8 @@ func TestTrainTimelineRecordsEveryStepEvaluationAndCheckpoint(t *testing.T) {
 			}
 		case r.Kind == telemetry.KindEval:
 			evals++
-			if r.Accuracy == nil || r.TestLoss == nil || *r.Accuracy <= 0 || r.BitsPerByte != nil {
-				t.Errorf("evaluation record %+v: want test loss and accuracy, no bits per byte", r)
+			if r.Accuracy == nil || r.TestLoss == nil || *r.Accuracy <= 0 || r.BitsPerByte != nil || r.EvalS <= 0 {
+				t.Errorf("evaluation record %+v: want test loss, accuracy and its time, no bits per byte", r)
 			}
 		case r.Event == telemetry.EventCheckpoint:
 			checkpoints++

@@ -91,8 +91,9 @@ type Trainer struct {
 	linger   time.Duration
 	// timeline receives a record per step, evaluation and event (never nil).
 	timeline telemetry.Sink
-	// idleSince is when the last step ended (or Run began): the time until
-	// the next step starts is waiting (Record.WaitS).
+	// idleSince is when the last step ended (or Run began), moved on by
+	// the evaluations since: the time until the next step starts is waiting
+	// (Record.WaitS).
 	idleSince time.Time
 	// retries counts failed attempts at a step.
 	retries int
@@ -1200,7 +1201,10 @@ func (t *Trainer) afterStep(ctx context.Context) error {
 
 // evaluate measures the model on held-out data, if the learner has any.
 func (t *Trainer) evaluate() (model.Stats, error) {
+	began := time.Now()
 	st, err := t.l.Evaluate()
+	took := time.Since(began)
+	t.idleSince = t.idleSince.Add(took) // the next step's wait leaves it out
 	if errors.Is(err, ErrNoEvaluation) {
 		return model.Stats{Loss: t.loss}, err
 	}
@@ -1215,7 +1219,7 @@ func (t *Trainer) evaluate() (model.Stats, error) {
 		fields = append(fields, zap.Float64("bits_per_byte", data.BitsPerByte(st.Loss)))
 	}
 	t.log.Info("evaluation", fields...)
-	rec := telemetry.Record{Kind: telemetry.KindEval, Step: t.step, TestLoss: &st.Loss}
+	rec := telemetry.Record{Kind: telemetry.KindEval, Step: t.step, TestLoss: &st.Loss, EvalS: took.Seconds()}
 	if acc := st.Accuracy(); t.cfg.Model != "gpt" {
 		rec.Accuracy = &acc
 	} else {
