@@ -679,17 +679,20 @@ func ParseListenAddr(s string) (ma.Multiaddr, error) {
 }
 
 // listensOn returns the node.listen address that surely takes TCP port
-// port on host as well, if any (the same address family, and one of them
-// on all addresses or both on the same one; an API host of "" is every
-// address of both families): the API could not bind it.
-// Port 0 (any free port) and DNS names clash with none.
+// port on host as well, if any: the API could not bind it. An API on all
+// addresses ("" or an unspecified IP: Go listens on both families) clashes
+// with every listen address on its port; another API address with one of
+// the same family on all addresses, or on that address. A listen address
+// on /dns*/localhost is the loopback one; other names, and port 0 (any free
+// port), clash with none.
 func listensOn(listen []string, host, port string) (string, bool) {
+	p, err := strconv.Atoi(port)
 	if host == "localhost" {
 		host = "127.0.0.1"
 	}
 	ip := net.ParseIP(host)
-	all := host == "" // every address of both families
-	if port == "0" || ip == nil && !all {
+	all := host == "" || ip != nil && ip.IsUnspecified()
+	if err != nil || p == 0 || ip == nil && !all {
 		return "", false
 	}
 	for _, s := range listen {
@@ -699,11 +702,14 @@ func listensOn(listen []string, host, port string) (string, bool) {
 		}
 		lport, _ := a.ValueForProtocol(ma.P_TCP)
 		lhost, _ := a.ValueForProtocol(a[0].Code())
+		if c := a[0].Code(); c != ma.P_IP4 && c != ma.P_IP6 && lhost == "localhost" {
+			lhost = "127.0.0.1"
+		}
 		lip := net.ParseIP(lhost)
-		if lport != port || lip == nil || !all && (lip.To4() == nil) != (ip.To4() == nil) {
+		if lp, err := strconv.Atoi(lport); err != nil || lp != p || lip == nil {
 			continue
 		}
-		if all || lip.IsUnspecified() || ip.IsUnspecified() || lip.Equal(ip) {
+		if all || lip.Equal(ip) || lip.IsUnspecified() && (lip.To4() == nil) == (ip.To4() == nil) {
 			return s, true
 		}
 	}

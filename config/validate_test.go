@@ -178,6 +178,19 @@ func TestAddressesAreValidated(t *testing.T) {
 		{"api beside the listen port", func(c *Config) { c.Node.API, c.Node.Listen = "127.0.0.1:4001", []string{"/ip4/127.0.0.2/tcp/4001"} }, "", ""},
 		{"api on another family", func(c *Config) { c.Node.API, c.Node.Listen = "[::1]:4001", []string{"/ip4/127.0.0.1/tcp/4001"} }, "", ""},
 		{"api and listen on port 0", func(c *Config) { c.Node.API, c.Node.Listen = "127.0.0.1:0", []string{"/ip4/127.0.0.1/tcp/0"} }, "", ""},
+		{"api on all addresses, listen on IPv6's", func(c *Config) {
+			c.Node.API, c.Node.APIPublic, c.Node.Listen, c.Node.Open = "0.0.0.0:4001", true, []string{"/ip6/::/tcp/4001"}, true
+		}, `node.api: "0.0.0.0:4001" takes the TCP port`, ""},
+		{"api on all IPv6 addresses, listen on loopback", func(c *Config) {
+			c.Node.API, c.Node.APIPublic, c.Node.Listen = "[::]:4001", true, []string{"/ip4/127.0.0.1/tcp/4001"}
+		}, `node.api: "[::]:4001" takes the TCP port`, ""},
+		{"api port with a leading zero", func(c *Config) { c.Node.API, c.Node.Listen = "127.0.0.1:04001", []string{"/ip4/127.0.0.1/tcp/4001"} },
+			`node.api: "127.0.0.1:04001" takes the TCP port`, ""},
+		{"listen on localhost by name", func(c *Config) { c.Node.API, c.Node.Listen = "127.0.0.1:4001", []string{"/dns4/localhost/tcp/4001"} },
+			`node.api: "127.0.0.1:4001" takes the TCP port`, ""},
+		{"api on IPv6 loopback, listen on IPv4's all", func(c *Config) {
+			c.Node.API, c.Node.Listen, c.Node.Open = "[::1]:4001", []string{"/ip4/0.0.0.0/tcp/4001"}, true
+		}, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := validBase(t)

@@ -188,7 +188,9 @@ func idxFileDims(p string) ([]int, error) {
 // has read) decompresses to want bytes, as its header dims declare. The
 // trailer's ISIZE (the size modulo 2³²) settles it cheaply when it agrees;
 // otherwise the rest is decompressed and counted, which tells a truncated
-// stream, a corrupt one and a size mismatch apart.
+// stream, a corrupt one and a size mismatch apart. (A file of several gzip
+// members whose last one alone has the declared size, such as one stream
+// written twice, passes here and is refused at load.)
 func checkGzipSize(f *os.File, s io.Reader, p string, dims []int, want int64) error {
 	var trailer [4]byte
 	if st, err := f.Stat(); err == nil && st.Size() >= 18 {

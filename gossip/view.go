@@ -818,7 +818,7 @@ func (v *View) checkCoordinator(now time.Time) []Event {
 	why := fmt.Sprintf("as coordinator it proposed no ring epoch for %s although membership changed", timeout)
 	if r := v.refusal; r.epoch.Coordinator == c {
 		why = fmt.Sprintf("as coordinator it proposed no ring epoch this member could adopt for %s although membership changed (it refused epoch %d: %s)",
-			timeout, r.epoch.Number, r.why)
+			timeout, r.epoch.Number, strings.TrimPrefix(r.why, ErrEpochRejected.Error()+": "))
 	}
 	return v.excludeEvent(c, why)
 }

@@ -1421,7 +1421,7 @@ func TestStalledCoordinatorWhoseEpochsWereRefused(t *testing.T) {
 		}
 	}
 	if !strings.Contains(reason, "proposed no ring epoch this member could adopt") || !strings.Contains(reason, "it refused epoch 5") ||
-		!strings.Contains(reason, "no quorum: it lists 2 of the 5 members") {
+		!strings.Contains(reason, "(it refused epoch 5: no quorum: it lists 2 of the 5 members") {
 		t.Fatalf("exclusion reason %q", reason)
 	}
 }

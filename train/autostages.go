@@ -1073,7 +1073,7 @@ func (t *Trainer) switchLearner(c StagesChoice) error {
 // old one go, the parameter hash is computed anew. The caller holds t.mu.
 func (t *Trainer) useLearner(l Learner, pl *PipeLearner, step uint64, stage int) error {
 	t.l, t.stages = l, pl
-	t.step, t.hash, t.prevState, t.wantStage = step, "", nil, stage
+	t.step, t.hash, t.prevState, t.wantStage, t.saved = step, "", nil, stage, 0
 	t.status.Step = step
 	clear(t.checks)
 	t.payload.Check = nil

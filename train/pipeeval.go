@@ -79,7 +79,11 @@ func (t *Trainer) evalPipeline(ctx context.Context, ep gossip.Epoch) error {
 		return nil
 	}
 	start := time.Now()
-	if _, err := t.stages.EvaluatePipeline(ctx, t.step); err != nil {
+	_, err := t.stages.EvaluatePipeline(ctx, t.step)
+	t.pipeEvalTook = time.Since(start)
+	t.idleSince = t.idleSince.Add(t.pipeEvalTook) // the next step's wait leaves it out, as evaluate does
+	if err != nil {
+		t.pipeEvalTook = 0 // no record takes it
 		err = fmt.Errorf("train: evaluation through the pipeline after step %d: %w", t.step, err)
 		if ctx.Err() != nil {
 			return err
@@ -93,7 +97,7 @@ func (t *Trainer) evalPipeline(ctx context.Context, ep gossip.Epoch) error {
 		t.blame(err, ep)
 		return err
 	}
-	t.log.Debug("evaluated through the pipeline", zap.Uint64("step", t.step), zap.Duration("took", time.Since(start)))
+	t.log.Debug("evaluated through the pipeline", zap.Uint64("step", t.step), zap.Duration("took", t.pipeEvalTook))
 	if !final {
 		_, _ = t.evaluate() // the figures just computed: logged and recorded
 	}

@@ -70,7 +70,8 @@ func (t *Trainer) settleUnsettled(ctx context.Context, ep gossip.Epoch, steps ma
 	t.mu.Lock()
 	err := t.l.Apply(ctx, u.step)
 	if err == nil {
-		t.step, t.hash, t.prevState = next, "", nil
+		t.step, t.hash, t.prevState, t.saved = next, "", nil, 0
+		t.trained++
 		t.status.Step = next
 	}
 	t.mu.Unlock()

@@ -241,7 +241,7 @@ func (t *Trainer) switchStage(s int, c *model.Checkpoint, step uint64) error {
 		return err
 	}
 	t.prevState = keep
-	t.step, t.hash = step, ""
+	t.step, t.hash, t.saved = step, "", 0
 	t.status.Step = step
 	clear(t.checks)
 	if err := t.buildCodecs(); err != nil {

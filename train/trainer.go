@@ -95,6 +95,10 @@ type Trainer struct {
 	// the evaluations since: the time until the next step starts is waiting
 	// (Record.WaitS).
 	idleSince time.Time
+	// pipeEvalTook is the time of the evaluation through the pipeline that
+	// evalPipeline ran, which the next evaluation record adds (evaluate
+	// then only reads its figures).
+	pipeEvalTook time.Duration
 	// retries counts failed attempts at a step.
 	retries int
 
@@ -355,7 +359,11 @@ func (t *Trainer) restore(ctx context.Context, c *model.Checkpoint) error {
 	if err := t.l.Restore(ctx, c); err != nil {
 		return err
 	}
+	if back := t.step - min(t.step, uint64(c.Step)); back > 0 {
+		t.trained -= min(t.trained, back) // steps rolled back are trained again
+	}
 	t.step = uint64(c.Step)
+	t.saved = 0 // another state: a checkpoint at this step may hold the one it replaced
 	t.hash = ""
 	t.status.Step = t.step
 	_, err := t.paramHash(ctx)
@@ -523,11 +531,15 @@ func (t *Trainer) waitEpoch(ctx context.Context) (gossip.Epoch, error) {
 		if ep.Number >= t.minEpoch && slices.Contains(ep.Order, self) && len(ep.Order) >= t.cfg.MinPeers && t.pipeFits(ep) {
 			return ep, nil
 		}
-		if ep.Number != 0 && ep.Number != logged && len(ep.Order) < t.cfg.MinPeers {
-			t.log.Info("waiting for peers", zap.Uint64("epoch", ep.Number), zap.Int("have", len(ep.Order)), zap.Int("min_peers", t.cfg.MinPeers))
-			logged = ep.Number
-			t.setWaiting(fmt.Sprintf("for peers: ring epoch %d has %d of the %d members train.min_peers asks for", ep.Number, len(ep.Order), t.cfg.MinPeers))
+		why := ""
+		if ep.Number != 0 && len(ep.Order) < t.cfg.MinPeers {
+			why = fmt.Sprintf("for peers: ring epoch %d has %d of the %d members train.min_peers asks for", ep.Number, len(ep.Order), t.cfg.MinPeers)
+			if ep.Number != logged {
+				t.log.Info("waiting for peers", zap.Uint64("epoch", ep.Number), zap.Int("have", len(ep.Order)), zap.Int("min_peers", t.cfg.MinPeers))
+				logged = ep.Number
+			}
 		}
+		t.setWaiting(why) // only the reasons it can name; reported when it changes
 		if !ctxutil.Sleep(ctx, pollInterval) {
 			return gossip.Epoch{}, ctx.Err()
 		}
@@ -1204,7 +1216,8 @@ func (t *Trainer) evaluate() (model.Stats, error) {
 	began := time.Now()
 	st, err := t.l.Evaluate()
 	took := time.Since(began)
-	t.idleSince = t.idleSince.Add(took) // the next step's wait leaves it out
+	t.idleSince = t.idleSince.Add(took)           // the next step's wait leaves it out
+	took, t.pipeEvalTook = took+t.pipeEvalTook, 0 // a pipeline's evaluation ran before (evalPipeline)
 	if errors.Is(err, ErrNoEvaluation) {
 		return model.Stats{Loss: t.loss}, err
 	}

@@ -128,7 +128,7 @@ func (p *peerFlags) resolve() (config.Config, error) {
 			src[key] = "--" + name
 		}
 	}
-	errs := []error{oerr, src.annotate(cfg.Validate()), preflight(cfg)}
+	errs := []error{oerr, src.annotate(cfg.Validate()), src.annotate(preflight(cfg))}
 	if unknown != nil {
 		errs = append([]error{fmt.Errorf("%s: %w", p.config, unknown)}, errs...)
 	}

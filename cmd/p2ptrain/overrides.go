@@ -145,17 +145,16 @@ func applyOverrides(cfg *config.Config, environ, sets []string, src sources) err
 // "--set train.steps=5", "--steps".
 type sources map[string]string
 
-// annotate appends to each of Validate's errors whose key (the text before
-// its first ": ", less an index such as "[0]") did not come from the file
-// where it came from, so that a value from a forgotten environment variable
-// is not taken for the file's.
+// annotate appends to each of the joined errors of err (Validate's,
+// preflight's) whose key (the text before its first ": ", less an index
+// such as "[0]") did not come from the file where it came from, so that a
+// value from a forgotten environment variable is not taken for the file's.
 func (src sources) annotate(err error) error {
-	joined, ok := err.(interface{ Unwrap() []error })
-	if !ok || len(src) == 0 {
+	if err == nil || len(src) == 0 {
 		return err
 	}
 	var out []error
-	for _, e := range joined.Unwrap() {
+	for _, e := range leaves(err) {
 		key, _, _ := strings.Cut(e.Error(), ": ")
 		if i := strings.IndexByte(key, '['); i > 0 {
 			key = key[:i]
@@ -166,6 +165,20 @@ func (src sources) annotate(err error) error {
 		out = append(out, e)
 	}
 	return errors.Join(out...)
+}
+
+// leaves returns the errors that err joins, however deeply (errors.Join of
+// joins), or err itself.
+func leaves(err error) []error {
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return []error{err}
+	}
+	var out []error
+	for _, e := range joined.Unwrap() {
+		out = append(out, leaves(e)...)
+	}
+	return out
 }
 
 // suggest names the keys a mistyped name may have meant, as a remark to

@@ -156,6 +156,7 @@ func TestOverrideErrors(t *testing.T) {
 // the file says nothing more. Every flag's key is a configuration key.
 func TestValidationNamesTheSource(t *testing.T) {
 	t.Setenv(envPrefix+"GOSSIP_HEARTBEAT", "5")
+	t.Setenv(envPrefix+"NODE_SWARM_KEY", filepath.Join(t.TempDir(), "missing.key")) // refused by the preflight checks
 	file := writeFile(t, "c.toml", "[train]\nlr = -1.0\n")
 	_, err := resolveArgs(t, append(slices.Clone(loopback), "--config", file, "--set", "train.momentum=7", "--min-peers", "-2")...)
 	if err == nil {
@@ -164,6 +165,7 @@ func TestValidationNamesTheSource(t *testing.T) {
 	for _, want := range []string{
 		"gossip.heartbeat: 5ns is below 10ms",
 		"(set by environment variable P2PTRAIN_GOSSIP_HEARTBEAT)",
+		"(set by environment variable P2PTRAIN_NODE_SWARM_KEY)",
 		"(set by --set train.momentum=7)",
 		"(set by --min-peers)",
 	} {
