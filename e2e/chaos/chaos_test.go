@@ -34,10 +34,15 @@ const (
 	recoverWithin = 45 * time.Second
 	// maxRSS bounds every honest process's peak resident memory.
 	maxRSS = 1 << 30
-	// steps each run trains; faults come at faultStep. A step takes
-	// 15-25 ms here, so a run lasts about 30 s: a fault that lasts 8 s
-	// heals while the others still train.
-	steps, faultStep = 1500, 100
+	// steps each run trains; faults come at faultStep. A step takes 6 to
+	// 25 ms here, so a run lasts 12 to 50 s.
+	steps, faultStep = 2000, 100
+	// A fault that heals lasts faultMin at least and faultMax at most, and
+	// heals after faultMin once a peer that trains on reaches step
+	// faultStep+healBy: on a fast machine the others would otherwise
+	// finish before it healed (at 6 ms a step, 8 s are 1300 steps), and the
+	// member it cut off could never rejoin.
+	faultMin, faultMax, healBy = 3 * time.Second, 8 * time.Second, 300
 	// minRobustAccuracy bounds the final test accuracy that robust
 	// aggregation keeps under a hostile gradient (honest runs reach about
 	// 0.85; a model the attack wrecks stays near 0.1).
@@ -106,14 +111,14 @@ func TestChaos(t *testing.T) {
 			c.peers[3].survivor = false
 			return nil
 		}},
-		{name: "SIGSTOP one of four for 8 s", fault: func(t *testing.T, c *cluster) func() {
+		{name: "SIGSTOP one of four for 3–8 s", fault: func(t *testing.T, c *cluster) func() {
 			c.peers[3].signal(t, syscall.SIGSTOP)
 			return func() { c.peers[3].signal(t, syscall.SIGCONT) }
 		}},
 		{name: "partition 2+2 for 8 s, heal", fault: func(t *testing.T, c *cluster) func() {
 			return c.partition(t, []int{1, 2}, []int{3, 4})
 		}},
-		{name: "partition 3+1 for 8 s, heal", fault: func(t *testing.T, c *cluster) func() {
+		{name: "partition 3+1 for 3–8 s, heal", fault: func(t *testing.T, c *cluster) func() {
 			return c.partition(t, []int{1, 2, 3}, []int{4})
 		}},
 		{name: "member that heartbeats but sends no frames", extra: "silent"},
@@ -134,7 +139,7 @@ func TestChaos(t *testing.T) {
 			}
 			from := time.Now()
 			if heal != nil {
-				time.Sleep(8 * time.Second) // the fault lasts this long
+				c.faultLasts(faultMin, faultMax, faultStep+healBy)
 				heal()
 			}
 			c.waitSurvivors(t, 3*time.Minute)
@@ -509,6 +514,22 @@ func (c *cluster) partition(t *testing.T, a, b []int) func() {
 	}
 	routes("add")
 	return func() { routes("del") }
+}
+
+// faultLasts returns once least has passed and a peer reached step at, or
+// once most has passed (the fault lasts that long).
+func (c *cluster) faultLasts(least, most time.Duration, at int) {
+	start := time.Now()
+	for {
+		top := 0
+		for _, p := range c.peers {
+			top = max(top, p.step())
+		}
+		if took := time.Since(start); took >= most || took >= least && top >= at {
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // polling the peers' progress lines
+	}
 }
 
 // firstLoss returns when a survivor first logged a lost step attempt and
