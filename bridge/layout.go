@@ -235,9 +235,11 @@ func explainLayout(mineJSON, theirsJSON []byte) (string, error) {
 			}
 		}
 	}
-	bucketOf := func(p descParam) int { return p.Bucket }
-	if len(diffs) == 0 && !slices.Equal(mapSlice(mine.Params, bucketOf), mapSlice(theirs.Params, bucketOf)) {
-		count := func(ps []descParam) int { return slices.Max(mapSlice(ps, bucketOf)) + 1 }
+	sameBucket := func(a, b descParam) bool { return a.Bucket == b.Bucket }
+	if len(diffs) == 0 && !slices.EqualFunc(mine.Params, theirs.Params, sameBucket) {
+		count := func(ps []descParam) int {
+			return slices.MaxFunc(ps, func(a, b descParam) int { return a.Bucket - b.Bucket }).Bucket + 1
+		}
 		diffs = append(diffs, fmt.Sprintf("the parameters are grouped into other buckets (%d here, %d in the cluster's; the bucket size differs)",
 			count(mine.Params), count(theirs.Params)))
 	}
@@ -249,15 +251,6 @@ func explainLayout(mineJSON, theirsJSON []byte) (string, error) {
 		out = strings.ToValidUTF8(out[:maxExplanation], "") + " …"
 	}
 	return out, nil
-}
-
-// mapSlice returns f of every element of s.
-func mapSlice[T, U any](s []T, f func(T) U) []U {
-	out := make([]U, len(s))
-	for i, v := range s {
-		out[i] = f(v)
-	}
-	return out
 }
 
 // settingsOf returns the cluster settings of a process: its layout's

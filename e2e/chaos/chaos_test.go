@@ -467,10 +467,7 @@ func (c *cluster) waitStep(t *testing.T, n int, within time.Duration) int {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		top := 0
-		for _, p := range c.peers {
-			top = max(top, p.step())
-		}
+		top := c.topStep()
 		if top >= n {
 			return top
 		}
@@ -482,6 +479,15 @@ func (c *cluster) waitStep(t *testing.T, n int, within time.Duration) int {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// topStep returns the highest step a peer's progress lines reported.
+func (c *cluster) topStep() int {
+	top := 0
+	for _, p := range c.peers {
+		top = max(top, p.step())
+	}
+	return top
 }
 
 // allExited reports whether every honest process has exited.
@@ -521,10 +527,7 @@ func (c *cluster) partition(t *testing.T, a, b []int) func() {
 func (c *cluster) faultLasts(least, most time.Duration, at int) {
 	start := time.Now()
 	for {
-		top := 0
-		for _, p := range c.peers {
-			top = max(top, p.step())
-		}
+		top := c.topStep()
 		if took := time.Since(start); took >= most || took >= least && top >= at {
 			return
 		}
