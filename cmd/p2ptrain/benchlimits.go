@@ -59,20 +59,10 @@ func flagLimits(cmd string, set func(*config.Config), limits ...flagLimit) error
 	if err == nil {
 		return nil
 	}
-	var all []error
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		all = j.Unwrap()
-	} else {
-		all = []error{err}
-	}
 	var msgs []string
-	for _, e := range all {
-		key, msg, ok := strings.Cut(e.Error(), ": ")
-		if !ok {
-			continue
-		}
-		// train.devices[2] is train.devices' third value.
-		base, _, _ := strings.Cut(key, "[")
+	for _, e := range leaves(err) {
+		base := keyOf(e)
+		key, msg, _ := strings.Cut(e.Error(), ": ")
 		for _, l := range limits {
 			if l.key != base {
 				continue

@@ -155,16 +155,24 @@ func (src sources) annotate(err error) error {
 	}
 	var out []error
 	for _, e := range leaves(err) {
-		key, _, _ := strings.Cut(e.Error(), ": ")
-		if i := strings.IndexByte(key, '['); i > 0 {
-			key = key[:i]
-		}
-		if from, ok := src[key]; ok {
+		if from, ok := src[keyOf(e)]; ok {
 			e = fmt.Errorf("%w (set by %s)", e, from)
 		}
 		out = append(out, e)
 	}
 	return errors.Join(out...)
+}
+
+// keyOf returns the configuration key a check's error e names: the text
+// before its first ": ", less an index ("train.devices[2]" is
+// train.devices'); "" when it names none.
+func keyOf(e error) string {
+	key, _, ok := strings.Cut(e.Error(), ": ")
+	if !ok {
+		return ""
+	}
+	base, _, _ := strings.Cut(key, "[")
+	return base
 }
 
 // leaves returns the errors that err joins, however deeply (errors.Join of
