@@ -22,7 +22,7 @@
 # --link-codecs auto to S). Codec specs may contain commas
 # (qsgd:bits=4,block=512), hence one flag per codec.
 #
-# Common options: --size [64MiB] --rounds [5] --delay --loss --mtu --queue --open --timeout
+# Common options: --size [64MiB] --rounds [5] --delay --loss --mtu --queue --cc --shaper --open --timeout
 # --gloo (after each run, PyTorch's gloo all-reduce on the same hosts: netns.sh --gloo; a line
 # under the row gives CPU-seconds per GB all-reduced per process of both, and busbw of both, each
 # as p2ptrain's over gloo's; without it the line gives p2ptrain's CPU per GB alone)
@@ -57,7 +57,7 @@ while [ $# -gt 0 ]; do
 	--binary) need_arg "$@"; binary=$2; shift 2 ;;
 	--out) need_arg "$@"; out=$2; shift 2 ;;
 	--markdown) need_arg "$@"; markdown=$2; shift 2 ;;
-	--delay | --loss | --mtu | --queue | --timeout) need_arg "$@"; common+=("$1" "$2"); shift 2 ;;
+	--delay | --loss | --mtu | --queue | --cc | --shaper | --timeout) need_arg "$@"; common+=("$1" "$2"); shift 2 ;;
 	--open | --gloo) common+=("$1"); shift ;;
 	-h | --help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
 	--) shift; extra=("$@"); break ;;

@@ -33,7 +33,14 @@
 #                      1000, i.e. 120 ms at 100mbit]; e.g. 100 for a shallow switch buffer
 #   --cc NAME          TCP congestion control of every host (sysctl in its namespace):
 #                      one of /proc/sys/net/ipv4/tcp_allowed_congestion_control (a
-#                      namespace may not pick others) [the root namespace's default]
+#                      namespace may not pick others), or "default" for the root
+#                      namespace's [cubic, Linux's default, where a namespace may
+#                      use it, else reno: both loss-based]. Not the root's default,
+#                      which may be bbr (it is on the machine the README's figures
+#                      come from): htb lets a whole offload packet through at once,
+#                      and bbr's rate samples then misjudge the link. Measured there
+#                      with --check, 4 x 100mbit all at once: bbr 78-95 Mbit/s, reno
+#                      94-95; scripts/cc-table.sh compares the all-reduce under both.
 #   --size S           all-reduced buffer size [64MiB]
 #   --codec C          codec spec, e.g. fp32, int8, qsgd:bits=4 [fp32]; fp32 is passed
 #                      to p2ptrain as its name for plain float32, "none"
@@ -42,7 +49,7 @@
 #   --binary PATH      p2ptrain binary to run; without it bin/p2ptrain is (re)built
 #                      with `go build` (incremental, so cheap when up to date)
 #   --out FILE         append each host's JSON object (plus host, rate, delay, loss,
-#                      mtu, swarm_key, hosts) as one line to FILE (JSON Lines)
+#                      mtu, swarm_key, tcp, hosts) as one line to FILE (JSON Lines)
 #   --timeout S        seconds the daemons may run before they are killed and the run
 #                      fails [estimated from size, rate and rounds, at least 90]
 #   --logdir DIR       keep every host's stdout/stderr there (default: a temporary
@@ -234,9 +241,18 @@ done
 int_in "$mtu" 576 65000 || usage_err "--mtu must be 576..65000"
 [ -z "$queue" ] || int_in "$queue" 2 100000 || usage_err "--queue must be 2..100000 packets"
 case "$shaper" in htb | tbf) ;; *) usage_err "--shaper must be htb or tbf" ;; esac
-if [ -n "$cc" ] && ! grep -qw -- "$cc" /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null; then
-	usage_err "--cc $cc: not one a network namespace may use here ($(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null))"
-fi
+allowed_cc=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null || true)
+case "$cc" in
+default) cc="" ;;
+"")
+	for c in cubic reno; do
+		if grep -qw -- "$c" <<<"$allowed_cc"; then cc=$c && break; fi
+	done
+	;;
+*) grep -qw -- "$cc" <<<"$allowed_cc" || usage_err "--cc $cc: not one a network namespace may use here ($allowed_cc)" ;;
+esac
+# What the hosts' TCP uses: a new namespace starts with the root's default.
+tcp_cc=${cc:-$(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown)}
 int_in "$rounds" 1 100000 || usage_err "--rounds must be a positive integer"
 [ -z "$delay" ] || [[ "$delay" =~ ^[0-9]+(\.[0-9]+)?(s|ms|us)$ ]] || usage_err "bad --delay '$delay' (want e.g. 1ms, 500us)"
 [ -z "$loss" ] || [[ "$loss" =~ ^[0-9]+(\.[0-9]+)?%$ ]] || usage_err "bad --loss '$loss' (want e.g. 0.1%)"
@@ -416,7 +432,7 @@ build_network() {
 	done
 }
 
-say "$hosts hosts, rates ${rate_list[*]}, delay ${delay:-0}, loss ${loss:-0%}, mtu $mtu, queue ${queue:-default}, tcp ${cc:-default}; logs in $work"
+say "$hosts hosts, rates ${rate_list[*]}, delay ${delay:-0}, loss ${loss:-0%}, mtu $mtu, queue ${queue:-default}, tcp $tcp_cc; logs in $work"
 build_network
 
 # --- check: measure every link with the netcheck probe ---------------------------
@@ -650,7 +666,7 @@ swarm_key=true
 [ "$open" = 0 ] || swarm_key=false
 for ((i = 1; i <= hosts; i++)); do
 	line=$(sed -E 's/[[:space:]]*\}[[:space:]]*$//' <<<"${lines[i - 1]}")
-	line="$line,\"host\":\"h$i\",\"hosts\":$hosts,\"rate\":\"${rate_list[i - 1]}\",\"delay\":\"${delay:-0ms}\",\"loss\":\"${loss:-0%}\",\"mtu\":$mtu,\"swarm_key\":$swarm_key,\"time\":\"$ts\"}"
+	line="$line,\"host\":\"h$i\",\"hosts\":$hosts,\"rate\":\"${rate_list[i - 1]}\",\"delay\":\"${delay:-0ms}\",\"loss\":\"${loss:-0%}\",\"mtu\":$mtu,\"swarm_key\":$swarm_key,\"tcp\":\"$tcp_cc\",\"time\":\"$ts\"}"
 	echo "$line"
 	[ -z "$out" ] || echo "$line" >>"$out"
 done
@@ -681,8 +697,8 @@ done
 # when every host's is), host 1 first: how far they lie below median_s
 # shows the stragglers.
 own=$(for l in "${lines[@]}"; do json_field own_median_s <<<"$l"; done | awk '{ printf "%s%.3f", (NR > 1 ? "," : ""), $1 }')
-printf 'summary: hosts=%s rates=%s delay=%s loss=%s size=%s codec=%s schedule=%s rounds=%s median_s=%s own_medians_s=%s algbw_gbps=%s busbw_gbps=%s wire_bytes_per_peer=%s ideal_s=%s efficiency=%s busbw/slowest_link=%s cpu_s_per_gb=%s hosts_agree=%s wall_s=%s\n' \
-	"$hosts" "$(IFS=,; echo "${rate_list[*]}")" "${delay:-0}" "${loss:-0%}" "$size" "$codec" "$schedule" \
+printf 'summary: hosts=%s rates=%s delay=%s loss=%s tcp=%s size=%s codec=%s schedule=%s rounds=%s median_s=%s own_medians_s=%s algbw_gbps=%s busbw_gbps=%s wire_bytes_per_peer=%s ideal_s=%s efficiency=%s busbw/slowest_link=%s cpu_s_per_gb=%s hosts_agree=%s wall_s=%s\n' \
+	"$hosts" "$(IFS=,; echo "${rate_list[*]}")" "${delay:-0}" "${loss:-0%}" "$tcp_cc" "$size" "$codec" "$schedule" \
 	"$rounds" "$median" "${own:--}" "$algbw" "$busbw" "${wire:--}" "${ideal:--}" "${efficiency:--}" \
 	"$(awk -v g="$busbw" -v b="$min_bps" 'BEGIN { printf "%.3f\n", g * 1e9 / b }')" "${cpu:--}" "$agree" \
 	"$((SECONDS - start_s))"

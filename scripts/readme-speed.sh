@@ -17,14 +17,17 @@ grep -q '^<!-- speed-table:begin' "$README" || {
 	exit 1
 }
 table=$(mktemp /tmp/p2pt-speed.XXXXXX.md)
-trap 'rm -f "$table"' EXIT
+runs=$(mktemp /tmp/p2pt-speed.XXXXXX.jsonl)
+trap 'rm -f "$table" "$runs"' EXIT
 args=("$@")
 [[ " ${args[*]-} " == *" --rounds "* ]] || args+=(--rounds 5)
-"$ROOT/bench/compare.sh" --markdown "$table" "${args[@]}"
+"$ROOT/bench/compare.sh" --markdown "$table" --out "$runs" "${args[@]}"
+# The hosts' TCP congestion control, as bench/netns.sh reported it.
+tcp=$(sed -nE 's/.*"tcp":"([^"]*)".*/\1/p' "$runs" | sort -u | paste -sd/ -)
 {
-	printf '\n_Generated %s by `scripts/readme-speed.sh %s` at commit %s on %s (%s cores)._\n' \
+	printf '\n_Generated %s by `scripts/readme-speed.sh %s` at commit %s on %s (%s cores); the hosts'"'"' TCP: %s._\n' \
 		"$(date -u +%Y-%m-%d)" "$*" "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-		"$(uname -m)" "$(nproc)"
+		"$(uname -m)" "$(nproc)" "${tcp:-unknown}"
 } >>"$table"
 "$ROOT/scripts/readme-section.sh" speed-table "$table"
 echo "readme-speed: table updated in $README"
