@@ -56,7 +56,7 @@ trap 'say "terminated"; status=143; exit 143' TERM
 # cluster_up NETNS-FLAGS...: waits for another run's namespaces to go (--wait),
 # builds bin/p2ptrain, builds the hosts (bench/netns.sh --up --hosts N
 # NETNS-FLAGS), and makes the swarm key and every host's identity (boot is
-# host 1's multiaddr).
+# host 1's multiaddr; CLUSTER_TCP the hosts' TCP congestion control).
 cluster_up() {
 	local left deadline i
 	left=$(our_namespaces | paste -sd ' ')
@@ -79,6 +79,8 @@ cluster_up() {
 	built=1
 	"$ROOT/bench/netns.sh" --up --hosts "$hosts" "$@" 2>"$work/netns.err" ||
 		{ cat "$work/netns.err" >&2; die "bench/netns.sh --up failed"; }
+	# The hosts' TCP congestion control, from netns.sh's header ("..., tcp reno; logs in ...").
+	CLUSTER_TCP=$(sed -nE 's/.*, tcp ([^;]+);.*/\1/p' "$work/netns.err" | head -n 1)
 	rm -f "$work/swarm.key" "$work"/h*.identity # a cluster_up before this one made them
 	"$BIN" keygen --swarm-key "$work/swarm.key" >/dev/null 2>&1 || die "p2ptrain keygen --swarm-key failed"
 	local ids=()

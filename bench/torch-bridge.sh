@@ -479,12 +479,12 @@ table=$work/table.md
 } >"$table"
 
 echo
-echo "$hosts hosts at $rate, MLP 784-$hidden-$hidden-10, batch $batch per host, $steps steps; ms/step over steps 50..$last_step, median over hosts ($(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - start_s)) s)"
+echo "$hosts hosts at $rate (TCP ${CLUSTER_TCP:-unknown}), MLP 784-$hidden-$hidden-10, batch $batch per host, $steps steps; ms/step over steps 50..$last_step, median over hosts ($(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - start_s)) s)"
 echo
 cat "$table"
 if [ -n "$markdown" ]; then
 	{
-		echo "$hosts hosts at $rate, MLP 784-$hidden-$hidden-10, batch $batch per host, $steps steps; ms/step over steps 50..$last_step, median over hosts"
+		echo "$hosts hosts at $rate (TCP ${CLUSTER_TCP:-unknown}), MLP 784-$hidden-$hidden-10, batch $batch per host, $steps steps; ms/step over steps 50..$last_step, median over hosts"
 		echo
 		cat "$table"
 	} >"$markdown"
