@@ -9,11 +9,13 @@ ranks start it together. The round times are averaged over the ranks (as
 p2ptrain's cluster benchmark does), and the median is reported. The CPU time
 (user + system, all threads, getrusage) this process used from the barrier
 before the first timed round to one after the last, per GB (1e9 bytes) of
-buffer all-reduced, is this rank's own figure.
+buffer all-reduced, is this rank's own figure; the whole machine's busy CPU
+time over the same rounds (/proc/stat, every process and the kernel's
+interrupt work) per GB is machine_cpu_s_per_gb (Linux only).
 
 Prints one JSON object on stdout:
   {"impl": "gloo", "size_bytes", "peers", "median_s", "algbw_gbps",
-   "busbw_gbps", "cpu_s_per_gb"}
+   "busbw_gbps", "cpu_s_per_gb", "machine_cpu_s_per_gb"}
 with busbw = algbw · 2(W−1)/W (the nccl-tests convention).
 
 Usage (one per host; GLOO_SOCKET_IFNAME picks the interface):
@@ -23,6 +25,7 @@ Usage (one per host; GLOO_SOCKET_IFNAME picks the interface):
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -33,6 +36,21 @@ def cpu_seconds():
     """User + system CPU seconds of this process (all its threads)."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
+
+
+def machine_cpu_seconds():
+    """Busy CPU seconds of the whole machine since boot (every process and the
+    kernel's interrupt work: /proc/stat's user, nice, system, irq, softirq and
+    steal), or None where /proc/stat cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        if len(fields) < 9 or fields[0] != "cpu":
+            return None
+        ticks = sum(int(fields[i]) for i in (1, 2, 3, 6, 7, 8))
+        return ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
 
 
 def parse_args(argv):
@@ -75,11 +93,11 @@ def main(argv):
         gen = torch.Generator().manual_seed(a.rank)
         data = torch.randn(a.size_bytes // 4, generator=gen, dtype=torch.float32)
         times = []
-        cpu0 = 0.0
+        cpu0, machine0 = 0.0, None
         for r in range(-1, a.rounds):
             dist.barrier()
             if r == 0:
-                cpu0 = cpu_seconds()
+                cpu0, machine0 = cpu_seconds(), machine_cpu_seconds()
             buf = data.clone() if r < 0 else data
             start = time.perf_counter()
             dist.all_reduce(buf)
@@ -87,6 +105,7 @@ def main(argv):
                 times.append(time.perf_counter() - start)
         dist.barrier()
         cpu = cpu_seconds() - cpu0
+        machine1 = machine_cpu_seconds()
         t = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(t)
         avg = (t / a.world).tolist()
@@ -104,6 +123,8 @@ def main(argv):
         "busbw_gbps": alg * 2 * (w - 1) / w,
         "cpu_s_per_gb": cpu / (a.size_bytes * a.rounds / 1e9),
     }
+    if machine0 is not None and machine1 is not None:
+        out["machine_cpu_s_per_gb"] = (machine1 - machine0) / (a.size_bytes * a.rounds / 1e9)
     print(json.dumps(out), flush=True)
     return 0
 

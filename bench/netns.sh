@@ -97,6 +97,12 @@
 # rank's JSON line ("impl":"gloo") follows, then a line "gloo: ..." with its
 # median, busbw and cpu_s_per_gb and the ratios cpu_ratio (p2ptrain's CPU per GB
 # over gloo's) and busbw_ratio (p2ptrain's busbw over gloo's).
+# machine_cpu_s_per_gb is each host's share of the whole machine's busy CPU time
+# (/proc/stat: every process, and the kernel's network work, which runs in
+# whichever process's time slice or in none) over the timed rounds per GB, the
+# mean over the hosts' readings divided by the hosts: every host runs on this
+# machine, so it counts what the daemons cost together, charged alike to both
+# programs. gloo's line has its machine_cpu_s_per_gb and machine_cpu_ratio too.
 #
 # Needs root, iproute2 (ip, tc) and Go (to build p2ptrain and the netcheck probe;
 # on a machine without Go, --binary and $NETCHECK name prebuilt ones).
@@ -687,6 +693,11 @@ mean_of() {
 	for l in "$@"; do json_field "$f" <<<"$l"; done | awk '$1 != "" { s += $1; n++ } END { if (n > 0) printf "%.3f", s / n }'
 }
 cpu=$(mean_of cpu_s_per_gb "${lines[@]}")
+# share_of FIELD LINES...: a machine-wide figure's mean over the lines, split over the hosts.
+share_of() {
+	mean_of "$@" | awk -v n="$hosts" '$1 != "" { printf "%.3f", $1 / n }'
+}
+machine=$(share_of machine_cpu_s_per_gb "${lines[@]}")
 agree=yes
 for l in "${lines[@]}"; do
 	[ "$(json_field median_s <<<"$l")" = "$median" ] || agree=no
@@ -697,16 +708,21 @@ done
 # when every host's is), host 1 first: how far they lie below median_s
 # shows the stragglers.
 own=$(for l in "${lines[@]}"; do json_field own_median_s <<<"$l"; done | awk '{ printf "%s%.3f", (NR > 1 ? "," : ""), $1 }')
-printf 'summary: hosts=%s rates=%s delay=%s loss=%s tcp=%s size=%s codec=%s schedule=%s rounds=%s median_s=%s own_medians_s=%s algbw_gbps=%s busbw_gbps=%s wire_bytes_per_peer=%s ideal_s=%s efficiency=%s busbw/slowest_link=%s cpu_s_per_gb=%s hosts_agree=%s wall_s=%s\n' \
+printf 'summary: hosts=%s rates=%s delay=%s loss=%s tcp=%s size=%s codec=%s schedule=%s rounds=%s median_s=%s own_medians_s=%s algbw_gbps=%s busbw_gbps=%s wire_bytes_per_peer=%s ideal_s=%s efficiency=%s busbw/slowest_link=%s cpu_s_per_gb=%s machine_cpu_s_per_gb=%s hosts_agree=%s wall_s=%s\n' \
 	"$hosts" "$(IFS=,; echo "${rate_list[*]}")" "${delay:-0}" "${loss:-0%}" "$tcp_cc" "$size" "$codec" "$schedule" \
 	"$rounds" "$median" "${own:--}" "$algbw" "$busbw" "${wire:--}" "${ideal:--}" "${efficiency:--}" \
-	"$(awk -v g="$busbw" -v b="$min_bps" 'BEGIN { printf "%.3f\n", g * 1e9 / b }')" "${cpu:--}" "$agree" \
+	"$(awk -v g="$busbw" -v b="$min_bps" 'BEGIN { printf "%.3f\n", g * 1e9 / b }')" "${cpu:--}" "${machine:--}" "$agree" \
 	"$((SECONDS - start_s))"
 
 # --- gloo on the same hosts (--gloo) ------------------------------------------------
 
+# ratio A B: A / B to two places, or - when either is unknown.
+ratio() {
+	awk -v p="$1" -v g="$2" 'BEGIN { if (p > 0 && g > 0) printf "%.2f", p / g; else print "-" }'
+}
+
 run_gloo() {
-	local i gp=() code=0 g=() line gmed gbus gcpu
+	local i gp=() code=0 g=() line gmed gbus gcpu gmachine
 	for ((i = 1; i <= hosts; i++)); do
 		timeout -k 5 "$timeout_s" ip netns exec "$(host_ns "$i")" env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
 			"$GLOO_PY" "$ROOT/bench/gloo_allreduce.py" --rank $((i - 1)) --world "$hosts" \
@@ -730,9 +746,10 @@ run_gloo() {
 	gmed=$(json_field median_s <<<"${g[0]}")
 	gbus=$(json_field busbw_gbps <<<"${g[0]}")
 	gcpu=$(mean_of cpu_s_per_gb "${g[@]}")
-	printf 'gloo: median_s=%s busbw_gbps=%s busbw/slowest_link=%s cpu_s_per_gb=%s cpu_ratio=%s busbw_ratio=%s\n' \
+	gmachine=$(share_of machine_cpu_s_per_gb "${g[@]}")
+	printf 'gloo: median_s=%s busbw_gbps=%s busbw/slowest_link=%s cpu_s_per_gb=%s cpu_ratio=%s machine_cpu_s_per_gb=%s machine_cpu_ratio=%s busbw_ratio=%s\n' \
 		"$gmed" "$gbus" "$(awk -v g="$gbus" -v b="$min_bps" 'BEGIN { printf "%.3f", g * 1e9 / b }')" "$gcpu" \
-		"$(awk -v p="$cpu" -v g="$gcpu" 'BEGIN { if (p > 0 && g > 0) printf "%.2f", p / g; else print "-" }')" \
+		"$(ratio "$cpu" "$gcpu")" "${gmachine:--}" "$(ratio "$machine" "$gmachine")" \
 		"$(awk -v p="$busbw" -v g="$gbus" 'BEGIN { if (g > 0) printf "%.3f", p / g; else print "-" }')"
 }
 [ "$gloo" = 0 ] || run_gloo

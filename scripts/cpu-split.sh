@@ -5,7 +5,9 @@
 # per byte against gloo" setting) with a CPU profile per daemon, and prints
 #   - the median over the runs of p2ptrain's and gloo's CPU-seconds per GB
 #     all-reduced per process (each run's figure is the mean over its hosts),
-#     their ratio and the ratio of bus bandwidths;
+#     their ratio and the ratio of bus bandwidths; then the same from the whole
+#     machine's busy CPU (/proc/stat) split over the hosts, which also counts the
+#     kernel's network work that ran outside either program's time slices;
 #   - p2ptrain's CPU split into parts, from the flat samples of all profiles:
 #     encryption (AES-GCM of the direct links, ChaCha20-Poly1305, Poly1305,
 #     XSalsa20), system calls (the
@@ -35,7 +37,7 @@ trap 'rm -rf "$tmp"' EXIT
 bin=$tmp/p2ptrain
 go build -C "$ROOT" -o "$bin" ./cmd/p2ptrain
 
-pcpu=() gcpu=() bws=()
+pcpu=() gcpu=() pmach=() gmach=() bws=()
 for ((r = 1; r <= repeats; r++)); do
 	log=$tmp/run$r.log
 	# shellcheck disable=SC2086 # DAEMON_FLAGS: one flag or value per word
@@ -45,11 +47,14 @@ for ((r = 1; r <= repeats; r++)); do
 	ours=$(grep -m1 '^summary:' "$log") && theirs=$(grep -m1 '^gloo:' "$log") ||
 		{ tail -20 "$log" >&2; die "run $r printed no summary or no gloo line (its last lines above)"; }
 	pcpu+=("$(field cpu_s_per_gb "$ours")") gcpu+=("$(field cpu_s_per_gb "$theirs")") bws+=("$(field busbw_ratio "$theirs")")
-	say "run $r: p2ptrain ${pcpu[-1]} CPU-s/GB, gloo ${gcpu[-1]}, busbw ratio ${bws[-1]}"
+	pmach+=("$(field machine_cpu_s_per_gb "$ours")") gmach+=("$(field machine_cpu_s_per_gb "$theirs")")
+	say "run $r: p2ptrain ${pcpu[-1]} CPU-s/GB (machine-wide ${pmach[-1]}), gloo ${gcpu[-1]} (${gmach[-1]}), busbw ratio ${bws[-1]}"
 done
 p=$(printf '%s\n' "${pcpu[@]}" | median)
 g=$(printf '%s\n' "${gcpu[@]}" | median)
 bw=$(printf '%s\n' "${bws[@]}" | median)
+pm=$(printf '%s\n' "${pmach[@]}" | median)
+gm=$(printf '%s\n' "${gmach[@]}" | median)
 
 # Flat samples per function, in milliseconds, over every daemon of every run.
 go tool pprof -top -nodecount=100000 -nodefraction=0 -unit=ms "$bin" "$tmp"/cpu-*.pprof 2>/dev/null |
@@ -58,7 +63,8 @@ go tool pprof -top -nodecount=100000 -nodefraction=0 -unit=ms "$bin" "$tmp"/cpu-
 
 echo
 printf '%s, 4 × %s, 64 MiB on the ring, swarm key%s; medians of %d runs\n' "$codec" "$rate" "${DAEMON_FLAGS:+, daemons with $DAEMON_FLAGS}" "$repeats"
-printf 'p2ptrain %.2f CPU-s/GB per daemon, gloo %.2f: ratio %.2f; busbw / gloo'"'"'s %.2f\n\n' "$p" "$g" "$(awk -v a="$p" -v b="$g" 'BEGIN { print a / b }')" "$bw"
+printf 'p2ptrain %.2f CPU-s/GB per daemon, gloo %.2f: ratio %.2f; busbw / gloo'"'"'s %.2f\n' "$p" "$g" "$(awk -v a="$p" -v b="$g" 'BEGIN { print a / b }')" "$bw"
+printf 'machine-wide (the busy CPU of the whole machine over the timed rounds, split over the 4 hosts): p2ptrain %.2f, gloo %.2f: ratio %.2f\n\n' "$pm" "$gm" "$(awk -v a="$pm" -v b="$gm" 'BEGIN { print a / b }')"
 awk -F'\t' -v cpu="$p" '
 	$2 ~ /clusterBench\)\.measure$|rand\/v2\.|^math\.arch(Exp|Log)$/ { setup += $1; next }
 	$2 ~ /chacha20|poly1305|salsa|\/aes\/|gcmAes/ { part["encryption"] += $1 }

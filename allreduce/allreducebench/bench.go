@@ -78,6 +78,12 @@ type Result struct {
 	// CPU cost per byte (0: not measured). In-process, the whole process's
 	// time divided by the peers.
 	CPUSPerGB float64 `json:"cpu_s_per_gb,omitempty"`
+	// MachineCPUSPerGB is the busy CPU time of the whole machine (every
+	// process, and the kernel's interrupt work; MachineCPU) over the timed
+	// rounds per GB of buffer all-reduced (0: not measured). Where every
+	// peer runs on one machine, divided by the peers it is each one's share,
+	// counted alike for any program measured the same way.
+	MachineCPUSPerGB float64 `json:"machine_cpu_s_per_gb,omitempty"`
 }
 
 // WithCPU returns r with CPUSPerGB for cpu spent on rounds all-reduces of
@@ -87,6 +93,13 @@ func (r Result) WithCPU(cpu time.Duration, rounds int) Result {
 	if gb := float64(r.SizeBytes) * float64(rounds) / 1e9; cpu > 0 && gb > 0 {
 		r.CPUSPerGB = cpu.Seconds() / gb
 	}
+	return r
+}
+
+// WithMachineCPU returns r with MachineCPUSPerGB for the machine's busy
+// CPU time over rounds all-reduces of r's buffer (0 when not measured).
+func (r Result) WithMachineCPU(cpu time.Duration, rounds int) Result {
+	r.MachineCPUSPerGB = r.WithCPU(cpu, rounds).CPUSPerGB
 	return r
 }
 

@@ -43,6 +43,21 @@ func TestWithCPU(t *testing.T) {
 	}
 }
 
+func TestWithMachineCPU(t *testing.T) {
+	r := NewResult(250e6, "none", "ring", 4, 1).WithCPU(3*time.Second, 4).WithMachineCPU(8*time.Second, 4)
+	if r.MachineCPUSPerGB != 8 || r.CPUSPerGB != 3 {
+		t.Errorf("8 s of the machine over 4 rounds of 250 MB: %v s/GB (process %v), want 8 (3)", r.MachineCPUSPerGB, r.CPUSPerGB)
+	}
+	b, _ := json.Marshal(r)
+	if !strings.Contains(string(b), `"machine_cpu_s_per_gb":8`) {
+		t.Errorf("machine CPU missing from %s", b)
+	}
+	b, _ = json.Marshal(r.WithMachineCPU(0, 4))
+	if strings.Contains(string(b), "machine_cpu_s_per_gb") {
+		t.Errorf("unmeasured machine CPU in %s", b)
+	}
+}
+
 // TestModelFP32ReachesLinkRate: under the network model (virtual time) a
 // 4-peer fp32 ring on 1 Gbit/s links reaches 0.9 to 1.01 of the link rate.
 func TestModelFP32ReachesLinkRate(t *testing.T) {

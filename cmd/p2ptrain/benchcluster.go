@@ -282,7 +282,7 @@ func (b *clusterBench) run(ctx context.Context) (allreducebench.Result, error) {
 		ideal = sent / b.linkRate
 	}
 	res.OwnMedianS = own
-	return res.WithWire(sent, ideal).WithCPU(cpu, b.rounds), nil
+	return res.WithWire(sent, ideal).WithCPU(cpu.process, b.rounds).WithMachineCPU(cpu.machine, b.rounds), nil
 }
 
 // watch fails the run (through cancel) when the members of the adopted ring
@@ -580,7 +580,11 @@ func (b *clusterBench) allReduce(ctx context.Context, s *allreduce.Session, data
 // peer's time of each timed round in seconds, this peer's own median, the bytes this peer sent per timed
 // round and the CPU time this process used over the timed rounds (counted
 // like the bytes, from barrier to barrier).
-func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr allreduce.EpochTransport, rank int, links []*allreduce.LinkCodecs) ([]float64, float64, float64, time.Duration, error) {
+// cpuUse is the CPU time a benchmark's timed rounds took: this process's,
+// and the whole machine's (allreducebench.MachineCPU).
+type cpuUse struct{ process, machine time.Duration }
+
+func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr allreduce.EpochTransport, rank int, links []*allreduce.LinkCodecs) ([]float64, float64, float64, cpuUse, error) {
 	n := b.size / 4
 	bounds := make([]int, b.buckets+1)
 	for i := range bounds {
@@ -597,7 +601,7 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 		c, err := compress.New(b.spec, compress.Options{Layout: compress.FlatLayout(bounds[i+1] - bounds[i]),
 			Seed: uint64(rank + 1), SharedSeed: 7})
 		if err != nil {
-			return nil, 0, 0, 0, fmt.Errorf("bench allreduce: --codec: %w", err)
+			return nil, 0, 0, cpuUse{}, fmt.Errorf("bench allreduce: --codec: %w", err)
 		}
 		codecs[i] = c
 	}
@@ -609,7 +613,7 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 	// completes only once they went (one stream per neighbour, in order).
 	// The barriers' own bytes, measured on the first, are taken off.
 	var sentFrom, barrierBytes uint64
-	var cpu time.Duration
+	var cpu cpuUse
 	for round := -1; round < b.rounds; round++ {
 		what := "the warm-up round"
 		if round >= 0 {
@@ -617,13 +621,13 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 		}
 		before := tr.Sent()
 		if _, err := b.allReduce(ctx, s, barrier); err != nil {
-			return nil, 0, 0, 0, b.explain(ctx, "the barrier before "+what, err)
+			return nil, 0, 0, cpuUse{}, b.explain(ctx, "the barrier before "+what, err)
 		}
 		switch round {
 		case -1:
 			barrierBytes = tr.Sent() - before
 		case 0:
-			sentFrom, cpu = tr.Sent(), allreducebench.ProcessCPU()
+			sentFrom, cpu = tr.Sent(), cpuUse{allreducebench.ProcessCPU(), allreducebench.MachineCPU()}
 		}
 		b.step++
 		start := time.Now()
@@ -639,16 +643,16 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 			}
 		}
 		if err := rd.Wait(); err != nil {
-			return nil, 0, 0, 0, b.explain(ctx, what, err)
+			return nil, 0, 0, cpuUse{}, b.explain(ctx, what, err)
 		}
 		if round >= 0 {
 			times[round] = float32(time.Since(start).Seconds())
 		}
 	}
 	if _, err := b.allReduce(ctx, s, barrier); err != nil {
-		return nil, 0, 0, 0, b.explain(ctx, "the barrier after the timed rounds", err)
+		return nil, 0, 0, cpuUse{}, b.explain(ctx, "the barrier after the timed rounds", err)
 	}
-	cpu = allreducebench.ProcessCPU() - cpu
+	cpu = cpuUse{allreducebench.ProcessCPU() - cpu.process, allreducebench.MachineCPU() - cpu.machine}
 	// This peer's own bytes: with proportional shares or per-link codecs
 	// peers send different amounts, and the ideal is the busiest link's.
 	var sentPerRound float64
@@ -659,7 +663,7 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 	// last bytes: the epoch change that follows is no failure.
 	b.armed.Store(false)
 	if err := context.Cause(ctx); errors.Is(err, errMembersChanged) {
-		return nil, 0, 0, 0, err
+		return nil, 0, 0, cpuUse{}, err
 	}
 	own := make([]float64, len(times))
 	for i, t := range times {
@@ -667,7 +671,7 @@ func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr all
 	}
 	res, err := b.slowest(ctx, s, rank, times)
 	if err != nil {
-		return nil, 0, 0, 0, b.explain(ctx, "gathering the round times", err)
+		return nil, 0, 0, cpuUse{}, b.explain(ctx, "gathering the round times", err)
 	}
 	return res, allreducebench.Median(own), sentPerRound, cpu, nil
 }
