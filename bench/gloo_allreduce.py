@@ -40,14 +40,14 @@ def cpu_seconds():
 
 def machine_cpu_seconds():
     """Busy CPU seconds of the whole machine since boot (every process and the
-    kernel's interrupt work: /proc/stat's user, nice, system, irq, softirq and
-    steal), or None where /proc/stat cannot be read."""
+    kernel's interrupt work: /proc/stat's user, nice, system, irq and softirq,
+    as p2ptrain's MachineCPU), or None where /proc/stat cannot be read."""
     try:
         with open("/proc/stat") as f:
             fields = f.readline().split()
-        if len(fields) < 9 or fields[0] != "cpu":
+        if len(fields) < 8 or fields[0] != "cpu":
             return None
-        ticks = sum(int(fields[i]) for i in (1, 2, 3, 6, 7, 8))
+        ticks = sum(int(fields[i]) for i in (1, 2, 3, 6, 7))
         return ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError):
         return None

@@ -31,16 +31,16 @@
 #   --queue P          packets each shaped link may queue (a pfifo under the htb class, in
 #                      both directions) [the kernel's default: the device's txqueuelen,
 #                      1000, i.e. 120 ms at 100mbit]; e.g. 100 for a shallow switch buffer
-#   --cc NAME          TCP congestion control of every host (sysctl in its namespace):
+#   --cc NAME          TCP congestion control of every host (set in its namespace):
 #                      one of /proc/sys/net/ipv4/tcp_allowed_congestion_control (a
 #                      namespace may not pick others), or "default" for the root
 #                      namespace's [cubic, Linux's default, where a namespace may
 #                      use it, else reno: both loss-based]. Not the root's default,
 #                      which may be bbr (it is on the machine the README's figures
 #                      come from): htb lets a whole offload packet through at once,
-#                      and bbr's rate samples then misjudge the link. Measured there
-#                      with --check, 4 x 100mbit all at once: bbr 78-95 Mbit/s, reno
-#                      94-95; scripts/cc-table.sh compares the all-reduce under both.
+#                      and bbr's rate samples then misjudge the link (there, at 4 x
+#                      100mbit, sint8's all-reduce reached 0.85 of its ideal under
+#                      bbr and 0.99 under reno); scripts/cc-table.sh measures both.
 #   --size S           all-reduced buffer size [64MiB]
 #   --codec C          codec spec, e.g. fp32, int8, qsgd:bits=4 [fp32]; fp32 is passed
 #                      to p2ptrain as its name for plain float32, "none"
@@ -252,10 +252,10 @@ case "$cc" in
 default) cc="" ;;
 "")
 	for c in cubic reno; do
-		if grep -qw -- "$c" <<<"$allowed_cc"; then cc=$c && break; fi
+		if grep -qwF -- "$c" <<<"$allowed_cc"; then cc=$c && break; fi
 	done
 	;;
-*) grep -qw -- "$cc" <<<"$allowed_cc" || usage_err "--cc $cc: not one a network namespace may use here ($allowed_cc)" ;;
+*) grep -qwF -- "$cc" <<<"$allowed_cc" || usage_err "--cc $cc: not one a network namespace may use here ($allowed_cc)" ;;
 esac
 # What the hosts' TCP uses: a new namespace starts with the root's default.
 tcp_cc=${cc:-$(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown)}
@@ -427,7 +427,9 @@ build_network() {
 		ip netns add "$ns"
 		no_ipv6 "$ns"
 		ip -n "$ns" link set lo up
-		[ -z "$cc" ] || nsx "$ns" sysctl -q -w net.ipv4.tcp_congestion_control="$cc"
+		# Through /proc/sys, not sysctl(8): a minimal system may lack procps.
+		[ -z "$cc" ] || nsx "$ns" sh -c 'echo "$1" >/proc/sys/net/ipv4/tcp_congestion_control' sh "$cc" ||
+			die "cannot set TCP congestion control $cc in $ns"
 		ip -n "$BR_NS" link add "h$i" mtu "$mtu" type veth peer name eth0 mtu "$mtu" netns "$ns"
 		ip -n "$BR_NS" link set "h$i" master br0 up
 		ip -n "$ns" addr add "$(host_ip "$i")/24" dev eth0

@@ -9,7 +9,8 @@
 #     qsgd:bits=4 (ring), 64 MiB, 5 rounds: the efficiency (ideal / median);
 # REPEATS times each, and prints one Markdown table of the medians (with the
 # lowest and highest run) to stdout, or into the README's cc-table section
-# with --readme. Needs root (network namespaces).
+# with --readme. Needs root (network namespaces) and both reno and bbr in
+# /proc/sys/net/ipv4/tcp_allowed_congestion_control (what a namespace may use).
 #
 #   [REPEATS=3] scripts/cc-table.sh [--readme]
 #
@@ -33,7 +34,7 @@ repeats=${REPEATS:-3}
 [[ $repeats =~ ^[1-9][0-9]*$ ]] || usage_err "REPEATS must be a positive integer, not '$repeats'"
 allowed=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null || true)
 for c in reno bbr; do
-	grep -qw "$c" <<<"$allowed" || die "a network namespace may not use $c here (allowed: $allowed)"
+	grep -qwF "$c" <<<"$allowed" || die "a network namespace may not use $c here (allowed: $allowed)"
 done
 
 tmp=$(mktemp -d /tmp/p2pt-cctable.XXXXXX)

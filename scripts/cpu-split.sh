@@ -64,7 +64,7 @@ go tool pprof -top -nodecount=100000 -nodefraction=0 -unit=ms "$bin" "$tmp"/cpu-
 echo
 printf '%s, 4 × %s, 64 MiB on the ring, swarm key%s; medians of %d runs\n' "$codec" "$rate" "${DAEMON_FLAGS:+, daemons with $DAEMON_FLAGS}" "$repeats"
 printf 'p2ptrain %.2f CPU-s/GB per daemon, gloo %.2f: ratio %.2f; busbw / gloo'"'"'s %.2f\n' "$p" "$g" "$(awk -v a="$p" -v b="$g" 'BEGIN { print a / b }')" "$bw"
-printf 'machine-wide (the busy CPU of the whole machine over the timed rounds, split over the 4 hosts): p2ptrain %.2f, gloo %.2f: ratio %.2f\n\n' "$pm" "$gm" "$(awk -v a="$pm" -v b="$gm" 'BEGIN { print a / b }')"
+printf 'machine-wide (the busy CPU of the whole machine over the timed rounds, split over the hosts): p2ptrain %.2f, gloo %.2f: ratio %.2f\n\n' "$pm" "$gm" "$(awk -v a="$pm" -v b="$gm" 'BEGIN { print a / b }')"
 awk -F'\t' -v cpu="$p" '
 	$2 ~ /clusterBench\)\.measure$|rand\/v2\.|^math\.arch(Exp|Log)$/ { setup += $1; next }
 	$2 ~ /chacha20|poly1305|salsa|\/aes\/|gcmAes/ { part["encryption"] += $1 }

@@ -15,9 +15,9 @@ import (
 const userHZ = 100
 
 // MachineCPU returns the busy CPU time of the whole machine since boot,
-// from /proc/stat's first line: user, nice, system, irq, softirq and steal
-// (everything but idle and iowait), summed over every CPU; 0 where it cannot
-// be read. Unlike ProcessCPU it counts the kernel's network work that ran
+// from /proc/stat's first line: user, nice, system, irq and softirq, summed
+// over every CPU (not idle or iowait, nor steal: time a hypervisor gave
+// other guests); 0 where it cannot be read. Unlike ProcessCPU it counts the kernel's network work that ran
 // while no process was, or in another process's time slice: on a machine
 // that hosts every peer of a benchmark, what the run cost all of them.
 func MachineCPU() time.Duration {
@@ -30,22 +30,27 @@ func MachineCPU() time.Duration {
 	if err != nil {
 		return 0
 	}
-	return busyTicks(line) * time.Second / userHZ
+	return ticksToDuration(busyTicks(line))
+}
+
+// ticksToDuration converts /proc/stat ticks to a duration.
+func ticksToDuration(ticks int64) time.Duration {
+	return time.Duration(ticks) * (time.Second / userHZ)
 }
 
 // busyTicks sums the busy fields of /proc/stat's "cpu" line (0 if it is not one).
-func busyTicks(line string) time.Duration {
+func busyTicks(line string) int64 {
 	f := strings.Fields(line)
-	if len(f) < 9 || f[0] != "cpu" {
+	if len(f) < 8 || f[0] != "cpu" {
 		return 0
 	}
-	var busy time.Duration
-	for _, i := range []int{1, 2, 3, 6, 7, 8} { // user nice system [idle iowait] irq softirq steal
+	var busy int64
+	for _, i := range []int{1, 2, 3, 6, 7} { // user nice system [idle iowait] irq softirq
 		n, err := strconv.ParseInt(f[i], 10, 64)
 		if err != nil {
 			return 0
 		}
-		busy += time.Duration(n)
+		busy += n
 	}
 	return busy
 }

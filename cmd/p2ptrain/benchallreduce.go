@@ -60,7 +60,7 @@ func addBenchAllreduceFlags(fs *flag.FlagSet) *benchAllreduceFlags {
 		"the ring with per-link codecs where predicted faster); default: the codec's own "+
 		"(a cluster member: [allreduce] schedule of --config, where auto means the codec's own)")
 	fs.IntVar(&f.rounds, "rounds", 5, "timed `ROUNDS` after one warm-up round (the median counts)")
-	fs.BoolVar(&f.json, "json", false, "print one JSON object {size_bytes, codec, schedule, peers, median_s, algbw_gbps, busbw_gbps, wire_bytes_per_peer, ideal_s, efficiency, cpu_s_per_gb, machine_cpu_s_per_gb}")
+	fs.BoolVar(&f.json, "json", false, "print one JSON object {size_bytes, codec, schedule, peers, median_s, algbw_gbps, busbw_gbps, wire_bytes_per_peer, ideal_s, efficiency, cpu_s_per_gb, and in a cluster machine_cpu_s_per_gb}")
 	fs.Var(&f.chunk, "chunk-bytes", "pipeline chunk `BYTES` of fp32 per frame, as allreduce.chunk_bytes (default 256KiB; a cluster member: allreduce.chunk_bytes of its configuration)")
 	fs.IntVar(&f.buckets, "buckets", 1, "split the buffer into `N` fusion buckets, handed over in backward order")
 	fs.BoolVar(&f.inproc, "inproc", false, "run every peer in this process over simulated links (--peers, --bandwidth, --latency)")

@@ -575,15 +575,15 @@ func (b *clusterBench) allReduce(ctx context.Context, s *allreduce.Session, data
 	return out, nil
 }
 
+// cpuUse is the CPU time a benchmark's timed rounds took: this process's,
+// and the whole machine's (allreducebench.MachineCPU).
+type cpuUse struct{ process, machine time.Duration }
+
 // measure runs the warm-up and timed rounds (step 3) and the gathering of
 // the times (step 4) on the measurement session; it returns the slowest
 // peer's time of each timed round in seconds, this peer's own median, the bytes this peer sent per timed
 // round and the CPU time this process used over the timed rounds (counted
 // like the bytes, from barrier to barrier).
-// cpuUse is the CPU time a benchmark's timed rounds took: this process's,
-// and the whole machine's (allreducebench.MachineCPU).
-type cpuUse struct{ process, machine time.Duration }
-
 func (b *clusterBench) measure(ctx context.Context, s *allreduce.Session, tr allreduce.EpochTransport, rank int, links []*allreduce.LinkCodecs) ([]float64, float64, float64, cpuUse, error) {
 	n := b.size / 4
 	bounds := make([]int, b.buckets+1)
