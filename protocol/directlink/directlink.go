@@ -172,7 +172,7 @@ func (l *Listener) Accept(ctx context.Context, maxFrame int) (*Reader, error) {
 	}
 	open := newSealer(aead, fromDialer)
 	open.index = 1 // record 0 was the hello
-	return &Reader{c: c, open: open, max: maxFrame}, nil
+	return newReader(c, open, maxFrame), nil
 }
 
 // AcceptWriter is Accept for a link on which the listener writes the
@@ -282,7 +282,7 @@ func readHello(c net.Conn, aead cipher.AEAD, deadline time.Time) error {
 	if err := c.SetReadDeadline(deadline); err != nil {
 		return err
 	}
-	r := Reader{c: c, open: newSealer(aead, fromDialer), max: len(hello)}
+	r := newReader(c, newSealer(aead, fromDialer), len(hello))
 	got, err := r.ReadFrameInto(func(n int) []byte { return make([]byte, n) })
 	if err != nil {
 		return err
@@ -307,7 +307,7 @@ func DialReader(ctx context.Context, ip net.IP, offer []byte, maxFrame int) (*Re
 	if err != nil {
 		return nil, err
 	}
-	return &Reader{c: w.c, open: newSealer(aead, fromListener), max: maxFrame}, nil
+	return newReader(w.c, newSealer(aead, fromListener), maxFrame), nil
 }
 
 // dial connects to the listener of offer at ip and sends the hello: the
@@ -436,11 +436,27 @@ func (w *Writer) CloseWith(why error) error {
 // use, except Close.
 type Reader struct {
 	c     net.Conn
+	in    *filler // nil: reads go through c
 	open  sealer
 	max   int
 	buf   []byte
 	cause cause
 	streamEnd
+}
+
+// newReader returns a Reader of c's records opened by open, frames above
+// maxFrame refused.
+func newReader(c net.Conn, open sealer, maxFrame int) *Reader {
+	return &Reader{c: c, in: newFiller(c), open: open, max: maxFrame}
+}
+
+// readFull reads exactly len(buf) bytes (io.EOF when none came).
+func (r *Reader) readFull(buf []byte) error {
+	if r.in != nil {
+		return r.in.fill(buf)
+	}
+	_, err := io.ReadFull(r.c, buf)
+	return err
 }
 
 // SetMaxFrame sets the largest frame the reader takes (a frame above it is
@@ -454,7 +470,7 @@ func (r *Reader) SetMaxFrame(n int) { r.max = n }
 // must then be closed.
 func (r *Reader) ReadFrameInto(alloc func(n int) []byte) ([]byte, error) {
 	var ad [4]byte
-	if _, err := io.ReadFull(r.c, ad[:]); err != nil {
+	if err := r.readFull(ad[:]); err != nil {
 		return nil, r.cause.wrap(err)
 	}
 	n := binary.LittleEndian.Uint32(ad[:])
@@ -475,7 +491,7 @@ func (r *Reader) ReadFrameInto(alloc func(n int) []byte) ([]byte, error) {
 		}
 		buf = r.buf[:sealed]
 	}
-	if _, err := io.ReadFull(r.c, buf); err != nil {
+	if err := r.readFull(buf); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
