@@ -26,6 +26,7 @@ const minLowWater = 64 << 10
 // than the copy. Before it waits it sets the mark to what the buffer still
 // lacks, so it never waits for bytes the peer has no reason to send.
 type filler struct {
+	c     net.Conn // for the addresses errors name
 	raw   syscall.RawConn
 	lowat int // the mark last set; 0: none set (the kernel's default, 1)
 }
@@ -40,7 +41,7 @@ func newFiller(c net.Conn) *filler {
 	if err != nil {
 		return nil
 	}
-	return &filler{raw: raw}
+	return &filler{c: c, raw: raw}
 }
 
 // fill reads exactly len(buf) bytes: io.EOF when the connection ended
@@ -74,10 +75,14 @@ func (f *filler) fill(buf []byte) error {
 		}
 		return true
 	})
-	if err != nil {
+	if err == nil {
+		err = rerr
+	}
+	if err == nil || err == io.EOF || err == io.ErrUnexpectedEOF {
 		return err
 	}
-	return rerr
+	// As a read on the connection says it: which one, and what failed.
+	return &net.OpError{Op: "read", Net: "tcp", Source: f.c.LocalAddr(), Addr: f.c.RemoteAddr(), Err: err}
 }
 
 // mark sets the receive low-water mark to need bytes (at most maxLowWater).

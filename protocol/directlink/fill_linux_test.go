@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -152,7 +153,11 @@ func TestFillerEnds(t *testing.T) {
 	if err := r2.SetReadDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
-	if err := f2.fill(make([]byte, 100<<10)); !errors.Is(err, os.ErrDeadlineExceeded) {
+	err := f2.fill(make([]byte, 100<<10))
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Errorf("past the read deadline: %v, want os.ErrDeadlineExceeded", err)
+	}
+	if err != nil && !strings.Contains(err.Error(), r2.RemoteAddr().String()) {
+		t.Errorf("the error %q does not name the connection's peer %s", err, r2.RemoteAddr())
 	}
 }
