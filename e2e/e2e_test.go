@@ -87,7 +87,7 @@ func startPeerConfig(t *testing.T, extra string, args ...string) *proc {
 		cmd.Process.Kill()
 		<-p.done
 		if t.Failed() {
-			t.Logf("peer %s stderr:\n%s", p.addr, p.stder.String())
+			t.Logf("peer %s stderr, last 40 lines:\n%s", p.addr, lastLines(p.stder.String(), 40))
 		}
 	})
 	// One reader owns stdout: it records the addresses, then the final line.
@@ -124,6 +124,12 @@ func startPeerConfig(t *testing.T, extra string, args ...string) *proc {
 		t.Fatal("peer printed no dialable address")
 	}
 	return p
+}
+
+// lastLines returns the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 type status struct {
