@@ -6,8 +6,9 @@ usage_err() { printf '%s: %s (see --help)\n' "$PROG" "$*" >&2; exit 2; }
 help() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 need_arg() { if [ $# -lt 2 ] || [ -z "$2" ]; then usage_err "$1 needs a value"; fi; }
 int_in() { [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -ge "$2" ] && [ "$1" -le "$3" ]; } # value lo hi
-# median: the median of the numbers on stdin, one per line, to 2 decimals (exit 1: none).
-median() { sort -g | awk '{ v[NR] = $1 } END { if (!NR) exit 1; m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f\n", m }'; }
+# median [DECIMALS]: the median of the numbers on stdin, one per line, to DECIMALS
+# places [2] (exit 1: none).
+median() { sort -g | awk -v d="${1:-2}" '{ v[NR] = $1 } END { if (!NR) exit 1; m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.*f\n", d, m }'; }
 # field NAME LINE: the value of NAME=value in LINE.
 field() { sed -nE "s/.*[[:space:]]$1=([^[:space:]]+).*/\1/p" <<<"$2"; } # name line
 # common_flag ARGS...: the flags every training bench takes (--markdown, --timeout,

@@ -70,7 +70,7 @@ done
 # cell "v1 v2 ...": the median, and the range when there are several runs.
 cell() {
 	local m lo hi
-	m=$(tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { printf "%.3f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+	m=$(tr ' ' '\n' <<<"$1" | grep . | median 3)
 	lo=$(tr ' ' '\n' <<<"$1" | grep . | sort -g | head -n 1)
 	hi=$(tr ' ' '\n' <<<"$1" | grep . | sort -g | tail -n 1)
 	if [ "$repeats" -gt 1 ]; then printf '%s (%s–%s)' "$m" "$lo" "$hi"; else printf '%s' "$m"; fi

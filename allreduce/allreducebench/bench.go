@@ -89,17 +89,23 @@ type Result struct {
 // WithCPU returns r with CPUSPerGB for cpu spent on rounds all-reduces of
 // r's buffer (0 when cpu or rounds is 0: not measured).
 func (r Result) WithCPU(cpu time.Duration, rounds int) Result {
-	r.CPUSPerGB = 0
-	if gb := float64(r.SizeBytes) * float64(rounds) / 1e9; cpu > 0 && gb > 0 {
-		r.CPUSPerGB = cpu.Seconds() / gb
-	}
+	r.CPUSPerGB = r.perGB(cpu, rounds)
 	return r
+}
+
+// perGB is cpu spent on rounds all-reduces of r's buffer per GB (1e9
+// bytes) all-reduced; 0 when cpu or rounds is 0: not measured.
+func (r Result) perGB(cpu time.Duration, rounds int) float64 {
+	if gb := float64(r.SizeBytes) * float64(rounds) / 1e9; cpu > 0 && gb > 0 {
+		return cpu.Seconds() / gb
+	}
+	return 0
 }
 
 // WithMachineCPU returns r with MachineCPUSPerGB for the machine's busy
 // CPU time over rounds all-reduces of r's buffer (0 when not measured).
 func (r Result) WithMachineCPU(cpu time.Duration, rounds int) Result {
-	r.MachineCPUSPerGB = r.WithCPU(cpu, rounds).CPUSPerGB
+	r.MachineCPUSPerGB = r.perGB(cpu, rounds)
 	return r
 }
 
